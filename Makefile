@@ -1,0 +1,114 @@
+# threadrun: the single entry point for developers and CI.
+#
+#   make run          install, then start services, migrations, web and workers (Ctrl-C stops)
+#   make test         install, find or start Redis/PostgreSQL, run the whole suite
+#   make help         every target
+#
+# Redis and PostgreSQL: THREADRUN_REDIS_URL / THREADRUN_DATABASE_URL if set, else the local
+# servers on 127.0.0.1:6379 / :5432, else embedded ones under .threadrun/ (shared/devservices.py).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DATA_DIR ?= .threadrun
+LINT_PATHS := app workers shared tests bench
+PYTEST_ARGS ?=
+# `make test` uses its own database and Redis db so that it never touches `make run`'s data.
+TEST_DB ?= threadrun_test
+TEST_REDIS_DB ?= 1
+DEVSERVICES_ENV := $(PY) -m shared.devservices env --db-name $(TEST_DB) --redis-db $(TEST_REDIS_DB)
+
+.PHONY: help venv install run test test-unit test-integration test-e2e lint fmt bench clean migrate services-env services-stop
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+# The venv: python3.11, else python3 if it is >= 3.11.
+$(PY):
+	@py=""; \
+	for cand in $${PYTHON:-} python3.11 python3; do \
+	  [ -n "$$cand" ] || continue; \
+	  if command -v "$$cand" >/dev/null 2>&1 && "$$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then \
+	    py="$$cand"; break; \
+	  fi; \
+	done; \
+	if [ -z "$$py" ]; then echo "error: threadrun needs Python >= 3.11 (python3.11 or python3)" >&2; exit 1; fi; \
+	echo "creating $(VENV) with $$(command -v $$py) ($$($$py -V 2>&1))"; \
+	"$$py" -m venv $(VENV)
+
+# Reinstalled when pyproject.toml is newer than the stamp (or the venv is new).
+$(STAMP): pyproject.toml | $(PY)
+	@echo "installing threadrun into $(VENV) (editable, with the dev and embedded extras)"
+	$(PY) -m pip install --disable-pip-version-check -q -e '.[dev,embedded]'
+	@touch $(STAMP)
+
+venv: $(PY) ## create .venv (Python >= 3.11)
+
+install: $(STAMP) ## install threadrun and its dev tools into .venv (fast when up to date)
+
+run: install ## start services, migrations, web and workers (Ctrl-C stops everything)
+	$(PY) -m shared.supervisor
+
+# Resolve the services (starting embedded daemons only if needed), run pytest, stop what we
+# started, and exit with pytest's code. pytest's 5 (no tests collected) is a failure too.
+define run_pytest
+	@envs="$$($(DEVSERVICES_ENV))" || { echo "error: could not find or start Redis/PostgreSQL" >&2; exit 1; }; \
+	eval "$$envs"; \
+	rc=0; \
+	$(PY) -m pytest -q $(1) $(PYTEST_ARGS) || rc=$$?; \
+	if [ -n "$${THREADRUN_DEVSERVICES_STARTED:-}" ]; then \
+	  $(PY) -m shared.devservices stop $$THREADRUN_DEVSERVICES_STARTED || true; \
+	fi; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; \
+	exit $$rc
+endef
+
+test: install ## the whole suite: tests/unit, tests/integration, tests/e2e
+	$(call run_pytest,tests/unit tests/integration tests/e2e)
+
+test-unit: install ## tests/unit only
+	$(call run_pytest,tests/unit)
+
+test-integration: install ## tests/integration only
+	$(call run_pytest,tests/integration)
+
+test-e2e: install ## tests/e2e only (real web and worker processes)
+	$(call run_pytest,tests/e2e)
+
+lint: install ## ruff check, ruff format --check, mypy on shared
+	$(PY) -m ruff check $(LINT_PATHS)
+	$(PY) -m ruff format --check $(LINT_PATHS)
+	$(PY) -m mypy shared
+
+fmt: install ## ruff format and ruff check --fix
+	$(PY) -m ruff format $(LINT_PATHS)
+	$(PY) -m ruff check --fix $(LINT_PATHS)
+
+bench: install ## the internals benchmark (bench/internals.py)
+	$(PY) -m bench.internals
+
+migrate: install ## apply database migrations (idempotent)
+	@envs="$$($(PY) -m shared.devservices env)" || exit 1; \
+	eval "$$envs"; \
+	rc=0; $(PY) -m shared.db.migrate || rc=$$?; \
+	if [ -n "$${THREADRUN_DEVSERVICES_STARTED:-}" ]; then \
+	  $(PY) -m shared.devservices stop $$THREADRUN_DEVSERVICES_STARTED || true; \
+	fi; \
+	exit $$rc
+
+services-env: install ## print export lines for Redis/PostgreSQL (starts embedded daemons if needed)
+	@$(PY) -m shared.devservices env
+
+services-stop: install ## stop embedded daemons started by services-env
+	$(PY) -m shared.devservices stop
+
+clean: ## stop embedded daemons and remove .threadrun data and caches (keeps .venv)
+	@if [ -x $(PY) ] && [ -d $(DATA_DIR)/run ]; then \
+	  THREADRUN_DATA_DIR=$(DATA_DIR) $(PY) -m shared.devservices stop || true; \
+	fi
+	rm -rf $(DATA_DIR) .pytest_cache .ruff_cache .mypy_cache

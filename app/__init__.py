@@ -1,0 +1,27 @@
+"""Flask front end: parse, authorize, admit, dispatch, relay. It never runs the agent."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask
+
+from shared.settings import Settings
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    """The application factory."""
+    from app import errors
+    from app.api import assistants, meta, runs, state, threads
+    from app.services import Services
+
+    settings = settings or Settings()
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions["threadrun"] = Services.build(settings)
+    errors.register(app)
+    for bp in (meta.bp, assistants.bp, threads.bp, state.bp, runs.bp):
+        app.register_blueprint(bp)
+    logging.getLogger(__name__).info("threadrun web ready")
+    return app

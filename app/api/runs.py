@@ -1,0 +1,263 @@
+"""Runs: create (background / stream / wait), list, get, delete, join, join stream, cancel."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from flask import Blueprint, Response, request, stream_with_context
+
+from app.api.assistants import resolve_graph
+from app.api.threads import checked_thread_id, owned_thread
+from app.auth import principal
+from app.http import json_response, parse_body, parse_query, validate
+from app.schemas import CancelQuery, JoinStreamQuery, RunCreate, RunListQuery
+from app.services import current_services
+from app.streaming.sse import event_filter, sse_body
+from shared import serde
+from shared.bridge.base import END_EVENT, Event, Gap
+from shared.errors import RunNotFound
+from shared.runs.store import TERMINAL
+
+bp = Blueprint("runs", __name__)
+log = logging.getLogger(__name__)
+
+
+def run_json(row: dict[str, Any]) -> dict[str, Any]:
+    """The SDK's Run shape, plus our lifecycle fields."""
+    return {
+        "run_id": str(row["run_id"]),
+        "thread_id": str(row["thread_id"]),
+        "assistant_id": row["assistant_id"],
+        "graph_id": row["graph_id"],
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+        "status": row["status"],
+        "metadata": row["metadata"],
+        "kwargs": {
+            "input": row["input"],
+            "command": row["command"],
+            "config": row["config"],
+            "context": row["context"],
+            **(row["kwargs"] or {}),
+        },
+        "multitask_strategy": row["multitask_strategy"],
+        "on_disconnect": row["on_disconnect"],
+        "attempt": row["attempt"],
+        "owner_epoch": row["owner_epoch"],
+        "started_at": row["started_at"],
+        "ended_at": row["ended_at"],
+        "error": row["error"],
+        "usage": row["usage"],
+    }
+
+
+def _run_id(run_id: str) -> str:
+    try:
+        return str(uuid.UUID(run_id))
+    except ValueError as exc:
+        raise RunNotFound(f"run {run_id[:64]} not found") from exc
+
+
+def _admit(thread_id: str) -> tuple[dict[str, Any], RunCreate]:
+    body = parse_body(RunCreate)
+    svc = current_services()
+    graph_id = resolve_graph(body.assistant_id)
+    tid = checked_thread_id(thread_id)
+    config = body.config.model_dump(exclude_none=True) if body.config else {}
+    fields = {
+        "input": body.input,
+        "command": body.command.model_dump(exclude_none=True) if body.command else None,
+        "config": config,
+        "context": body.context,
+        "metadata": body.metadata,
+        "on_disconnect": body.on_disconnect,
+        "kwargs": {
+            "stream_mode": body.stream_mode,
+            "stream_subgraphs": body.stream_subgraphs,
+            "interrupt_before": body.interrupt_before,
+            "interrupt_after": body.interrupt_after,
+            "durability": body.effective_durability(),
+            "checkpoint_id": body.requested_checkpoint_id(),
+        },
+    }
+    row = svc.runs.admit(
+        owner=principal().user_id,
+        thread_id=tid,
+        assistant_id=body.assistant_id,
+        graph_id=graph_id,
+        fields=fields,
+        strategy=body.multitask_strategy or svc.settings.default_multitask_strategy,
+        if_not_exists=body.if_not_exists,
+    )
+    return row, body
+
+
+def _locations(row: dict[str, Any], tail: str) -> dict[str, str]:
+    base = f"/threads/{row['thread_id']}/runs/{row['run_id']}"
+    return {"Location": f"{base}{tail}", "Content-Location": base}
+
+
+def _is_terminal(run_id: str) -> bool:
+    return current_services().runs.is_terminal(run_id)
+
+
+def _stream_response(
+    row: dict[str, Any],
+    last_event_id: str | None,
+    *,
+    cancel_on_disconnect: bool,
+    modes: list[str] | None = None,
+    status: int = 200,
+) -> Response:
+    svc = current_services()
+    run_id = str(row["run_id"])
+    thread_id = str(row["thread_id"])
+    owner = principal().user_id
+    cursor = svc.subscriber.check_cursor(run_id, last_event_id)  # 400 before any byte is sent
+
+    def on_close(ended: bool) -> None:
+        if not ended and cancel_on_disconnect:
+            log.info("client disconnected; cancelling (on_disconnect=cancel)", extra={"run_id": run_id})
+            svc.runs.cancel(owner=owner, thread_id=thread_id, run_id=run_id, action="interrupt")
+
+    batches = svc.subscriber.subscribe_batches(run_id, cursor, is_terminal=lambda: _is_terminal(run_id))
+    body = sse_body(batches, keep=event_filter(modes), on_close=on_close)
+    headers = {**_locations(row, "/stream"), "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    return Response(stream_with_context(body), status=status, mimetype="text/event-stream", headers=headers)
+
+
+def _final_result(thread_id: str, run_id: str, graph_id: str) -> Any:
+    """What /wait and /join return: last values, or `__error__` (A1)."""
+    svc = current_services()
+    run = svc.store.get_run(thread_id, run_id, principal().user_id)
+    if run["status"] == "error":
+        return {"__error__": run["error"] or {"error": "RunError", "message": "run failed"}}
+    state = svc.state.get(thread_id, graph_id)
+    values = state["values"]
+    if state["interrupts"] and isinstance(values, dict):
+        values = {**values, "__interrupt__": state["interrupts"]}
+    return values
+
+
+def _wait_body(row: dict[str, Any], *, cancel_on_disconnect: bool) -> Iterator[bytes]:
+    """Whitespace while waiting (keeps proxies and the SDK happy), then the JSON result."""
+    svc = current_services()
+    run_id, thread_id = str(row["run_id"]), str(row["thread_id"])
+    owner = principal().user_id
+    done = row["status"] in TERMINAL
+    finished = False
+    try:
+        if not done:
+            for batch in svc.subscriber.subscribe_batches(
+                run_id, None, is_terminal=lambda: _is_terminal(run_id)
+            ):
+                if any(isinstance(i, Gap) or (isinstance(i, Event) and i.event == END_EVENT) for i in batch):
+                    break
+                if not any(isinstance(i, Event) for i in batch):
+                    yield b"\n"
+        finished = True
+        yield serde.dumps(_final_result(thread_id, run_id, row["graph_id"]))
+    finally:
+        if not finished and cancel_on_disconnect:
+            svc.runs.cancel(owner=owner, thread_id=thread_id, run_id=run_id, action="interrupt")
+
+
+def _wait_response(row: dict[str, Any], *, cancel_on_disconnect: bool) -> Response:
+    return Response(
+        stream_with_context(_wait_body(row, cancel_on_disconnect=cancel_on_disconnect)),
+        mimetype="application/json",
+        headers=_locations(row, "/join"),
+    )
+
+
+@bp.post("/threads/<thread_id>/runs")
+def create(thread_id: str) -> Response:
+    """Create a background run."""
+    row, _ = _admit(thread_id)
+    return json_response(run_json(row), headers=_locations(row, "/stream"))
+
+
+@bp.post("/threads/<thread_id>/runs/stream")
+def create_stream(thread_id: str) -> Response:
+    """Create a run and stream its events (SSE)."""
+    row, body = _admit(thread_id)
+    return _stream_response(row, None, cancel_on_disconnect=body.on_disconnect == "cancel")
+
+
+@bp.post("/threads/<thread_id>/runs/wait")
+def create_wait(thread_id: str) -> Response:
+    """Create a run and wait for its final values."""
+    row, body = _admit(thread_id)
+    return _wait_response(row, cancel_on_disconnect=body.on_disconnect == "cancel")
+
+
+@bp.get("/threads/<thread_id>/runs")
+def list_runs(thread_id: str) -> Response:
+    """Runs of the thread, newest first."""
+    q = parse_query(RunListQuery)
+    tid = checked_thread_id(thread_id)
+    rows = current_services().store.list_runs(tid, principal().user_id, limit=q.limit, offset=q.offset, status=q.status)
+    return json_response([run_json(r) for r in rows])
+
+
+@bp.get("/threads/<thread_id>/runs/<run_id>")
+def get(thread_id: str, run_id: str) -> Response:
+    """One run."""
+    row = current_services().store.get_run(checked_thread_id(thread_id), _run_id(run_id), principal().user_id)
+    return json_response(run_json(row))
+
+
+@bp.delete("/threads/<thread_id>/runs/<run_id>")
+def delete(thread_id: str, run_id: str) -> Response:
+    """Delete a finished run."""
+    current_services().store.delete_run(checked_thread_id(thread_id), _run_id(run_id), principal().user_id)
+    return Response(status=204)
+
+
+@bp.get("/threads/<thread_id>/runs/<run_id>/join")
+def join(thread_id: str, run_id: str) -> Response:
+    """Wait for the run to end; return the thread's final values."""
+    cancel = request.args.get("cancel_on_disconnect", "false").lower() in ("1", "true")
+    row = current_services().store.get_run(checked_thread_id(thread_id), _run_id(run_id), principal().user_id)
+    return _wait_response(row, cancel_on_disconnect=cancel)
+
+
+@bp.get("/threads/<thread_id>/runs/<run_id>/stream")
+def join_stream(thread_id: str, run_id: str) -> Response:
+    """Join a run's stream; `Last-Event-ID` resumes exactly after that event (B4, B5)."""
+    args: dict[str, Any] = request.args.to_dict()
+    modes = request.args.getlist("stream_mode")
+    if modes:
+        args["stream_mode"] = modes
+    q = validate(JoinStreamQuery, args)
+    row = current_services().store.get_run(checked_thread_id(thread_id), _run_id(run_id), principal().user_id)
+    last_event_id = request.headers.get("Last-Event-ID") or q.last_event_id
+    return _stream_response(row, last_event_id, cancel_on_disconnect=q.cancel_on_disconnect, modes=q.stream_mode)
+
+
+@bp.post("/threads/<thread_id>/runs/<run_id>/cancel")
+def cancel(thread_id: str, run_id: str) -> Response:
+    """Cancel a run (R5); `wait=1` returns once the run has a terminal status."""
+    q = parse_query(CancelQuery)
+    svc = current_services()
+    tid, rid = checked_thread_id(thread_id), _run_id(run_id)
+    owner = principal().user_id
+    outcome = svc.runs.cancel(owner=owner, thread_id=tid, run_id=rid, action=q.action)
+    row = svc.store.get_run(tid, rid, owner)
+    if not q.wait:
+        return json_response({**run_json(row), "cancel": outcome.value}, status=202)
+
+    def body() -> Iterator[bytes]:
+        if row["status"] not in TERMINAL:
+            for batch in svc.subscriber.subscribe_batches(rid, None, is_terminal=lambda: _is_terminal(rid)):
+                if any(isinstance(i, Gap) or (isinstance(i, Event) and i.event == END_EVENT) for i in batch):
+                    break
+                if not any(isinstance(i, Event) for i in batch):
+                    yield b"\n"
+        final = svc.store.get_run(tid, rid, owner)
+        yield serde.dumps({**run_json(final), "cancel": outcome.value})
+
+    return Response(stream_with_context(body()), mimetype="application/json", headers=_locations(row, "/join"))

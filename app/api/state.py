@@ -1,0 +1,106 @@
+"""Thread state and history, through the one state accessor (S5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, request
+
+from app.api.threads import owned_thread
+from app.http import json_response, parse_body
+from app.schemas import CheckpointRef, HistoryRequest, StateAtCheckpoint, StateUpdate
+from app.services import current_services
+from shared.errors import Conflict, ValidationFailed
+
+bp = Blueprint("state", __name__)
+
+
+def _graph_id(thread: dict[str, Any]) -> str | None:
+    gid = thread["metadata"].get("graph_id")
+    return gid if isinstance(gid, str) and gid in current_services().registry.ids() else None
+
+
+@bp.get("/threads/<thread_id>/state")
+def get_state(thread_id: str) -> Response:
+    """The thread's current state."""
+    thread = owned_thread(thread_id)
+    return json_response(current_services().state.get(str(thread["thread_id"]), _graph_id(thread)))
+
+
+@bp.get("/threads/<thread_id>/state/<checkpoint_id>")
+def get_state_at(thread_id: str, checkpoint_id: str) -> Response:
+    """The state at one checkpoint."""
+    thread = owned_thread(thread_id)
+    return json_response(
+        current_services().state.get(str(thread["thread_id"]), _graph_id(thread), {"checkpoint_id": checkpoint_id})
+    )
+
+
+@bp.post("/threads/<thread_id>/state/checkpoint")
+def post_state_at(thread_id: str) -> Response:
+    """The state at a checkpoint given in the body."""
+    body = parse_body(StateAtCheckpoint)
+    thread = owned_thread(thread_id)
+    return json_response(
+        current_services().state.get(str(thread["thread_id"]), _graph_id(thread), body.checkpoint.as_dict())
+    )
+
+
+@bp.post("/threads/<thread_id>/state")
+def update_state(thread_id: str) -> Response:
+    """Write values into the thread's state as a new checkpoint."""
+    body = parse_body(StateUpdate)
+    thread = owned_thread(thread_id)
+    graph_id = _graph_id(thread)
+    if graph_id is None:
+        raise Conflict("the thread has no graph yet: start a run on it before updating its state")
+    if thread["status"] == "busy":
+        raise Conflict("the thread has a run in progress; update its state when it is idle")
+    checkpoint = body.checkpoint.as_dict() if body.checkpoint else None
+    if body.checkpoint_id:
+        checkpoint = {"checkpoint_ns": "", "checkpoint_id": body.checkpoint_id}
+    try:
+        out = current_services().state.update(
+            str(thread["thread_id"]), graph_id, body.values, as_node=body.as_node, checkpoint=checkpoint
+        )
+    except (ValueError, KeyError) as exc:  # LangGraph's InvalidUpdateError is a ValueError
+        raise ValidationFailed(f"state update refused: {exc}", field="values") from exc
+    return json_response(out)
+
+
+def _history(thread_id: str, q: HistoryRequest) -> Response:
+    thread = owned_thread(thread_id)
+    before: dict[str, Any] | None = None
+    if isinstance(q.before, CheckpointRef):
+        before = q.before.as_dict()
+    elif isinstance(q.before, str):
+        before = {"checkpoint_ns": "", "checkpoint_id": q.before}
+    return json_response(
+        current_services().state.history(
+            str(thread["thread_id"]),
+            _graph_id(thread),
+            limit=q.limit,
+            before=before,
+            metadata=q.metadata,
+            checkpoint=q.checkpoint.as_dict() if q.checkpoint else None,
+        )
+    )
+
+
+@bp.post("/threads/<thread_id>/history")
+def post_history(thread_id: str) -> Response:
+    """Past states, newest first."""
+    return _history(thread_id, parse_body(HistoryRequest, allow_empty=True))
+
+
+@bp.get("/threads/<thread_id>/history")
+def get_history(thread_id: str) -> Response:
+    """Past states, newest first (query-string form)."""
+    from app.http import validate
+
+    args: dict[str, Any] = {}
+    if "limit" in request.args:
+        args["limit"] = request.args["limit"]
+    if "before" in request.args:
+        args["before"] = request.args["before"]
+    return _history(thread_id, validate(HistoryRequest, args))

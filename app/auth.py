@@ -1,0 +1,49 @@
+"""API key / bearer token -> Principal (A4). With no keys configured: local single-user mode."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+from flask import g, request
+from werkzeug.exceptions import Unauthorized
+
+from app.services import current_services
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling."""
+
+    user_id: str
+
+
+def _presented_key() -> str | None:
+    key = request.headers.get("x-api-key")
+    if key:
+        return key
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    return None
+
+
+def authenticate() -> Principal:
+    """The caller, or 401 when keys are configured and none matches."""
+    settings = current_services().settings
+    keys = settings.api_key_map
+    if not keys:
+        return Principal(settings.local_user)
+    presented = _presented_key()
+    if presented:
+        for key, user in keys.items():
+            if hmac.compare_digest(key.encode(), presented.encode()):
+                return Principal(user)
+    raise Unauthorized("a valid x-api-key header (or bearer token) is required")
+
+
+def principal() -> Principal:
+    """The authenticated caller of this request (cached on `g`)."""
+    if "principal" not in g:
+        g.principal = authenticate()
+    return g.principal  # type: ignore[no-any-return]

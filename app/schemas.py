@@ -1,0 +1,242 @@
+"""Request models (pydantic). Unknown fields are refused (422 naming the field), never ignored."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# SDK fields we know but do not implement yet: refused with a clear message (A1).
+UNSUPPORTED_RUN_FIELDS = {
+    "webhook": "webhooks are not supported",
+    "after_seconds": "delayed runs (after_seconds) are not supported",
+    "feedback_keys": "feedback keys are not supported",
+    "on_completion": "on_completion is only meaningful for stateless runs, which are not supported",
+    "strict_resume": "strict_resume is not supported",
+    "langsmith_tracer": "langsmith tracing is not supported",
+}
+STREAM_MODES = {"values", "updates", "messages-tuple", "custom", "debug", "tasks", "checkpoints"}
+
+
+class Strict(BaseModel):
+    """Base: unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ThreadCreate(Strict):
+    """POST /threads."""
+
+    thread_id: uuid.UUID | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    if_exists: Literal["raise", "do_nothing"] = "raise"
+
+
+class ThreadPatch(Strict):
+    """PATCH /threads/{id}."""
+
+    metadata: dict[str, Any]
+
+
+class ThreadSearch(Strict):
+    """POST /threads/search."""
+
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    ids: list[uuid.UUID] | None = None
+    status: Literal["idle", "busy", "interrupted", "error"] | None = None
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0)
+    sort_by: Literal["thread_id", "status", "created_at", "updated_at"] = "created_at"
+    sort_order: Literal["asc", "desc"] = "desc"
+
+
+class ThreadCount(Strict):
+    """POST /threads/count."""
+
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    status: Literal["idle", "busy", "interrupted", "error"] | None = None
+
+
+class CheckpointRef(BaseModel):
+    """A checkpoint reference as the SDK sends it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    thread_id: str | None = None
+    checkpoint_ns: str | None = ""
+    checkpoint_id: str | None = None
+    checkpoint_map: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Only the fields that select a checkpoint."""
+        return {"checkpoint_ns": self.checkpoint_ns or "", "checkpoint_id": self.checkpoint_id}
+
+
+class StateUpdate(Strict):
+    """POST /threads/{id}/state."""
+
+    values: Any = None
+    as_node: str | None = None
+    checkpoint: CheckpointRef | None = None
+    checkpoint_id: str | None = None
+
+
+class StateAtCheckpoint(Strict):
+    """POST /threads/{id}/state/checkpoint."""
+
+    checkpoint: CheckpointRef
+    subgraphs: bool = False
+
+
+class HistoryRequest(Strict):
+    """POST /threads/{id}/history."""
+
+    limit: int = Field(default=10, ge=1, le=1000)
+    before: CheckpointRef | str | None = None
+    metadata: dict[str, Any] | None = None
+    checkpoint: CheckpointRef | None = None
+
+
+class AssistantSearch(Strict):
+    """POST /assistants/search."""
+
+    graph_id: str | None = None
+    name: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0)
+    sort_by: str | None = None
+    sort_order: Literal["asc", "desc"] | None = None
+    select: list[str] | None = None
+
+
+class RunConfig(BaseModel):
+    """The run's RunnableConfig (the parts a client may set)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    configurable: dict[str, Any] = Field(default_factory=dict)
+    tags: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    recursion_limit: int | None = Field(default=None, ge=1, le=10_000)
+    max_concurrency: int | None = Field(default=None, ge=1)
+    run_name: str | None = None
+
+
+class RunCommand(Strict):
+    """A LangGraph Command: resume an interrupt, update state, or go to nodes."""
+
+    resume: Any = None
+    update: Any = None
+    goto: Any = None
+
+
+class RunCreate(Strict):
+    """POST /threads/{id}/runs, /runs/stream, /runs/wait (and the WebSocket `run.create`)."""
+
+    assistant_id: str = Field(min_length=1, max_length=256)
+    input: Any = None
+    command: RunCommand | None = None
+    config: RunConfig | None = None
+    context: dict[str, Any] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    stream_mode: list[str] = Field(default_factory=lambda: ["values"])
+    stream_subgraphs: bool = False
+    stream_resumable: bool = True  # accepted; our streams are always resumable
+    multitask_strategy: Literal["reject", "interrupt", "rollback", "enqueue"] | None = None
+    on_disconnect: Literal["cancel", "continue"] = "continue"
+    if_not_exists: Literal["create", "reject"] = "reject"
+    checkpoint: CheckpointRef | None = None
+    checkpoint_id: str | None = None
+    checkpoint_during: bool | None = None
+    durability: Literal["sync", "async", "exit"] | None = None
+    interrupt_before: Literal["*"] | list[str] | None = None
+    interrupt_after: Literal["*"] | list[str] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, why in UNSUPPORTED_RUN_FIELDS.items():
+                if data.get(key) is not None:
+                    raise ValueError(f"{key}: {why}")
+        return data
+
+    @field_validator("stream_mode", mode="before")
+    @classmethod
+    def _modes(cls, v: Any) -> Any:
+        if v is None:
+            return ["values"]
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list) or not v:
+            raise ValueError("must be a stream mode or a non-empty list of them")
+        for mode in v:
+            if mode not in STREAM_MODES:
+                raise ValueError(
+                    f"unsupported stream mode {mode!r}; supported: {', '.join(sorted(STREAM_MODES))}"
+                )
+        return list(dict.fromkeys(v))
+
+    @model_validator(mode="after")
+    def _checks(self) -> RunCreate:
+        if self.multitask_strategy == "rollback":
+            raise ValueError("multitask_strategy: 'rollback' is not supported yet; use interrupt or enqueue")
+        if self.input is not None and self.command is not None:
+            raise ValueError("input and command are mutually exclusive")
+        return self
+
+    def effective_durability(self) -> str | None:
+        """`durability`, or the deprecated `checkpoint_during` mapped onto it."""
+        if self.durability:
+            return self.durability
+        if self.checkpoint_during is not None:
+            return "async" if self.checkpoint_during else "exit"
+        return None
+
+    def requested_checkpoint_id(self) -> str | None:
+        """The checkpoint to start from, if any."""
+        if self.checkpoint_id:
+            return self.checkpoint_id
+        return self.checkpoint.checkpoint_id if self.checkpoint else None
+
+
+class CancelQuery(Strict):
+    """POST …/cancel query string."""
+
+    wait: bool = False
+    action: Literal["interrupt", "rollback"] = "interrupt"
+
+    @field_validator("wait", mode="before")
+    @classmethod
+    def _bool(cls, v: Any) -> Any:
+        return {"1": True, "0": False, "true": True, "false": False}.get(str(v).lower(), v)
+
+    @model_validator(mode="after")
+    def _no_rollback_yet(self) -> CancelQuery:
+        if self.action == "rollback":
+            raise ValueError("action: 'rollback' is not supported yet; use interrupt")
+        return self
+
+
+class RunListQuery(Strict):
+    """GET /threads/{id}/runs query string."""
+
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0)
+    status: Literal["pending", "running", "success", "error", "timeout", "interrupted"] | None = None
+    select: str | None = None
+
+
+class JoinStreamQuery(Strict):
+    """GET …/runs/{run_id}/stream query string."""
+
+    cancel_on_disconnect: bool = False
+    stream_mode: list[str] | None = None
+    last_event_id: str | None = None
+
+    @field_validator("cancel_on_disconnect", mode="before")
+    @classmethod
+    def _bool(cls, v: Any) -> Any:
+        return {"1": True, "0": False, "true": True, "false": False}.get(str(v).lower(), v)

@@ -1,0 +1,57 @@
+"""The web process's services, built once per app and reached through `current_services()`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from flask import current_app
+
+from shared.agent.graphs import GraphRegistry
+from shared.bridge.redis import StreamSubscriber
+from shared.db import make_pool
+from shared.redis_keys import Keys
+from shared.runs.manager import RunManager
+from shared.runs.store import RunStore
+from shared.settings import Settings
+from shared.state.accessor import CheckpointStateAccessor
+from shared.taskqueue import Dispatcher, make_celery
+
+
+@dataclass
+class Services:
+    """Everything a view needs; no module-level globals hold connections."""
+
+    settings: Settings
+    registry: GraphRegistry
+    runs: RunManager
+    store: RunStore
+    subscriber: StreamSubscriber
+    state: CheckpointStateAccessor
+    redis: redis.Redis
+
+    @classmethod
+    def build(cls, settings: Settings) -> Services:
+        """Open pools and clients for this process."""
+        pool = make_pool(settings, name="web")
+        client = redis.Redis.from_url(
+            settings.redis_url, health_check_interval=30, max_connections=None
+        )
+        keys = Keys(settings.redis_prefix)
+        registry = GraphRegistry.from_config(settings.config)
+        store = RunStore(pool)
+        manager = RunManager(store, Dispatcher(make_celery(settings)), client, keys)
+        return cls(
+            settings=settings,
+            registry=registry,
+            runs=manager,
+            store=store,
+            subscriber=StreamSubscriber(client, keys, settings),
+            state=CheckpointStateAccessor(pool, registry),
+            redis=client,
+        )
+
+
+def current_services() -> Services:
+    """The Services of the current Flask app."""
+    return current_app.extensions["threadrun"]  # type: ignore[no-any-return]

@@ -1,0 +1,405 @@
+"""The built-in deterministic chat model and the model factory (SPEC §9).
+
+`BuiltinChatModel` is what the whole system runs and is tested with when no network
+model is configured. It goes through the same code paths a provider model does:
+token streaming (`_stream`/`_astream` yield `AIMessageChunk`s), a last chunk with
+`usage_metadata` and `response_metadata`, `bind_tools`, and streamed tool calls.
+
+Reply rule (every call, N = the `tokens` knob, exactly N whitespace-separated tokens):
+
+    token 0..1   "(turn", "<k>)"     k = number of HumanMessages in the input
+    token 2..    a head that depends on the situation (below)
+    the rest     "t{i:04d}"         self-numbered filler, i = the token's position
+
+The head is trimmed when it is longer than N - 2 tokens. Situations:
+
+- the latest human message asks for an artifact (it contains one of the words
+  write/writes, file/files, report/reports, artifact/artifacts, save/saves, case
+  insensitive, as whole words), a tool named `write_artifact` is bound, tool_choice is
+  not "none", and no `write_artifact` call was made after that human message yet:
+  head "Writing artifact <filename>." and the last chunk also carries a tool call
+  (`tool_call_chunks`, id `call_<number of AI messages so far>`) to `write_artifact`
+  with args {"filename", "content"}. The filename is the first `name.ext` word of the
+  request (ext one of md, txt, json, csv, html, py), else `report.md`.
+- a ToolMessage answers that call: head "Saved artifact <path> (<size> bytes)." or
+  "Could not save artifact: <error>".
+- otherwise: head "You said: <the latest human message>".
+
+Knobs, per call: `tokens` and `token_delay_ms` from `config["configurable"]` (the
+config passed to invoke/stream, or the ambient one LangGraph sets for the running
+node), else the model's fields, whose defaults are `Settings.builtin_tokens` and
+`Settings.builtin_token_delay_ms`. The async path awaits `asyncio.sleep(delay)` per
+token, even at 0, so a long reply never starves the event loop; the sync path sleeps
+only when the delay is positive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.chat_models import generate_from_stream
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    ToolCallChunk,
+    ToolMessage,
+)
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import Field
+
+from shared.settings import Settings
+
+MODEL_NAME = "threadrun-builtin"
+ARTIFACT_TOOL = "write_artifact"
+MAX_TOKENS = 100_000
+MAX_TOKEN_DELAY_MS = 60_000.0
+DEFAULT_ARTIFACT_NAME = "report.md"
+
+_ARTIFACT_REQUEST = re.compile(r"\b(?:write|file|report|artifact|save)s?\b", re.IGNORECASE)
+_FILENAME = re.compile(r"\b([A-Za-z0-9][\w-]{0,63}\.(?:md|txt|json|csv|html|py))\b")
+_KNOBS = ("tokens", "token_delay_ms")
+
+
+def token_filler(i: int) -> str:
+    """The self-numbered filler token at position i of a reply."""
+    return f"t{i:04d}"
+
+
+def wants_artifact(text: str) -> bool:
+    """Whether a human message asks for a file/report/artifact (the tool-call rule)."""
+    return _ARTIFACT_REQUEST.search(text) is not None
+
+
+@dataclass(frozen=True)
+class PlannedToolCall:
+    """A tool call the model will stream on its last chunk."""
+
+    name: str
+    args: dict[str, Any]
+    id: str
+
+
+@dataclass(frozen=True)
+class ReplyPlan:
+    """The exact tokens of the next reply and its tool call, if any."""
+
+    words: list[str]
+    tool_call: PlannedToolCall | None
+
+
+def _pad(head: list[str], n: int) -> list[str]:
+    words = head[:n]
+    return words + [token_filler(i) for i in range(len(words), n)]
+
+
+def _artifact_filename(request: str) -> str:
+    match = _FILENAME.search(request)
+    return match.group(1) if match else DEFAULT_ARTIFACT_NAME
+
+
+def _artifact_outcome(result: ToolMessage) -> list[str]:
+    if result.status == "error":
+        return ["Could", "not", "save", "artifact:", *result.text.split()]
+    try:
+        info = json.loads(result.text)
+        return ["Saved", "artifact", str(info["path"]), f"({int(info['size'])}", "bytes)."]
+    except (ValueError, KeyError, TypeError):
+        return ["Saved", "artifact:", *result.text.split()]
+
+
+def plan_reply(
+    messages: Sequence[BaseMessage], n: int, tool_names: Sequence[str], tool_choice: Any = None
+) -> ReplyPlan:
+    """Decide the words (and the tool call, if any) of the next reply; pure, no IO."""
+    human_at = [i for i, m in enumerate(messages) if isinstance(m, HumanMessage)]
+    turn = len(human_at)
+    request = messages[human_at[-1]].text if human_at else ""
+    this_turn = messages[human_at[-1] + 1 :] if human_at else messages
+    prefix = ["(turn", f"{turn})"]
+
+    calls = {
+        tc["id"]
+        for m in this_turn
+        if isinstance(m, AIMessage)
+        for tc in m.tool_calls
+        if tc["name"] == ARTIFACT_TOOL
+    }
+    results = [m for m in this_turn if isinstance(m, ToolMessage) and m.tool_call_id in calls]
+    if results:
+        return ReplyPlan(_pad(prefix + _artifact_outcome(results[-1]), n), None)
+
+    if (
+        not calls
+        and ARTIFACT_TOOL in tool_names
+        and tool_choice != "none"
+        and wants_artifact(request)
+    ):
+        filename = _artifact_filename(request)
+        content = f"# {filename}\n\nRequest: {request}\n\nWritten by {MODEL_NAME} on turn {turn}.\n"
+        n_ai = sum(1 for m in messages if isinstance(m, AIMessage))
+        call = PlannedToolCall(
+            ARTIFACT_TOOL, {"filename": filename, "content": content}, f"call_{n_ai}"
+        )
+        return ReplyPlan(_pad([*prefix, "Writing", "artifact", f"{filename}."], n), call)
+
+    return ReplyPlan(_pad([*prefix, "You", "said:", *request.split()], n), None)
+
+
+def _tool_names(tools: Any) -> list[str]:
+    names: list[str] = []
+    for spec in tools or []:
+        if isinstance(spec, Mapping):
+            fn = spec.get("function")
+            name = fn.get("name") if isinstance(fn, Mapping) else spec.get("name")
+            if isinstance(name, str):
+                names.append(name)
+    return names
+
+
+def _tokens_knob(value: Any) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"tokens must be an integer, got {value!r}") from None
+    if not 1 <= n <= MAX_TOKENS:
+        raise ValueError(f"tokens must be between 1 and {MAX_TOKENS}, got {n}")
+    return n
+
+
+def _delay_ms_knob(value: Any) -> float:
+    try:
+        ms = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"token_delay_ms must be a number, got {value!r}") from None
+    if not 0 <= ms <= MAX_TOKEN_DELAY_MS:
+        raise ValueError(f"token_delay_ms must be between 0 and {MAX_TOKEN_DELAY_MS}, got {ms}")
+    return ms
+
+
+def _configurable_knobs(config: RunnableConfig | None) -> dict[str, Any]:
+    configurable = ensure_config(config).get("configurable") or {}
+    return {k: configurable[k] for k in _KNOBS if configurable.get(k) is not None}
+
+
+class BuiltinChatModel(BaseChatModel):
+    """Deterministic, offline chat model that streams tokens and calls tools like a real one."""
+
+    tokens: int = Field(default=Settings.model_fields["builtin_tokens"].default, ge=1)
+    token_delay_ms: float = Field(
+        default=Settings.model_fields["builtin_token_delay_ms"].default, ge=0
+    )
+
+    @property
+    def _llm_type(self) -> str:
+        return MODEL_NAME
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_name": MODEL_NAME,
+            "tokens": self.tokens,
+            "token_delay_ms": self.token_delay_ms,
+        }
+
+    # --- knobs: the run's config reaches the model here ---------------------------------
+
+    def _with_knobs(self, config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Call kwargs plus the knobs of `config` (explicit kwargs win)."""
+        return {**_configurable_knobs(config), **kwargs}
+
+    def invoke(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AIMessage:
+        """Invoke, with the knobs of `config` applied."""
+        return super().invoke(input, config, stop=stop, **self._with_knobs(config, kwargs))
+
+    async def ainvoke(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AIMessage:
+        """Invoke asynchronously, with the knobs of `config` applied."""
+        return await super().ainvoke(input, config, stop=stop, **self._with_knobs(config, kwargs))
+
+    def stream(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> Iterator[AIMessageChunk]:
+        """Stream, with the knobs of `config` applied."""
+        yield from super().stream(input, config, stop=stop, **self._with_knobs(config, kwargs))
+
+    async def astream(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AIMessageChunk]:
+        """Stream asynchronously, with the knobs of `config` applied."""
+        knobs = self._with_knobs(config, kwargs)
+        async for chunk in super().astream(input, config, stop=stop, **knobs):
+            yield chunk
+
+    # --- tools -------------------------------------------------------------------------
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools the way provider models do: as OpenAI-format `tools` call kwargs."""
+        formatted = [convert_to_openai_tool(t) for t in tools]
+        if tool_choice is not None:
+            kwargs["tool_choice"] = tool_choice
+        return self.bind(tools=formatted, **kwargs)
+
+    # --- generation --------------------------------------------------------------------
+
+    def _chunks(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> list[AIMessageChunk]:
+        n = _tokens_knob(kwargs.get("tokens", self.tokens))
+        plan = plan_reply(messages, n, _tool_names(kwargs.get("tools")), kwargs.get("tool_choice"))
+        input_tokens = sum(len(m.text.split()) for m in messages)
+        chunks = [
+            AIMessageChunk(content=word if i == 0 else f" {word}")
+            for i, word in enumerate(plan.words)
+        ]
+        tool_call_chunks: list[ToolCallChunk] = []
+        if plan.tool_call is not None:
+            tool_call_chunks.append(
+                ToolCallChunk(
+                    name=plan.tool_call.name,
+                    args=json.dumps(plan.tool_call.args),
+                    id=plan.tool_call.id,
+                    index=0,
+                )
+            )
+        chunks[-1] = AIMessageChunk(
+            content=chunks[-1].content,
+            tool_call_chunks=tool_call_chunks,
+            usage_metadata=UsageMetadata(
+                input_tokens=input_tokens, output_tokens=n, total_tokens=input_tokens + n
+            ),
+            response_metadata={
+                "finish_reason": "tool_calls" if plan.tool_call else "stop",
+                "model_name": MODEL_NAME,
+            },
+            chunk_position="last",
+        )
+        return chunks
+
+    def _delay_s(self, kwargs: dict[str, Any]) -> float:
+        return _delay_ms_knob(kwargs.get("token_delay_ms", self.token_delay_ms)) / 1000.0
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        # BaseChatModel reports each token to the callbacks (on_llm_new_token) itself.
+        delay = self._delay_s(kwargs)
+        for chunk in self._chunks(messages, kwargs):
+            if delay > 0:
+                time.sleep(delay)
+            yield ChatGenerationChunk(message=chunk)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        delay = self._delay_s(kwargs)
+        for chunk in self._chunks(messages, kwargs):
+            await asyncio.sleep(delay)
+            yield ChatGenerationChunk(message=chunk)
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return generate_from_stream(self._stream(messages, stop, **kwargs))
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        chunks = [c async for c in self._astream(messages, stop, **kwargs)]
+        return generate_from_stream(iter(chunks))
+
+
+def make_model(settings: Settings, config: RunnableConfig | None = None) -> BaseChatModel:
+    """The chat model `settings.model` names; `config` knobs set the built-in model's defaults."""
+    if settings.model == "builtin":
+        fields: dict[str, Any] = {
+            "tokens": settings.builtin_tokens,
+            "token_delay_ms": settings.builtin_token_delay_ms,
+        }
+        fields.update(_configurable_knobs(config) if config is not None else {})
+        return BuiltinChatModel(
+            tokens=_tokens_knob(fields["tokens"]),
+            token_delay_ms=_delay_ms_knob(fields["token_delay_ms"]),
+        )
+
+    from langchain.chat_models import init_chat_model
+
+    options: dict[str, Any] = {}
+    if settings.model_base_url:
+        options["base_url"] = settings.model_base_url
+    if settings.model_api_key is not None and settings.model_api_key.get_secret_value():
+        options["api_key"] = settings.model_api_key.get_secret_value()
+    try:
+        model: BaseChatModel = init_chat_model(settings.model, **options)
+    except ImportError as exc:
+        pkg = _missing_package(exc)
+        need = f"the {pkg} package (pip install {pkg})" if pkg else "its provider package"
+        raise RuntimeError(f"model {settings.model!r} needs {need}: {exc}") from exc
+    return model
+
+
+def _missing_package(exc: BaseException) -> str | None:
+    """The pip name of the module an ImportError (or its causes) could not import."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        name = getattr(cause, "name", None)
+        if isinstance(name, str) and name:
+            return name.split(".", 1)[0].replace("_", "-")
+        cause = cause.__cause__
+    return None

@@ -1,0 +1,104 @@
+"""Schema migrations: an ordered, append-only list of SQL files with a version table.
+
+Run with `python -m shared.db.migrate`. Idempotent and safe to run from several
+processes at once (a transaction-scoped advisory lock serialises them). Also runs the
+LangGraph Postgres saver's own `setup()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from dataclasses import dataclass
+from importlib import resources
+
+import psycopg
+from langgraph.checkpoint.postgres import PostgresSaver
+
+from shared.db import CONN_KWARGS
+from shared.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+_LOCK_KEY = 0x7468_7264  # "thrd": the advisory lock that serialises migrators
+_NAME_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+VERSION_TABLE_SQL = """
+CREATE TABLE IF NOT EXISTS threadrun_schema_version (
+    version     integer PRIMARY KEY,
+    name        text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One migration file."""
+
+    version: int
+    name: str
+    sql: str
+
+
+def migrations() -> list[Migration]:
+    """All migrations in order; versions must be contiguous from 1."""
+    out = []
+    for entry in resources.files("shared.db.migrations").iterdir():
+        m = _NAME_RE.match(entry.name)
+        if m:
+            out.append(Migration(int(m.group(1)), m.group(2), entry.read_text()))
+    out.sort(key=lambda mig: mig.version)
+    for i, mig in enumerate(out, start=1):
+        if mig.version != i:
+            raise RuntimeError(f"migration versions must be contiguous: expected {i}, got {mig.version}")
+    return out
+
+
+def applied_versions(conn: psycopg.Connection) -> set[int]:
+    """Versions already applied."""
+    rows = conn.execute("SELECT version FROM threadrun_schema_version").fetchall()
+    return {r["version"] for r in rows}
+
+
+def migrate(settings: Settings) -> list[int]:
+    """Apply pending migrations and the checkpointer setup; return the versions applied."""
+    done: list[int] = []
+    # Migration files hold several statements: they need the simple query protocol.
+    with psycopg.connect(settings.dsn, **{**CONN_KWARGS, "prepare_threshold": None}) as conn:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            conn.execute(VERSION_TABLE_SQL)
+            have = applied_versions(conn)
+            for mig in migrations():
+                if mig.version in have:
+                    continue
+                log.info("applying migration %04d_%s", mig.version, mig.name)
+                conn.execute(mig.sql)
+                conn.execute(
+                    "INSERT INTO threadrun_schema_version (version, name) VALUES (%s, %s)",
+                    (mig.version, mig.name),
+                )
+                done.append(mig.version)
+        # The saver's setup uses CREATE INDEX CONCURRENTLY, so it runs outside any
+        # transaction; it keeps its own version table and is idempotent. A session
+        # advisory lock keeps two starting processes from racing on it.
+        conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY + 1,))
+        try:
+            PostgresSaver(conn).setup()  # type: ignore[arg-type]
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY + 1,))
+    return done
+
+
+def main() -> int:
+    """CLI entry point."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
+    applied = migrate(get_settings())
+    print(f"migrations applied: {applied or 'none (up to date)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

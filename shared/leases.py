@@ -1,0 +1,64 @@
+"""Owner leases (L1-L3): a Redis lease `{epoch}|{owner}` with a TTL, fenced by the Postgres epoch.
+
+The Postgres `owner_epoch` is the fencing token: a claim increments it in the same
+UPDATE that makes the run `running`. The Redis lease carries that epoch so the fenced
+Lua scripts (publish, renew) can reject a stale owner without a database round trip.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import redis.asyncio as aredis
+
+from shared import lua
+from shared.redis_keys import Keys
+
+
+class RenewOutcome(enum.Enum):
+    """What a renewal found."""
+
+    RENEWED = "renewed"
+    LOST = "lost"
+
+
+def lease_value(epoch: int, owner: str) -> str:
+    """The lease string stored in Redis."""
+    return f"{epoch}|{owner}"
+
+
+class LeaseManager:
+    """Claim, renew (compare-and-extend) and release run leases."""
+
+    def __init__(self, client: aredis.Redis, keys: Keys, *, ttl_s: float) -> None:
+        self._client = client
+        self._keys = keys
+        self._ttl_ms = int(ttl_s * 1000)
+        self._claim = client.register_script(lua.source("lease_claim"))
+        self._renew = client.register_script(lua.source("lease_renew"))
+        self._release = client.register_script(lua.source("lease_release"))
+
+    async def acquire(self, run_id: str, epoch: int, owner: str) -> bool:
+        """Take the lease for `epoch`; False if a higher epoch already holds it."""
+        ok = await self._claim(
+            keys=[self._keys.lease(run_id)],
+            args=[lease_value(epoch, owner), epoch, self._ttl_ms],
+        )
+        return bool(ok)
+
+    async def renew(self, run_id: str, value: str) -> tuple[RenewOutcome, str]:
+        """Extend the lease if still ours; also return a pending cancel action ('' if none)."""
+        ok, cancel = await self._renew(
+            keys=[self._keys.lease(run_id), self._keys.cancel(run_id)],
+            args=[value, self._ttl_ms],
+        )
+        action = cancel.decode() if isinstance(cancel, bytes) else str(cancel or "")
+        return (RenewOutcome.RENEWED if ok else RenewOutcome.LOST), action
+
+    async def release(self, run_id: str, value: str) -> bool:
+        """Drop the lease if it is still ours."""
+        return bool(await self._release(keys=[self._keys.lease(run_id)], args=[value]))
+
+    async def is_held(self, run_id: str) -> bool:
+        """Whether any live lease exists for the run."""
+        return bool(await self._client.exists(self._keys.lease(run_id)))

@@ -1,0 +1,44 @@
+"""Every Redis key name and TTL in one place.
+
+Per-run keys share the hash tag `{run_id}` so that the multi-key Lua scripts (fenced
+publish, lease renew with cancel check) stay valid on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names under one prefix (tests use a private prefix each)."""
+
+    prefix: str
+
+    def stream(self, run_id: str) -> str:
+        """The run's live event stream (B1)."""
+        return f"{self.prefix}run:{{{run_id}}}:stream"
+
+    def stream_meta(self, run_id: str) -> str:
+        """Hash beside the stream: event count, first/last/trimmed ids (exact gaps, B5)."""
+        return f"{self.prefix}run:{{{run_id}}}:meta"
+
+    def lease(self, run_id: str) -> str:
+        """The owner lease `{epoch}|{owner}` with a TTL (L1)."""
+        return f"{self.prefix}run:{{{run_id}}}:lease"
+
+    def cancel(self, run_id: str) -> str:
+        """A pending cancel request for the run: the action name (R5)."""
+        return f"{self.prefix}run:{{{run_id}}}:cancel"
+
+    def reaper_leader(self) -> str:
+        """The reaper's leader lock (one active reaper, any worker may take over)."""
+        return f"{self.prefix}reaper:leader"
+
+    def worker(self, worker_id: str) -> str:
+        """A worker's liveness record."""
+        return f"{self.prefix}worker:{worker_id}"
+
+
+CANCEL_TTL_S = 3600
+"""How long a cancel request waits for a worker to see it."""

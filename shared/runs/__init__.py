@@ -1,0 +1,1 @@
+"""Runs: the store (SQL), the pure admission decision, and the manager."""

@@ -1,0 +1,560 @@
+"""SQL for threads and runs. Only this module speaks SQL about them (STYLE 4)."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from shared import serde
+from shared.errors import Conflict, RunNotFound, ThreadExists, ThreadNotFound
+from shared.runs.admission import AdmissionDecision, AdmissionOutcome, Inflight, decide
+
+TERMINAL = frozenset({"success", "error", "timeout", "interrupted"})
+INFLIGHT = ("pending", "running")
+
+
+def _json(value: Any) -> Jsonb | None:
+    return None if value is None else Jsonb(value, dumps=serde.dumps_str)
+
+
+# --- threads --------------------------------------------------------------------------
+INSERT_THREAD_SQL = """
+INSERT INTO threads (thread_id, owner, metadata) VALUES (%(thread_id)s, %(owner)s, %(metadata)s)
+ON CONFLICT (thread_id) DO NOTHING
+RETURNING *
+"""
+GET_THREAD_SQL = "SELECT * FROM threads WHERE thread_id = %(thread_id)s AND owner = %(owner)s"
+LOCK_THREAD_SQL = GET_THREAD_SQL + " FOR UPDATE"
+LOCK_THREAD_BY_ID_SQL = "SELECT thread_id FROM threads WHERE thread_id = %(thread_id)s FOR UPDATE"
+THREAD_HAS_RUNNING_SQL = "SELECT 1 FROM runs WHERE thread_id = %(thread_id)s AND status = 'running'"
+PATCH_THREAD_SQL = """
+UPDATE threads SET metadata = metadata || %(metadata)s, updated_at = now()
+WHERE thread_id = %(thread_id)s AND owner = %(owner)s
+RETURNING *
+"""
+DELETE_THREAD_SQL = "DELETE FROM threads WHERE thread_id = %(thread_id)s AND owner = %(owner)s RETURNING thread_id"
+SEARCH_THREADS_SQL = """
+SELECT * FROM threads
+WHERE owner = %(owner)s
+  AND metadata @> %(metadata)s
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(ids)s::uuid[] IS NULL OR thread_id = ANY(%(ids)s))
+ORDER BY {order}
+LIMIT %(limit)s OFFSET %(offset)s
+"""
+COUNT_THREADS_SQL = """
+SELECT count(*) AS n FROM threads
+WHERE owner = %(owner)s AND metadata @> %(metadata)s
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+"""
+THREAD_SORT_COLUMNS = {"thread_id", "status", "created_at", "updated_at"}
+
+# --- admission (R2): one transaction, thread row locked, no IO in between -----------------
+INFLIGHT_RUNS_SQL = """
+SELECT run_id::text, status FROM runs
+WHERE thread_id = %(thread_id)s AND status IN ('pending', 'running')
+ORDER BY seq
+"""
+INSERT_RUN_SQL = """
+INSERT INTO runs (run_id, thread_id, assistant_id, graph_id, status, input, command, config,
+                  context, metadata, kwargs, multitask_strategy, on_disconnect, dispatched_at)
+VALUES (%(run_id)s, %(thread_id)s, %(assistant_id)s, %(graph_id)s, 'pending', %(input)s,
+        %(command)s, %(config)s, %(context)s, %(metadata)s, %(kwargs)s,
+        %(multitask_strategy)s, %(on_disconnect)s,
+        CASE WHEN %(dispatch)s THEN now() END)
+RETURNING *
+"""
+MARK_THREAD_BUSY_SQL = """
+UPDATE threads SET status = 'busy', updated_at = now(),
+       metadata = metadata || jsonb_build_object('graph_id', %(graph_id)s::text,
+                                                 'assistant_id', %(assistant_id)s::text)
+WHERE thread_id = %(thread_id)s
+"""
+INTERRUPT_PENDING_SQL = """
+UPDATE runs SET status = 'interrupted', ended_at = now(), updated_at = now(),
+       cancel_action = 'interrupt'
+WHERE run_id = %(run_id)s AND status = 'pending'
+"""
+REQUEST_CANCEL_RUNNING_SQL = """
+UPDATE runs SET cancel_action = %(action)s, updated_at = now()
+WHERE run_id = %(run_id)s AND status = 'running' AND cancel_action IS NULL
+"""
+
+# --- runs -------------------------------------------------------------------------------
+GET_RUN_SQL = """
+SELECT r.* FROM runs r JOIN threads t USING (thread_id)
+WHERE r.run_id = %(run_id)s AND r.thread_id = %(thread_id)s AND t.owner = %(owner)s
+"""
+GET_RUN_BY_ID_SQL = "SELECT * FROM runs WHERE run_id = %(run_id)s"
+RUN_STATUS_SQL = "SELECT status FROM runs WHERE run_id = %(run_id)s"
+LIST_RUNS_SQL = """
+SELECT r.* FROM runs r JOIN threads t USING (thread_id)
+WHERE r.thread_id = %(thread_id)s AND t.owner = %(owner)s
+  AND (%(status)s::text IS NULL OR r.status = %(status)s)
+ORDER BY r.created_at DESC, r.seq DESC
+LIMIT %(limit)s OFFSET %(offset)s
+"""
+DELETE_RUN_SQL = """
+DELETE FROM runs WHERE run_id = %(run_id)s AND status NOT IN ('pending', 'running')
+RETURNING run_id
+"""
+
+# --- claim and finish (L1, L2) -------------------------------------------------------------
+CLAIM_SQL = """
+UPDATE runs r
+SET status = 'running', owner = %(owner)s, owner_epoch = r.owner_epoch + 1,
+    attempt = r.attempt + 1, started_at = coalesce(r.started_at, now()), updated_at = now()
+WHERE r.run_id = %(run_id)s AND r.status = 'pending'
+  AND NOT EXISTS (
+      SELECT 1 FROM runs o
+      WHERE o.thread_id = r.thread_id AND o.run_id <> r.run_id
+        AND (o.status = 'running' OR (o.status = 'pending' AND o.seq < r.seq)))
+RETURNING r.*, (SELECT t.owner FROM threads t WHERE t.thread_id = r.thread_id) AS user_id
+"""
+SET_PRE_RUN_CHECKPOINT_SQL = """
+UPDATE runs SET pre_run_checkpoint_id = %(checkpoint_id)s
+WHERE run_id = %(run_id)s AND owner_epoch = %(epoch)s AND status = 'running'
+  AND pre_run_checkpoint_id IS NULL
+"""
+FINISH_SQL = """
+UPDATE runs SET status = %(status)s, error = %(error)s, ended_at = now(), updated_at = now()
+WHERE run_id = %(run_id)s AND owner_epoch = %(epoch)s AND status = 'running'
+RETURNING thread_id
+"""
+NEXT_PENDING_SQL = """
+UPDATE runs SET dispatched_at = now()
+WHERE run_id = (SELECT run_id FROM runs WHERE thread_id = %(thread_id)s AND status = 'pending'
+                ORDER BY seq LIMIT 1)
+RETURNING run_id::text
+"""
+SETTLE_THREAD_SQL = """
+UPDATE threads SET status = %(status)s, updated_at = now() WHERE thread_id = %(thread_id)s
+"""
+APPEND_LIFECYCLE_SQL = """
+INSERT INTO run_events (run_id, seq, thread_id, category, type, payload)
+SELECT %(run_id)s, coalesce(max(seq), 0) + 1, %(thread_id)s, 'lifecycle', %(type)s, %(payload)s
+FROM run_events WHERE run_id = %(run_id)s
+"""
+LIST_RUN_EVENTS_SQL = """
+SELECT seq, category, type, payload, created_at FROM run_events
+WHERE run_id = %(run_id)s ORDER BY seq
+"""
+
+# --- reaper (R4) -------------------------------------------------------------------------
+STALE_PENDING_HEADS_SQL = """
+UPDATE runs r SET dispatched_at = now()
+WHERE r.status = 'pending'
+  AND (r.dispatched_at IS NULL OR r.dispatched_at < now() - make_interval(secs => %(stale_s)s))
+  AND NOT EXISTS (
+      SELECT 1 FROM runs o
+      WHERE o.thread_id = r.thread_id AND o.run_id <> r.run_id
+        AND (o.status = 'running' OR (o.status = 'pending' AND o.seq < r.seq)))
+RETURNING r.run_id::text
+"""
+RUNNING_RUNS_SQL = """
+SELECT run_id::text, thread_id::text, owner_epoch, attempt FROM runs
+WHERE status = 'running' AND updated_at < now() - make_interval(secs => %(min_age_s)s)
+"""
+REQUEUE_EXPIRED_SQL = """
+UPDATE runs SET status = 'pending', owner = NULL, dispatched_at = now(), updated_at = now()
+WHERE run_id = %(run_id)s AND status = 'running' AND owner_epoch = %(epoch)s
+RETURNING thread_id
+"""
+
+
+class ClaimOutcome(enum.Enum):
+    """Why a claim did or did not give us the run."""
+
+    CLAIMED = "claimed"
+    NOT_PENDING = "not_pending"  # duplicate delivery, already running or finished (L3)
+    NOT_HEAD = "not_head"  # another run of the thread goes first; it will dispatch us
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The result of a claim; `run` is the claimed row."""
+
+    outcome: ClaimOutcome
+    run: dict[str, Any] | None = None
+
+
+class CancelOutcome(enum.Enum):
+    """What a cancel request did."""
+
+    CANCELLED = "cancelled"  # was pending: now interrupted, no executor involved
+    REQUESTED = "requested"  # running: the owner stops at its next safe point
+    ALREADY_REQUESTED = "already_requested"
+    ALREADY_DONE = "already_done"  # terminal: nothing to do
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The admitted run (None when rejected) and what must happen after commit."""
+
+    decision: AdmissionDecision
+    run: dict[str, Any] | None
+    dispatch: list[str]
+    cancel_running: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The result of a fenced terminal write."""
+
+    fenced: bool
+    next_run_id: str | None = None
+
+
+class RunStore:
+    """Threads and runs in Postgres."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self._pool = pool
+
+    # threads ----------------------------------------------------------------------
+    def create_thread(
+        self, thread_id: str | None, owner: str, metadata: dict[str, Any], if_exists: str
+    ) -> dict[str, Any]:
+        """Create a thread; `if_exists` is 'raise' or 'do_nothing' (return the existing one)."""
+        tid = thread_id or str(uuid.uuid4())
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                INSERT_THREAD_SQL, {"thread_id": tid, "owner": owner, "metadata": _json(metadata)}
+            ).fetchone()
+            if row is not None:
+                return row
+            existing = conn.execute(GET_THREAD_SQL, {"thread_id": tid, "owner": owner}).fetchone()
+        # Another user's thread id conflicts exactly like our own would; it is never handed out.
+        if existing is None or if_exists == "raise":
+            raise ThreadExists(f"thread {tid} already exists")
+        return existing
+
+    def get_thread(self, thread_id: str, owner: str) -> dict[str, Any]:
+        """The thread, or ThreadNotFound (also for another user's thread)."""
+        with self._pool.connection() as conn:
+            row = conn.execute(GET_THREAD_SQL, {"thread_id": thread_id, "owner": owner}).fetchone()
+        if row is None:
+            raise ThreadNotFound(f"thread {thread_id} not found")
+        return row
+
+    def patch_thread(self, thread_id: str, owner: str, metadata: dict[str, Any]) -> dict[str, Any]:
+        """Merge metadata into the thread's."""
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                PATCH_THREAD_SQL,
+                {"thread_id": thread_id, "owner": owner, "metadata": _json(metadata)},
+            ).fetchone()
+        if row is None:
+            raise ThreadNotFound(f"thread {thread_id} not found")
+        return row
+
+    def delete_thread(self, thread_id: str, owner: str) -> list[str]:
+        """Delete the thread and its runs; return the ids of runs that were still running."""
+        with self._pool.connection() as conn, conn.transaction():
+            thread = conn.execute(LOCK_THREAD_SQL, {"thread_id": thread_id, "owner": owner}).fetchone()
+            if thread is None:
+                raise ThreadNotFound(f"thread {thread_id} not found")
+            running = [
+                r["run_id"]
+                for r in conn.execute(INFLIGHT_RUNS_SQL, {"thread_id": thread_id}).fetchall()
+                if r["status"] == "running"
+            ]
+            conn.execute(DELETE_THREAD_SQL, {"thread_id": thread_id, "owner": owner})
+        return running
+
+    def search_threads(
+        self,
+        owner: str,
+        *,
+        metadata: dict[str, Any],
+        status: str | None,
+        ids: list[str] | None,
+        limit: int,
+        offset: int,
+        sort_by: str,
+        sort_order: str,
+    ) -> list[dict[str, Any]]:
+        """Threads of `owner` matching a metadata containment filter."""
+        if sort_by not in THREAD_SORT_COLUMNS:
+            raise ValueError(f"sort_by {sort_by!r}")
+        order = f"{sort_by} {'ASC' if sort_order == 'asc' else 'DESC'}, thread_id"
+        sql = SEARCH_THREADS_SQL.format(order=order)
+        with self._pool.connection() as conn:
+            return conn.execute(
+                sql,
+                {
+                    "owner": owner,
+                    "metadata": _json(metadata),
+                    "status": status,
+                    "ids": ids,
+                    "limit": limit,
+                    "offset": offset,
+                },
+            ).fetchall()
+
+    def count_threads(self, owner: str, *, metadata: dict[str, Any], status: str | None) -> int:
+        """How many threads match."""
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                COUNT_THREADS_SQL, {"owner": owner, "metadata": _json(metadata), "status": status}
+            ).fetchone()
+        return int(row["n"]) if row else 0
+
+    # admission ----------------------------------------------------------------------
+    def admit(
+        self,
+        *,
+        thread_id: str,
+        owner: str,
+        run: dict[str, Any],
+        strategy: str,
+        create_thread: bool,
+    ) -> Admission:
+        """Atomically decide and insert (R2): the thread row lock serialises admissions."""
+        params = {"thread_id": thread_id, "owner": owner}
+        with self._pool.connection() as conn, conn.transaction():
+            if create_thread:
+                conn.execute(
+                    INSERT_THREAD_SQL, {**params, "metadata": _json({})}
+                )
+            thread = conn.execute(LOCK_THREAD_SQL, params).fetchone()
+            if thread is None:
+                raise ThreadNotFound(f"thread {thread_id} not found")
+            inflight = [
+                Inflight(r["run_id"], r["status"])
+                for r in conn.execute(INFLIGHT_RUNS_SQL, params).fetchall()
+            ]
+            decision = decide(strategy, inflight)
+            if not decision.creates:
+                return Admission(decision, None, [], [])
+            cancel_running: list[str] = []
+            for victim in decision.cancel:
+                if victim.status == "pending":
+                    conn.execute(INTERRUPT_PENDING_SQL, {"run_id": victim.run_id})
+                    self._lifecycle(conn, victim.run_id, thread_id, "interrupted", {"by": run["run_id"]})
+                else:
+                    conn.execute(
+                        REQUEST_CANCEL_RUNNING_SQL, {"run_id": victim.run_id, "action": "interrupt"}
+                    )
+                    cancel_running.append(victim.run_id)
+            dispatch_now = decision.outcome is AdmissionOutcome.DISPATCH or (
+                decision.outcome is AdmissionOutcome.INTERRUPT and not cancel_running
+            )
+            row = conn.execute(
+                INSERT_RUN_SQL,
+                {
+                    **params,
+                    "run_id": run["run_id"],
+                    "assistant_id": run["assistant_id"],
+                    "graph_id": run["graph_id"],
+                    "input": _json(run.get("input")),
+                    "command": _json(run.get("command")),
+                    "config": _json(run.get("config") or {}),
+                    "context": _json(run.get("context")),
+                    "metadata": _json(run.get("metadata") or {}),
+                    "kwargs": _json(run.get("kwargs") or {}),
+                    "multitask_strategy": strategy,
+                    "on_disconnect": run.get("on_disconnect") or "continue",
+                    "dispatch": dispatch_now,
+                },
+            ).fetchone()
+            conn.execute(
+                MARK_THREAD_BUSY_SQL,
+                {**params, "graph_id": run["graph_id"], "assistant_id": run["assistant_id"]},
+            )
+            self._lifecycle(
+                conn, run["run_id"], thread_id, "created", {"outcome": decision.outcome.value}
+            )
+        return Admission(decision, row, [run["run_id"]] if dispatch_now else [], cancel_running)
+
+    # runs -------------------------------------------------------------------------------
+    def get_run(self, thread_id: str, run_id: str, owner: str) -> dict[str, Any]:
+        """The run, or RunNotFound (also for another user's run)."""
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                GET_RUN_SQL, {"thread_id": thread_id, "run_id": run_id, "owner": owner}
+            ).fetchone()
+        if row is None:
+            raise RunNotFound(f"run {run_id} not found")
+        return row
+
+    def get_run_by_id(self, run_id: str) -> dict[str, Any] | None:
+        """The run row regardless of owner (workers only)."""
+        with self._pool.connection() as conn:
+            return conn.execute(GET_RUN_BY_ID_SQL, {"run_id": run_id}).fetchone()
+
+    def run_status(self, run_id: str) -> str | None:
+        """Just the status (None if the run is gone)."""
+        with self._pool.connection() as conn:
+            row = conn.execute(RUN_STATUS_SQL, {"run_id": run_id}).fetchone()
+        return row["status"] if row else None
+
+    def list_runs(
+        self, thread_id: str, owner: str, *, limit: int, offset: int, status: str | None
+    ) -> list[dict[str, Any]]:
+        """Runs of a thread, newest first."""
+        self.get_thread(thread_id, owner)
+        with self._pool.connection() as conn:
+            return conn.execute(
+                LIST_RUNS_SQL,
+                {"thread_id": thread_id, "owner": owner, "limit": limit, "offset": offset, "status": status},
+            ).fetchall()
+
+    def delete_run(self, thread_id: str, run_id: str, owner: str) -> None:
+        """Delete a finished run; an inflight one must be cancelled first (409)."""
+        self.get_run(thread_id, run_id, owner)
+        with self._pool.connection() as conn:
+            if conn.execute(DELETE_RUN_SQL, {"run_id": run_id}).fetchone() is None:
+                raise Conflict(f"run {run_id} is still inflight; cancel it first")
+
+    def request_cancel(self, thread_id: str, run_id: str, owner: str, action: str) -> tuple[CancelOutcome, str | None]:
+        """Record a cancel request; returns the outcome and a run to dispatch next, if any."""
+        with self._pool.connection() as conn, conn.transaction():
+            thread = conn.execute(LOCK_THREAD_SQL, {"thread_id": thread_id, "owner": owner}).fetchone()
+            if thread is None:
+                raise RunNotFound(f"run {run_id} not found")
+            run = conn.execute(
+                GET_RUN_SQL + " FOR UPDATE OF r", {"thread_id": thread_id, "run_id": run_id, "owner": owner}
+            ).fetchone()
+            if run is None:
+                raise RunNotFound(f"run {run_id} not found")
+            if run["status"] in TERMINAL:
+                return CancelOutcome.ALREADY_DONE, None
+            if run["status"] == "pending":
+                conn.execute(INTERRUPT_PENDING_SQL, {"run_id": run_id})
+                self._lifecycle(conn, run_id, thread_id, "interrupted", {"by": "cancel"})
+                nxt = self._settle_thread(conn, thread_id, "idle")
+                return CancelOutcome.CANCELLED, nxt
+            cur = conn.execute(REQUEST_CANCEL_RUNNING_SQL, {"run_id": run_id, "action": action})
+            if cur.rowcount == 0:
+                return CancelOutcome.ALREADY_REQUESTED, None
+            self._lifecycle(conn, run_id, thread_id, "cancel_requested", {"action": action})
+            return CancelOutcome.REQUESTED, None
+
+    # worker side ---------------------------------------------------------------------------
+    def claim(self, run_id: str, owner: str) -> Claim:
+        """Make the run ours: status running, epoch + 1, attempt + 1 (L1, L3)."""
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                row = conn.execute(CLAIM_SQL, {"run_id": run_id, "owner": owner}).fetchone()
+                if row is not None:
+                    self._lifecycle(
+                        conn,
+                        run_id,
+                        str(row["thread_id"]),
+                        "claimed",
+                        {"owner": owner, "epoch": row["owner_epoch"], "attempt": row["attempt"]},
+                    )
+        except psycopg.errors.UniqueViolation:
+            # Another run of this thread became running concurrently (the partial unique
+            # index, R3): that run goes first and dispatches us when it finishes.
+            return Claim(ClaimOutcome.NOT_HEAD)
+        if row is not None:
+            return Claim(ClaimOutcome.CLAIMED, row)
+        status = self.run_status(run_id)
+        if status == "pending":
+            return Claim(ClaimOutcome.NOT_HEAD)
+        return Claim(ClaimOutcome.NOT_PENDING)
+
+    def set_pre_run_checkpoint(self, run_id: str, epoch: int, checkpoint_id: str | None) -> None:
+        """Record the rollback point of the first attempt (R5)."""
+        if checkpoint_id is None:
+            return
+        with self._pool.connection() as conn:
+            conn.execute(
+                SET_PRE_RUN_CHECKPOINT_SQL,
+                {"run_id": run_id, "epoch": epoch, "checkpoint_id": checkpoint_id},
+            )
+
+    def finish(
+        self,
+        run_id: str,
+        thread_id: str,
+        epoch: int,
+        *,
+        status: str,
+        error: dict[str, Any] | None,
+        thread_status: str,
+    ) -> Finish:
+        """Write the terminal status only while we own the run (L2), then settle the thread."""
+        with self._pool.connection() as conn, conn.transaction():
+            conn.execute(LOCK_THREAD_BY_ID_SQL, {"thread_id": thread_id})
+            row = conn.execute(
+                FINISH_SQL,
+                {"run_id": run_id, "epoch": epoch, "status": status, "error": _json(error)},
+            ).fetchone()
+            if row is None:
+                self._lifecycle(conn, run_id, thread_id, "fenced", {"epoch": epoch, "status": status})
+                return Finish(fenced=True)
+            self._lifecycle(conn, run_id, thread_id, status, {"epoch": epoch, "error": error})
+            nxt = self._settle_thread(conn, thread_id, thread_status)
+        return Finish(fenced=False, next_run_id=nxt)
+
+    def _settle_thread(self, conn: psycopg.Connection[Any], thread_id: str, idle_status: str) -> str | None:
+        """Pick the next pending run (marking it dispatched) or set the thread's idle status."""
+        if conn.execute(THREAD_HAS_RUNNING_SQL, {"thread_id": thread_id}).fetchone():
+            return None  # the running run hands over when it ends
+        nxt = conn.execute(NEXT_PENDING_SQL, {"thread_id": thread_id}).fetchone()
+        if nxt is not None:
+            return str(nxt["run_id"])
+        conn.execute(SETTLE_THREAD_SQL, {"thread_id": thread_id, "status": idle_status})
+        return None
+
+    def _lifecycle(
+        self, conn: psycopg.Connection[Any], run_id: str, thread_id: str, kind: str, payload: dict[str, Any]
+    ) -> None:
+        conn.execute(
+            APPEND_LIFECYCLE_SQL,
+            {"run_id": run_id, "thread_id": thread_id, "type": kind, "payload": _json(payload)},
+        )
+
+    def run_events(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's audit events in order."""
+        with self._pool.connection() as conn:
+            return conn.execute(LIST_RUN_EVENTS_SQL, {"run_id": run_id}).fetchall()
+
+    # reaper -------------------------------------------------------------------------------
+    def stale_pending_heads(self, stale_s: float) -> list[str]:
+        """Pending runs at the head of their thread whose dispatch looks lost (R4)."""
+        with self._pool.connection() as conn:
+            return [r["run_id"] for r in conn.execute(STALE_PENDING_HEADS_SQL, {"stale_s": stale_s})]
+
+    def running_runs(self, min_age_s: float) -> list[dict[str, Any]]:
+        """Running runs not updated for `min_age_s` (lease candidates for the reaper)."""
+        with self._pool.connection() as conn:
+            return conn.execute(RUNNING_RUNS_SQL, {"min_age_s": min_age_s}).fetchall()
+
+    def requeue_expired(
+        self, run_id: str, epoch: int, attempt: int, max_attempts: int, reason: str
+    ) -> tuple[str, str | None]:
+        """Hand a run whose owner vanished to a new attempt, or end it `error` after max (L4, L5).
+
+        Returns ('requeued', run_id) / ('failed', next run to dispatch) / ('skipped', None).
+        """
+        with self._pool.connection() as conn, conn.transaction():
+            if attempt >= max_attempts:
+                row = conn.execute(
+                    FINISH_SQL,
+                    {
+                        "run_id": run_id,
+                        "epoch": epoch,
+                        "status": "error",
+                        "error": _json({"error": "MaxAttemptsExceeded", "message": reason}),
+                    },
+                ).fetchone()
+                if row is None:
+                    return "skipped", None
+                thread_id = str(row["thread_id"])
+                self._lifecycle(conn, run_id, thread_id, "error", {"reason": reason, "attempt": attempt})
+                return "failed", self._settle_thread(conn, thread_id, "error")
+            row = conn.execute(REQUEUE_EXPIRED_SQL, {"run_id": run_id, "epoch": epoch}).fetchone()
+            if row is None:
+                return "skipped", None
+            self._lifecycle(conn, run_id, str(row["thread_id"]), "requeued", {"reason": reason, "epoch": epoch})
+            return "requeued", run_id

@@ -1,0 +1,114 @@
+"""Typed settings: one class, every tunable of the SPEC with its default, env prefix THREADRUN_."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+MultitaskStrategy = Literal["reject", "interrupt", "rollback", "enqueue"]
+
+
+class Settings(BaseSettings):
+    """All runtime configuration. Read from `THREADRUN_*` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="THREADRUN_", extra="ignore")
+
+    # --- where things are -------------------------------------------------------
+    config: Path = Field(
+        default=PROJECT_ROOT / "langgraph.json",
+        description="Path of the langgraph.json-compatible graphs file.",
+    )
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = Field(default=PROJECT_ROOT / ".threadrun")
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/threadrun")
+    redis_prefix: str = Field(
+        default="threadrun:",
+        description="Prefix of every Redis key we write, Celery's included (isolation).",
+    )
+
+    # --- identity (A4) ----------------------------------------------------------
+    api_keys: SecretStr = Field(
+        default=SecretStr(""),
+        description="Comma-separated key:user_id pairs; empty = local single-user mode.",
+    )
+    local_user: str = "local"
+
+    # --- the model (§9) -----------------------------------------------------------
+    model: str = Field(
+        default="builtin",
+        description="'builtin' (deterministic) or a LangChain model id, e.g. 'openai:gpt-4o-mini'.",
+    )
+    model_base_url: str | None = None
+    model_api_key: SecretStr | None = None
+    builtin_tokens: int = Field(default=24, ge=1, description="Tokens per reply of the built-in model.")
+    builtin_token_delay_ms: float = Field(default=0.0, ge=0, description="Delay per built-in token.")
+
+    # --- runs (R) -----------------------------------------------------------------
+    default_multitask_strategy: MultitaskStrategy = "enqueue"
+    max_attempts: int = Field(default=3, ge=1)
+    worker_concurrency: int = Field(default=32, ge=1, description="Concurrent runs per worker process.")
+    shutdown_grace_s: float = Field(default=5.0, ge=0)
+    wait_keepalive_s: float = Field(default=5.0, gt=0, description="Whitespace cadence of /wait and /join.")
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+
+    # --- leases (L) -----------------------------------------------------------------
+    lease_ttl_s: float = Field(default=15.0, gt=0)
+    lease_renew_s: float = Field(default=5.0, gt=0)
+    cancel_poll_s: float = Field(default=0.5, gt=0, description="How often an idle run checks for cancel.")
+
+    # --- reaper (R4, L4) ----------------------------------------------------------
+    reaper_interval_s: float = Field(default=2.0, gt=0)
+    dispatch_stale_s: float = Field(
+        default=10.0, gt=0, description="A pending head run not claimed after this is re-dispatched."
+    )
+
+    # --- stream bridge (B) --------------------------------------------------------
+    stream_maxlen: int = Field(default=1024, ge=1)
+    stream_ttl_after_end_s: int = Field(default=3600, ge=1)
+    stream_heartbeat_s: float = Field(default=5.0, gt=0)
+
+    # --- database -----------------------------------------------------------------
+    db_pool_min: int = Field(default=1, ge=0)
+    db_pool_max: int = Field(default=20, ge=1)
+
+    @field_validator("redis_prefix")
+    @classmethod
+    def _prefix_ends_with_colon(cls, v: str) -> str:
+        if not v:
+            raise ValueError("redis_prefix must not be empty")
+        return v if v.endswith(":") else v + ":"
+
+    @property
+    def dsn(self) -> str:
+        """The database URL (secret; never log it)."""
+        return self.database_url.get_secret_value()
+
+    @cached_property
+    def api_key_map(self) -> dict[str, str]:
+        """key -> user_id, parsed from `api_keys`."""
+        out: dict[str, str] = {}
+        raw = self.api_keys.get_secret_value()
+        for pair in filter(None, (p.strip() for p in raw.split(","))):
+            key, sep, user = pair.partition(":")
+            if not sep or not key or not user:
+                raise ValueError("THREADRUN_API_KEYS must be comma-separated key:user_id pairs")
+            out[key] = user
+        return out
+
+    @property
+    def workspace_dir(self) -> Path:
+        """Root of the per-thread sandbox workspaces."""
+        return self.data_dir / "workspaces"
+
+
+def get_settings() -> Settings:
+    """A fresh Settings from the environment (callers keep their own instance)."""
+    return Settings()

@@ -1,0 +1,1 @@
+"""Thread state: the one accessor to checkpoints (SPEC §6)."""

@@ -1,0 +1,377 @@
+"""The process supervisor behind ``make run``: services, migrations, then web and workers.
+
+``python -m shared.supervisor`` resolves Redis and PostgreSQL (``shared.devservices``), runs
+``python -m shared.db.migrate``, starts gunicorn and the two Celery workers as child processes with
+prefixed output, prints one line once ``GET /ok`` answers 200, and on Ctrl-C / SIGTERM stops the
+children (SIGTERM, a grace period, SIGKILL) and the embedded services it started. A child that dies
+on its own stops everything with a nonzero exit code.
+
+Environment read here (besides the ``Settings`` ones): THREADRUN_WEB_WORKERS (default 2),
+THREADRUN_WEB_THREADS (64), THREADRUN_MEMORY_CONCURRENCY (4), THREADRUN_READY_TIMEOUT_S (120),
+THREADRUN_STOP_GRACE_S (10).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO
+
+from shared.devservices import DevServicesError, parent_death_signal, redact, resolve_services
+from shared.settings import Settings
+
+DEFAULT_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """One supervised process: a short name (the output prefix) and its argv."""
+
+    name: str
+    argv: Sequence[str]
+
+
+@dataclass
+class Child:
+    """A started ChildSpec."""
+
+    spec: ChildSpec
+    proc: subprocess.Popen[bytes]
+    pump: threading.Thread
+    exit_code: int | None = None
+
+
+def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise SystemExit(f"{name} must be an integer, got {raw!r}") from exc
+    if value < 1:
+        raise SystemExit(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    try:
+        return float(raw) if raw else default
+    except ValueError as exc:
+        raise SystemExit(f"{name} must be a number, got {raw!r}") from exc
+
+
+def bind_address(host: str, port: int) -> str:
+    """gunicorn's --bind value (IPv6 hosts in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def local_url(host: str, port: int) -> str:
+    """The base URL by which this machine reaches a server bound to ``host``."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://{bind_address(host, port)}"
+
+
+def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> list[ChildSpec]:
+    """The web server and the two Celery workers of threadrun."""
+    env = os.environ if env is None else env
+    py = sys.executable
+    workers = _int_env(env, "THREADRUN_WEB_WORKERS", 2)
+    threads = _int_env(env, "THREADRUN_WEB_THREADS", 64)
+    memory_c = _int_env(env, "THREADRUN_MEMORY_CONCURRENCY", 4)
+    celery = [py, "-m", "celery", "-A", "workers.celery_app:celery", "worker", "-P", "threads"]
+    tail = ["--without-gossip", "--without-mingle", "-E"]
+    return [
+        ChildSpec(
+            "web",
+            [
+                py,
+                "-m",
+                "gunicorn",
+                "app:create_app()",
+                "--bind",
+                bind_address(settings.host, settings.port),
+                "--worker-class",
+                "gthread",
+                "--workers",
+                str(workers),
+                "--threads",
+                str(threads),
+                "--timeout",
+                "0",
+                "--graceful-timeout",
+                "5",
+            ],
+        ),  # fmt: skip
+        ChildSpec(
+            "worker",
+            [*celery, "-Q", "runs", "-c", str(settings.worker_concurrency), "-n", "runs@%h", *tail],
+        ),
+        ChildSpec(
+            "memory", [*celery, "-Q", "memory", "-c", str(memory_c), "-n", "memory@%h", *tail]
+        ),
+    ]
+
+
+def migrate_spec() -> ChildSpec:
+    """Schema migrations and checkpointer setup (idempotent)."""
+    return ChildSpec("migrate", [sys.executable, "-m", "shared.db.migrate"])
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    """True if GET ``url`` answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status) == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class Output:
+    """Line-atomic, prefixed writes from many threads to one stream."""
+
+    def __init__(self, stream: IO[str], width: int = 8) -> None:
+        self.stream = stream
+        self.width = width
+        self.lock = threading.Lock()
+
+    def line(self, name: str, text: str) -> None:
+        """Write ``text`` (one line) prefixed with ``name``."""
+        self.raw(f"{name:<{self.width}}| {text}")
+
+    def raw(self, text: str) -> None:
+        """Write ``text`` as one unprefixed line."""
+        with self.lock:
+            try:
+                self.stream.write(text.rstrip("\r\n") + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass  # our stdout is gone (a closed pipe); keep supervising
+
+
+class Supervisor:
+    """Starts ChildSpecs, pumps their output, watches them and stops them."""
+
+    def __init__(
+        self,
+        specs: Sequence[ChildSpec],
+        *,
+        env: Mapping[str, str] | None = None,
+        output: Output | None = None,
+        grace_s: float = DEFAULT_GRACE_S,
+        poll_s: float = 0.1,
+    ) -> None:
+        self.specs = list(specs)
+        self.env = dict(os.environ if env is None else env)
+        self.env.setdefault("PYTHONUNBUFFERED", "1")
+        width = max([len(s.name) for s in self.specs] + [len("supervisor")]) + 1
+        self.out = output or Output(sys.stdout, width)
+        self.grace_s = grace_s
+        self.poll_s = poll_s
+        self.children: list[Child] = []
+        self.stop_requested = threading.Event()
+        self.kill_requested = threading.Event()
+        self.failed: list[Child] = []
+
+    def say(self, text: str) -> None:
+        """A message of the supervisor itself."""
+        self.out.line("supervisor", text)
+
+    def request_stop(self) -> None:
+        """Ask the watch loop to stop everything (safe from signal handlers and other threads)."""
+        if self.stop_requested.is_set():
+            self.kill_requested.set()
+        self.stop_requested.set()
+
+    def spawn(self, spec: ChildSpec) -> Child:
+        """Start one child in its own session, its stdout and stderr pumped through ``out``."""
+        proc = subprocess.Popen(
+            list(spec.argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+            preexec_fn=parent_death_signal(signal.SIGTERM),
+        )
+        assert proc.stdout is not None
+        pump = threading.Thread(
+            target=self._pump, args=(spec.name, proc.stdout), name=f"pump-{spec.name}", daemon=True
+        )
+        pump.start()
+        child = Child(spec, proc, pump)
+        self.children.append(child)
+        return child
+
+    def _pump(self, name: str, stream: IO[bytes]) -> None:
+        with stream:
+            for raw in iter(stream.readline, b""):
+                self.out.line(name, raw.decode(errors="replace"))
+
+    def start(self) -> None:
+        """Start every spec."""
+        for spec in self.specs:
+            self.spawn(spec)
+            self.say(f"started {spec.name} (pid {self.children[-1].proc.pid})")
+
+    def run_to_completion(self, spec: ChildSpec) -> int | None:
+        """Run one child until it exits; None if a stop was requested first (it is then stopped)."""
+        child = self.spawn(spec)
+        while child.proc.poll() is None:
+            if self.stop_requested.wait(self.poll_s):
+                self.stop()
+                return None
+        self._reap(child)
+        self.children.remove(child)
+        return child.exit_code
+
+    def watch(
+        self,
+        ready: Callable[[], bool] | None = None,
+        on_ready: Callable[[], None] | None = None,
+        ready_timeout_s: float = 120.0,
+    ) -> int:
+        """Block until a stop is requested (0) or a child exits on its own (nonzero)."""
+        deadline = time.monotonic() + ready_timeout_s
+        is_ready = ready is None
+        while not self.stop_requested.is_set():
+            for child in self.children:
+                code = child.proc.poll()
+                if code is not None:
+                    self._reap(child)
+                    self.say(f"{child.spec.name} exited unexpectedly (code {code}); stopping")
+                    self.failed.append(child)
+                    return code if code > 0 else 1
+            if not is_ready and ready is not None:
+                if ready():
+                    is_ready = True
+                    if on_ready is not None:
+                        on_ready()
+                elif time.monotonic() > deadline:
+                    self.say(f"not ready after {ready_timeout_s:.0f} s; stopping")
+                    return 1
+            self.stop_requested.wait(self.poll_s)
+        return 0
+
+    def _reap(self, child: Child) -> None:
+        """Record the exit code, kill leftovers of its process group and drain its output."""
+        child.exit_code = child.proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.proc.pid, signal.SIGKILL)
+        child.pump.join(timeout=2)
+
+    def stop(self) -> None:
+        """SIGTERM every live child's process group, wait ``grace_s``, SIGKILL what is left."""
+        live = [c for c in self.children if c.proc.poll() is None]
+        for child in live:
+            self.say(f"stopping {child.spec.name} (pid {child.proc.pid})")
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        while any(c.proc.poll() is None for c in live):
+            if time.monotonic() >= deadline or self.kill_requested.is_set():
+                break
+            time.sleep(0.05)
+        for child in live:
+            if child.proc.poll() is None:
+                self.say(f"{child.spec.name} did not stop in time; killing it")
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.proc.pid, signal.SIGKILL)
+        for child in self.children:
+            self._reap(child)
+        self.children.clear()
+
+
+def install_signal_handlers(supervisor: Supervisor) -> None:
+    """SIGINT / SIGTERM request a stop (a second one skips the grace period)."""
+
+    def handler(signum: int, _frame: object) -> None:
+        supervisor.request_stop()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def child_env(services_env: Mapping[str, str]) -> dict[str, str]:
+    """Our environment plus the resolved service URLs."""
+    env = dict(os.environ)
+    env.update(services_env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m shared.supervisor``."""
+    del argv
+    settings = Settings()
+    env = os.environ
+    grace = _float_env(env, "THREADRUN_STOP_GRACE_S", DEFAULT_GRACE_S)
+    ready_timeout = _float_env(env, "THREADRUN_READY_TIMEOUT_S", 120.0)
+    specs = default_specs(settings)
+    width = max(len(s.name) for s in [*specs, migrate_spec()])
+    out = Output(sys.stdout, max(width, len("supervisor")) + 1)
+
+    # Until the children run, a signal interrupts whatever blocks (service start-up).
+    def early(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, early)
+    try:
+        services = resolve_services(settings)
+    except DevServicesError as exc:
+        out.line("supervisor", f"error: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    try:
+        out.line(
+            "supervisor",
+            f"redis {redact(services.redis_url)} ({services.redis_source}), postgres "
+            f"{redact(services.database_url)} ({services.database_source})",
+        )
+        cenv = child_env(
+            {
+                "THREADRUN_REDIS_URL": services.redis_url,
+                "THREADRUN_DATABASE_URL": services.database_url,
+            }
+        )
+        sup = Supervisor(specs, env=cenv, output=out, grace_s=grace)
+        install_signal_handlers(sup)
+        code = sup.run_to_completion(migrate_spec())
+        if code is None:
+            return 0
+        if code != 0:
+            sup.say(f"migrations failed (exit code {code}); not starting")
+            return code
+        sup.start()
+        base = local_url(settings.host, settings.port)
+        rc = sup.watch(
+            ready=lambda: http_ok(f"{base}/ok"),
+            on_ready=lambda: out.raw(f"threadrun is up: {base}/  (chat UI at {base}/ui)"),
+            ready_timeout_s=ready_timeout,
+        )
+        sup.stop()
+        return rc
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        services.stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

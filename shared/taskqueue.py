@@ -1,0 +1,69 @@
+"""The Celery application both sides share: task names, queues and the settings, with reasons.
+
+The web process only *sends* tasks (by name, so `app` never imports `workers`); the
+worker process registers them (workers/tasks.py).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from shared.settings import Settings
+
+RUN_TASK = "threadrun.runs.execute"
+MEMORY_TASK = "threadrun.memory.extract"
+RUNS_QUEUE = "runs"
+MEMORY_QUEUE = "memory"
+
+
+def make_celery(settings: Settings) -> Celery:
+    """A Celery app bound to our Redis, with every choice explained."""
+    app = Celery("threadrun", broker=settings.redis_url, set_as_current=False)
+    app.conf.update(
+        # Every key Celery writes carries our prefix, so deployments and test runs that
+        # share one Redis never see each other's queues.
+        broker_transport_options={
+            "global_keyprefix": f"{settings.redis_prefix}celery:",
+            # Early acks (below) mean no message is ever "unacked", so the visibility
+            # timeout never fires a redelivery of a long run; keep it long anyway.
+            "visibility_timeout": 12 * 3600,
+        },
+        task_queues=[Queue(RUNS_QUEUE), Queue(MEMORY_QUEUE)],
+        task_default_queue=RUNS_QUEUE,
+        task_routes={RUN_TASK: {"queue": RUNS_QUEUE}, MEMORY_TASK: {"queue": MEMORY_QUEUE}},
+        # Ack on receipt: recovery of a lost run is the reaper's job (leases + Postgres),
+        # never broker redelivery, which on Redis can duplicate a still-running task or
+        # loop forever with task_reject_on_worker_lost (R4, L3).
+        task_acks_late=False,
+        # One message reserved per free slot: a busy worker does not hoard runs.
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        result_backend=None,
+        task_serializer="json",
+        accept_content=["json"],
+        # Flower and our ops view see task events.
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        broker_connection_retry_on_startup=True,
+        # A lost broker connection: keep retrying forever (runs in progress keep their
+        # leases; nothing is redelivered because nothing is unacked).
+        broker_connection_max_retries=None,
+        # Runs are bounded by leases and cancel, not by Celery's time limits, which would
+        # kill a thread mid-checkpoint; the worker loop enforces its own limits.
+        task_time_limit=None,
+        task_soft_time_limit=None,
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+class Dispatcher:
+    """Sends run tasks after their rows are committed (R4)."""
+
+    def __init__(self, celery: Celery) -> None:
+        self._celery = celery
+
+    def dispatch_run(self, run_id: str) -> None:
+        """Enqueue the execution of one run; a lost message is re-sent by the reaper."""
+        self._celery.send_task(RUN_TASK, args=[run_id], queue=RUNS_QUEUE)

@@ -1,0 +1,34 @@
+"""The worker's Celery app: the shared configuration plus our tasks and lifecycle signals."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import signals
+
+from shared.settings import Settings
+from shared.taskqueue import make_celery
+
+celery = make_celery(Settings())
+celery.conf.include = ["workers.tasks"]
+
+log = logging.getLogger(__name__)
+
+
+@signals.worker_ready.connect
+def _on_ready(sender: object = None, **_: object) -> None:
+    """Build the runtime eagerly on the runs queue and start the reaper there."""
+    from workers.tasks import start_runs_services
+
+    consumer = getattr(sender, "consumer", None) if sender is not None else None
+    queues = {q.name for q in consumer.task_consumer.queues} if consumer is not None and consumer.task_consumer else set()
+    if not queues or "runs" in queues:
+        start_runs_services()
+
+
+@signals.worker_shutting_down.connect
+def _on_shutting_down(**_: object) -> None:
+    """R7: stop taking runs, hand owned runs back after a grace period."""
+    from workers.tasks import shutdown_runs
+
+    shutdown_runs()

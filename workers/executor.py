@@ -1,0 +1,303 @@
+"""One run attempt as named phases: claim -> prepare -> execute -> finalize.
+
+Invariants (SPEC L1, L2, J5):
+- nothing is published or finalized before the claim succeeded in Postgres (epoch+1)
+  and the Redis lease carries that epoch;
+- every publish is fenced by the lease (Lua), the terminal status by the epoch (SQL);
+- a worker that lost its lease stops at the next safe point and finalizes nothing;
+- finalize order: flush journal -> delivery receipt -> terminal status -> `end`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from langgraph.types import Command
+
+from shared import serde
+from shared.bridge.redis import EventSink
+from shared.errors import LeaseLost
+from shared.leases import RenewOutcome, lease_value
+from shared.runs.store import ClaimOutcome
+from workers.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+STREAM_MODE_ALIASES = {"messages-tuple": "messages"}
+
+
+class StopReason(enum.Enum):
+    """Why an attempt stopped before the graph finished."""
+
+    CANCEL_INTERRUPT = "interrupt"
+    LEASE_LOST = "lease_lost"
+    SHUTDOWN = "shutdown"
+
+
+@dataclass
+class RunAttempt:
+    """The state of one attempt of one run on this worker."""
+
+    run: dict[str, Any]
+    lease: str
+    sink: EventSink | None = None
+    task: asyncio.Task[None] | None = None
+    stop_reason: StopReason | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def run_id(self) -> str:
+        """The run's id."""
+        return str(self.run["run_id"])
+
+    @property
+    def thread_id(self) -> str:
+        """The run's thread."""
+        return str(self.run["thread_id"])
+
+    @property
+    def epoch(self) -> int:
+        """The fencing token of this attempt."""
+        return int(self.run["owner_epoch"])
+
+    def stop(self, reason: StopReason) -> None:
+        """Ask the graph task to stop at its next await (a safe point)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            if self.task is not None and not self.task.done():
+                self.task.cancel()
+
+
+async def execute_run(rt: WorkerRuntime, run_id: str) -> str:
+    """Claim and execute one run; returns what happened (for the task's log line)."""
+    attempt = await claim(rt, run_id)
+    if attempt is None:
+        return "not_claimed"
+    rt.active[run_id] = attempt
+    keeper = asyncio.create_task(keep_lease(rt, attempt))
+    try:
+        outcome = await execute(rt, attempt)
+    finally:
+        keeper.cancel()
+        rt.active.pop(run_id, None)
+    if attempt.stop_reason is StopReason.LEASE_LOST:
+        log.warning("lease lost; skipping finalization", extra={"run_id": run_id})
+        return "lease_lost"
+    if attempt.stop_reason is StopReason.SHUTDOWN:
+        return await hand_back(rt, attempt)
+    return await finalize(rt, attempt, *outcome)
+
+
+# --- claim ---------------------------------------------------------------------------------
+async def claim(rt: WorkerRuntime, run_id: str) -> RunAttempt | None:
+    """Epoch + 1 in Postgres, then the Redis lease with that epoch (L1, L3)."""
+    result = await asyncio.to_thread(rt.store.claim, run_id, rt.worker_id)
+    if result.outcome is not ClaimOutcome.CLAIMED:
+        log.info("run not claimed: %s", result.outcome.value, extra={"run_id": run_id})
+        return None
+    run = result.run
+    assert run is not None
+    value = lease_value(int(run["owner_epoch"]), rt.worker_id)
+    if not await rt.leases.acquire(run_id, int(run["owner_epoch"]), rt.worker_id):
+        log.warning("a newer epoch holds the lease", extra={"run_id": run_id})
+        return None
+    return RunAttempt(run=run, lease=value)
+
+
+async def keep_lease(rt: WorkerRuntime, attempt: RunAttempt) -> None:
+    """Renew the lease (compare-and-extend) and watch for cancel requests while the run lives."""
+    s = rt.settings
+    last_ok = time.monotonic()
+    while True:
+        await asyncio.sleep(min(s.cancel_poll_s, s.lease_renew_s))
+        try:
+            outcome, cancel = await rt.leases.renew(attempt.run_id, attempt.lease)
+        except Exception as exc:  # noqa: BLE001 - Redis hiccup: keep trying until the TTL runs out
+            if time.monotonic() - last_ok > s.lease_ttl_s:
+                log.warning("lease renewal failing past its TTL: %s", exc, extra={"run_id": attempt.run_id})
+                attempt.stop(StopReason.LEASE_LOST)
+                return
+            continue
+        if outcome is RenewOutcome.LOST:
+            attempt.stop(StopReason.LEASE_LOST)
+            return
+        last_ok = time.monotonic()
+        if cancel:
+            attempt.stop(StopReason.CANCEL_INTERRUPT)
+
+
+# --- prepare ---------------------------------------------------------------------------------
+def run_config(run: dict[str, Any]) -> dict[str, Any]:
+    """The RunnableConfig of the run: request config + identities in configurable/metadata."""
+    requested = dict(run.get("config") or {})
+    identities = {
+        "thread_id": str(run["thread_id"]),
+        "run_id": str(run["run_id"]),
+        "assistant_id": run["assistant_id"],
+        "graph_id": run["graph_id"],
+        "user_id": run.get("user_id"),
+    }
+    configurable = {**(requested.get("configurable") or {}), **identities, "checkpoint_ns": ""}
+    kwargs = run.get("kwargs") or {}
+    if kwargs.get("checkpoint_id") and int(run["attempt"]) == 1:
+        configurable["checkpoint_id"] = kwargs["checkpoint_id"]
+    metadata = {**(requested.get("metadata") or {}), **(run.get("metadata") or {}), **identities}
+    metadata["attempt"] = run["attempt"]
+    config: dict[str, Any] = {**requested, "configurable": configurable, "metadata": metadata}
+    return config
+
+
+async def graph_input(rt: WorkerRuntime, attempt: RunAttempt, config: dict[str, Any]) -> Any:
+    """The input of this attempt: the request's, or None to resume from the checkpoint (L5)."""
+    run = attempt.run
+    head = await rt.saver.aget_tuple({"configurable": {"thread_id": attempt.thread_id, "checkpoint_ns": ""}})
+    head_id = head.checkpoint["id"] if head else None
+    if int(run["attempt"]) == 1:
+        await asyncio.to_thread(rt.store.set_pre_run_checkpoint, attempt.run_id, attempt.epoch, head_id)
+    elif head_id is not None and head_id != run.get("pre_run_checkpoint_id"):
+        return None  # a previous attempt checkpointed progress: resume from it
+    if run.get("command"):
+        return Command(**run["command"])
+    return run.get("input")
+
+
+# --- execute ---------------------------------------------------------------------------------
+async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str, Any] | None, str]:
+    """Run the graph, publishing every chunk; returns (status, error, thread status)."""
+    run = attempt.run
+    attempt.sink = EventSink(
+        rt.publisher,
+        attempt.run_id,
+        attempt.lease,
+        on_cancel=lambda _action: attempt.stop(StopReason.CANCEL_INTERRUPT),
+        on_lost=lambda _exc: attempt.stop(StopReason.LEASE_LOST),
+    )
+    sink = attempt.sink
+    sink.emit("metadata", serde.dumps({"run_id": attempt.run_id, "attempt": run["attempt"]}))
+    config = run_config(run)
+    graph = rt.graph(run["graph_id"])
+    kwargs = run.get("kwargs") or {}
+    modes = [STREAM_MODE_ALIASES.get(m, m) for m in kwargs.get("stream_mode") or ["values"]]
+    subgraphs = bool(kwargs.get("stream_subgraphs"))
+    try:
+        inp = await graph_input(rt, attempt, config)
+        options: dict[str, Any] = {
+            "stream_mode": modes,
+            "subgraphs": subgraphs,
+            "interrupt_before": kwargs.get("interrupt_before"),
+            "interrupt_after": kwargs.get("interrupt_after"),
+        }
+        if kwargs.get("durability"):
+            options["durability"] = kwargs["durability"]
+        if run.get("context") is not None:
+            options["context"] = run["context"]
+
+        async def _stream() -> None:
+            async for item in graph.astream(inp, config, **options):
+                if subgraphs:
+                    ns, mode, chunk = item
+                    name = mode if not ns else f"{mode}|{'|'.join(ns)}"
+                else:
+                    mode, chunk = item
+                    name = mode
+                sink.emit(name, serde.dumps(chunk))
+
+        attempt.task = asyncio.create_task(_stream())
+        if attempt.stop_reason is not None:
+            attempt.task.cancel()
+        await attempt.task
+    except asyncio.CancelledError:
+        if attempt.stop_reason is None:
+            raise  # the whole worker is going down
+        if attempt.stop_reason is StopReason.CANCEL_INTERRUPT:
+            return "interrupted", None, "idle"
+        return "interrupted", None, "idle"
+    except LeaseLost:
+        attempt.stop(StopReason.LEASE_LOST)
+        return "error", None, "error"
+    except Exception as exc:  # noqa: BLE001 - every graph failure becomes an `error` event (G4)
+        log.exception("run failed", extra={"run_id": attempt.run_id, "thread_id": attempt.thread_id})
+        error = {"error": type(exc).__name__, "message": str(exc)[:2000]}
+        sink.emit("error", serde.dumps(error))
+        return "error", error, "error"
+    thread_status = "idle"
+    try:
+        snap = await graph.aget_state({"configurable": {"thread_id": attempt.thread_id, "checkpoint_ns": ""}})
+        if snap.next or snap.interrupts:
+            thread_status = "interrupted"
+    except Exception:  # noqa: BLE001 - the run succeeded; the thread status is a hint
+        log.exception("could not read final state", extra={"run_id": attempt.run_id})
+    return "success", None, thread_status
+
+
+# --- finalize (J5) ------------------------------------------------------------------------------
+async def finalize(
+    rt: WorkerRuntime, attempt: RunAttempt, status: str, error: dict[str, Any] | None, thread_status: str
+) -> str:
+    """Flush the stream, write the terminal status while owning the run, then publish `end`."""
+    sink = attempt.sink
+    assert sink is not None
+    # (1) journal flush and (2) delivery receipt belong here (SPEC J5, issue 6); the
+    # stream must be drained first so every event precedes the terminal status.
+    try:
+        await sink.drain()
+    except LeaseLost:
+        return "lease_lost"
+    except Exception:  # noqa: BLE001 - the stream is not durable history (B8); go on
+        log.exception("stream drain failed", extra={"run_id": attempt.run_id})
+    # (3) terminal status, fenced by the epoch (L2).
+    fin = await asyncio.to_thread(
+        rt.store.finish,
+        attempt.run_id,
+        attempt.thread_id,
+        attempt.epoch,
+        status=status,
+        error=error,
+        thread_status=thread_status,
+    )
+    if fin.fenced:
+        log.warning("terminal write fenced: a newer owner exists", extra={"run_id": attempt.run_id})
+        return "fenced"
+    if fin.next_run_id:
+        await asyncio.to_thread(_dispatch_quietly, rt, fin.next_run_id)
+    # (4) `end`, after the status is committed (A1: no stream closes before that).
+    try:
+        await sink.publish_end(serde.dumps({"run_id": attempt.run_id, "status": status}))
+    except Exception:  # noqa: BLE001 - subscribers fall back to the run status
+        log.exception("publishing end failed", extra={"run_id": attempt.run_id})
+    await rt.leases.release(attempt.run_id, attempt.lease)
+    await rt.redis.delete(rt.keys.cancel(attempt.run_id))
+    return status
+
+
+async def hand_back(rt: WorkerRuntime, attempt: RunAttempt) -> str:
+    """Graceful shutdown (R7): give the run back as pending for another worker to resume."""
+    if attempt.sink is not None:
+        try:
+            await attempt.sink.drain()
+        except Exception:  # noqa: BLE001
+            log.exception("drain before hand-back failed", extra={"run_id": attempt.run_id})
+    outcome, _ = await asyncio.to_thread(
+        rt.store.requeue_expired,
+        attempt.run_id,
+        attempt.epoch,
+        0,
+        rt.settings.max_attempts + 1,
+        "worker shutdown",
+    )
+    await rt.leases.release(attempt.run_id, attempt.lease)
+    if outcome == "requeued":
+        await asyncio.to_thread(_dispatch_quietly, rt, attempt.run_id)
+    return f"handed_back:{outcome}"
+
+
+def _dispatch_quietly(rt: WorkerRuntime, run_id: str) -> None:
+    try:
+        rt.dispatcher.dispatch_run(run_id)
+    except Exception:  # noqa: BLE001 - the reaper re-dispatches (R4)
+        log.exception("dispatch failed; the reaper will retry", extra={"run_id": run_id})

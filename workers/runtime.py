@@ -1,0 +1,114 @@
+"""The per-process worker runtime: one asyncio loop thread shared by every run of the process.
+
+Celery's `threads` pool gives each run task a thread; the thread submits the run's
+coroutine to this loop and waits. Runs are I/O bound (model calls, Redis, Postgres),
+so one loop serves many of them, with one async Postgres pool for the checkpointer and
+one Redis client, instead of a loop and a pool per task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import redis.asyncio as aredis
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.pregel import Pregel
+
+from shared.agent.graphs import GraphRegistry
+from shared.bridge.redis import StreamPublisher
+from shared.db import make_async_pool, make_pool
+from shared.leases import LeaseManager
+from shared.redis_keys import Keys
+from shared.runs.store import RunStore
+from shared.settings import Settings
+from shared.taskqueue import Dispatcher, make_celery
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class WorkerRuntime:
+    """Everything a run needs, built once per worker process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.keys = Keys(settings.redis_prefix)
+        self.registry = GraphRegistry.from_config(settings.config)
+        self.store = RunStore(make_pool(settings, name="worker-store", max_size=settings.worker_concurrency + 2))
+        self.dispatcher = Dispatcher(make_celery(settings))
+        self.active: dict[str, Any] = {}  # run_id -> executor.RunAttempt
+        self._graphs: dict[str, Pregel] = {}
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="threadrun-loop", daemon=True)
+        self._thread.start()
+        self.submit(self._setup()).result(timeout=60)
+
+    async def _setup(self) -> None:
+        s = self.settings
+        self.redis = aredis.Redis.from_url(s.redis_url, health_check_interval=30)
+        self.apool = await make_async_pool(s, name="worker-saver", max_size=s.worker_concurrency + 2)
+        self.saver = AsyncPostgresSaver(self.apool)  # type: ignore[arg-type]
+        self.publisher = StreamPublisher(self.redis, self.keys, s)
+        self.leases = LeaseManager(self.redis, self.keys, ttl_s=s.lease_ttl_s)
+
+    def graph(self, graph_id: str) -> Pregel:
+        """The graph bound to this process's checkpointer (cached)."""
+        graph = self._graphs.get(graph_id)
+        if graph is None:
+            graph = self.registry.get(graph_id).copy(update={"checkpointer": self.saver})
+            self._graphs[graph_id] = graph
+        return graph
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run a coroutine on the shared loop from any thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        """Close pools and stop the loop."""
+
+        async def _close() -> None:
+            await self.redis.aclose()
+            await self.apool.close()
+
+        try:
+            self.submit(_close()).result(timeout=10)
+        except Exception:  # noqa: BLE001 - best effort at exit
+            log.exception("runtime close failed")
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        self.store_pool_close()
+
+    def store_pool_close(self) -> None:
+        """Close the sync pool of the run store."""
+        self.store._pool.close()
+
+
+_runtime: WorkerRuntime | None = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime(settings: Settings | None = None) -> WorkerRuntime:
+    """The process's runtime, built on first use (thread-safe)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = WorkerRuntime(settings or Settings())
+        return _runtime
+
+
+def close_runtime() -> None:
+    """Tear the process's runtime down (worker shutdown)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None:
+            _runtime.close()
+            _runtime = None

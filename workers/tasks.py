@@ -1,0 +1,74 @@
+"""Thin task functions: parse ids, call the executor on the process's loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from shared.taskqueue import MEMORY_TASK, RUN_TASK
+from workers.celery_app import celery
+from workers.executor import StopReason, execute_run
+from workers.reaper import reaper_loop
+from workers.runtime import close_runtime, get_runtime
+
+log = logging.getLogger(__name__)
+_reaper: asyncio.Future[None] | None = None
+
+
+@celery.task(name=RUN_TASK, ignore_result=True)
+def execute(run_id: str) -> str:
+    """Execute one run (the whole attempt happens on the runtime's loop)."""
+    try:
+        uuid.UUID(run_id)
+    except (ValueError, TypeError):
+        log.error("ignoring run task with a malformed id: %r", run_id)
+        return "malformed"
+    rt = get_runtime()
+    outcome = rt.submit(execute_run(rt, run_id)).result()
+    log.info("run %s: %s", run_id, outcome)
+    return outcome
+
+
+@celery.task(name=MEMORY_TASK, ignore_result=True)
+def extract_memory(payload: dict) -> str:  # type: ignore[type-arg]
+    """Memory extraction (SPEC M4) lands with the memory issue; the queue exists now."""
+    log.info("memory update received for %s", payload.get("thread_id") if isinstance(payload, dict) else None)
+    return "accepted"
+
+
+def start_runs_services() -> None:
+    """Build the runtime and start the reaper loop (runs workers only)."""
+    global _reaper
+    rt = get_runtime()
+    if _reaper is None:
+        _reaper = rt.submit(reaper_loop(rt))
+
+
+def shutdown_runs() -> None:
+    """Signal every owned run to stop, wait a grace period, then hand them back (R7)."""
+    from workers import runtime as runtime_mod
+
+    rt = runtime_mod._runtime
+    if rt is None:
+        return
+    if _reaper is not None:
+        rt.loop.call_soon_threadsafe(_reaper.cancel)
+
+    async def _stop_all() -> None:
+        attempts = list(rt.active.values())
+        # Give runs the grace period to reach their next checkpoint on their own terms.
+        deadline = rt.loop.time() + rt.settings.shutdown_grace_s
+        while rt.active and rt.loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        for attempt in list(rt.active.values()):
+            attempt.stop(StopReason.SHUTDOWN)
+        while rt.active and rt.loop.time() < deadline + 5:
+            await asyncio.sleep(0.05)
+        log.info("shutdown: %d runs stopped", len(attempts))
+
+    try:
+        rt.submit(_stop_all()).result(timeout=rt.settings.shutdown_grace_s + 10)
+    except Exception:  # noqa: BLE001
+        log.exception("graceful stop failed")
+    close_runtime()
