@@ -228,8 +228,10 @@ def join(thread_id: str, run_id: str) -> Response:
 @bp.get("/threads/<thread_id>/runs/<run_id>/stream")
 def join_stream(thread_id: str, run_id: str) -> Response:
     """Join a run's stream; `Last-Event-ID` resumes exactly after that event (B4, B5)."""
-    args: dict[str, Any] = request.args.to_dict()
-    modes = request.args.getlist("stream_mode")
+    # The SDK sends `stream_mode=` (empty) when it has none: treat empties as absent.
+    args: dict[str, Any] = {k: v for k, v in request.args.items() if v != ""}
+    modes = [m for m in request.args.getlist("stream_mode") if m]
+    args.pop("stream_mode", None)
     if modes:
         args["stream_mode"] = modes
     q = validate(JoinStreamQuery, args)
