@@ -26,7 +26,7 @@ DEVSERVICES_ENV := $(PY) -m shared.devservices env --db-name $(TEST_DB) --redis-
 .PHONY: help venv install run test test-unit test-integration test-e2e lint fmt bench clean migrate services-env services-stop
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # The venv: python3.11, else python3 if it is >= 3.11.
 $(PY):

@@ -77,6 +77,7 @@ def redact(url: str) -> str:
 
 
 def _is_pg_uri(url: str) -> bool:
+    """True for postgresql:// and postgres:// URIs (not key=value DSNs)."""
     return url.startswith(("postgresql://", "postgres://"))
 
 
@@ -189,6 +190,7 @@ def parent_death_signal(sig: int) -> Callable[[], None] | None:
     parent = os.getpid()
 
     def _set() -> None:
+        """Runs in the child between fork and exec."""
         prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:
             os.kill(os.getpid(), sig)
@@ -269,6 +271,7 @@ def postgres_bin_dir() -> Path:
 
 
 def _note(message: str) -> None:
+    """Tell the user (stderr, so that stdout stays a list of export lines)."""
     print(f"devservices: {message}", file=sys.stderr, flush=True)
 
 
@@ -373,6 +376,7 @@ class EmbeddedServer:
         return {}
 
     def _spawn(self, argv: list[str]) -> None:
+        """Start ``argv`` in its own session, its output appended to the log."""
         with open(self.log_path, "ab") as log:
             self._log_offset = log.tell()
             self.proc = subprocess.Popen(
@@ -394,10 +398,10 @@ class EmbeddedServer:
             code = self.proc.poll()
             if code is not None:
                 self.proc = None
-                tail = self.log_tail()
-                return f"exited with code {code}: {tail.strip().splitlines()[-1:] or ''}" + (
-                    " (address already in use)" if "already in use" in tail.lower() else ""
-                )
+                tail = self.log_tail().strip()
+                last_line = tail.splitlines()[-1] if tail else "(no output)"
+                in_use = " (address already in use)" if "already in use" in tail.lower() else ""
+                return f"exited with code {code}: {last_line}{in_use}"
             why = self.probe()
             if why is None:
                 return ""
@@ -709,6 +713,7 @@ class Services:
 
 
 def _truthy(value: str | None) -> bool:
+    """True for 1/true/yes/on."""
     return (value or "").strip().lower() in {"1", "true", "yes", "on"}
 
 
@@ -747,6 +752,7 @@ def _resolve_redis(
     daemon: bool,
     db_number: int | None,
 ) -> tuple[str, str]:
+    """The Redis URL to use and its source (env, local or embedded)."""
     if "redis_url" in settings.model_fields_set:
         url = settings.redis_url
         why = probe_redis(url)
@@ -781,6 +787,7 @@ def _resolve_postgres(
     db_name: str | None,
     create_database: bool,
 ) -> tuple[str, str]:
+    """The PostgreSQL URL to use (its database created) and its source."""
     if "database_url" in settings.model_fields_set:
         url = settings.dsn
         name = database_name(url)
@@ -814,6 +821,7 @@ def _resolve_postgres(
 
 
 def _create(server_url: str, name: str) -> None:
+    """Create database ``name`` if missing, saying so."""
     if ensure_database(server_url, name):
         _note(f"created database {name!r} on {redact(server_url)}")
 
@@ -824,6 +832,7 @@ def _create(server_url: str, name: str) -> None:
 
 
 def _describe(services: Services) -> str:
+    """One line naming the URLs (passwords hidden) and where they came from."""
     return (
         f"redis {redact(services.redis_url)} ({services.redis_source}), "
         f"postgres {redact(services.database_url)} ({services.database_source})"

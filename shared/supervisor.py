@@ -14,8 +14,10 @@ THREADRUN_STOP_GRACE_S (10).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -51,6 +53,7 @@ class Child:
 
 
 def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
+    """A positive integer from ``env[name]`` (``default`` if unset)."""
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -64,6 +67,7 @@ def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
 
 
 def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
+    """A number from ``env[name]`` (``default`` if unset)."""
     raw = env.get(name, "").strip()
     try:
         return float(raw) if raw else default
@@ -129,6 +133,18 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
 def migrate_spec() -> ChildSpec:
     """Schema migrations and checkpointer setup (idempotent)."""
     return ChildSpec("migrate", [sys.executable, "-m", "shared.db.migrate"])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True if something already listens on host:port (binding it as gunicorn would fails)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
@@ -217,6 +233,7 @@ class Supervisor:
         return child
 
     def _pump(self, name: str, stream: IO[bytes]) -> None:
+        """Copy a child's output to ``out`` line by line until EOF."""
         with stream:
             for raw in iter(stream.readline, b""):
                 self.out.line(name, raw.decode(errors="replace"))
@@ -299,6 +316,7 @@ def install_signal_handlers(supervisor: Supervisor) -> None:
     """SIGINT / SIGTERM request a stop (a second one skips the grace period)."""
 
     def handler(signum: int, _frame: object) -> None:
+        """Request a stop."""
         supervisor.request_stop()
 
     signal.signal(signal.SIGINT, handler)
@@ -326,9 +344,17 @@ def main(argv: list[str] | None = None) -> int:
 
     # Until the children run, a signal interrupts whatever blocks (service start-up).
     def early(signum: int, _frame: object) -> None:
+        """Interrupt the blocking start-up."""
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, early)
+    if port_in_use(settings.host, settings.port):
+        out.line(
+            "supervisor",
+            f"error: {bind_address(settings.host, settings.port)} is already in use; stop what "
+            "listens there or set THREADRUN_PORT",
+        )
+        return 1
     try:
         services = resolve_services(settings)
     except DevServicesError as exc:
@@ -336,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 0
+    sup: Supervisor | None = None
     try:
         out.line(
             "supervisor",
@@ -358,16 +385,18 @@ def main(argv: list[str] | None = None) -> int:
             return code
         sup.start()
         base = local_url(settings.host, settings.port)
-        rc = sup.watch(
+        return sup.watch(
             ready=lambda: http_ok(f"{base}/ok"),
             on_ready=lambda: out.raw(f"threadrun is up: {base}/  (chat UI at {base}/ui)"),
             ready_timeout_s=ready_timeout,
         )
-        sup.stop()
-        return rc
+    except KeyboardInterrupt:
+        return 0
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if sup is not None:
+            sup.stop()
         services.stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -163,3 +163,36 @@ def test_cli_daemons_persist_data_and_stop(data_dir: Path) -> None:
     assert len(pids) == 2 and not any(ds.pid_alive(p) for p in pids)
     states = [ds.State.read(ds.run_dir(data_dir), n) for n in ("redis", "postgres")]
     assert states == [None, None]
+
+
+def test_embedded_start_retries_a_port_taken_meanwhile(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        ports = [taken, ds.free_port()]
+        monkeypatch.setattr(ds, "free_port", lambda host="127.0.0.1": ports.pop(0))
+        server = ds.EmbeddedRedis(data_dir)
+        server.start()
+        try:
+            assert server.url != f"redis://127.0.0.1:{taken}"
+            check_redis(server.url)
+        finally:
+            server.stop()
+    assert ports == []
+
+
+def test_embedded_start_failure_reports_the_log(data_dir: Path) -> None:
+    class Broken(ds.EmbeddedRedis):
+        def argv(self, port: int) -> list[str]:
+            return [*super().argv(port), "--no-such-option", "x"]
+
+    server = Broken(data_dir)
+    with pytest.raises(ds.DevServicesError, match="exited with code 1") as err:
+        server.start()
+    assert "no-such-option" in str(err.value).lower() or "bad directive" in str(err.value).lower()
+    assert server.proc is None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from shared import devservices as ds
 from shared import supervisor as sv
@@ -153,7 +154,7 @@ def test_explicit_urls_win_and_skip_the_local_probe(
     redis_url = "redis://10.9.9.9:7000/4"
     pg_url = "postgresql://app:pw@10.9.9.9:7001/appdb"
     probes = Probes(monkeypatch, {redis_url, pg_url})
-    settings = Settings(data_dir=clean_env, redis_url=redis_url, database_url=pg_url)
+    settings = Settings(data_dir=clean_env, redis_url=redis_url, database_url=SecretStr(pg_url))
     services = ds.resolve_services(settings)
     assert (services.redis_url, services.redis_source) == (redis_url, "env")
     assert (services.database_url, services.database_source) == (pg_url, "env")
@@ -186,7 +187,9 @@ def test_explicit_postgres_that_does_not_answer_is_an_error(
     monkeypatch: pytest.MonkeyPatch, clean_env: Path
 ) -> None:
     Probes(monkeypatch, {LOCAL_REDIS_0, LOCAL_PG_ADMIN})
-    settings = Settings(data_dir=clean_env, database_url="postgresql://u:pw@10.9.9.9:7001/x")
+    settings = Settings(
+        data_dir=clean_env, database_url=SecretStr("postgresql://u:pw@10.9.9.9:7001/x")
+    )
     with pytest.raises(ds.DevServicesError, match="THREADRUN_DATABASE_URL"):
         ds.resolve_services(settings)
 
@@ -196,7 +199,7 @@ def test_explicit_postgres_with_missing_database_creates_it(
 ) -> None:
     url = "postgresql://u@10.9.9.9:7001/fresh"
     probes = Probes(monkeypatch, {LOCAL_REDIS_0, "postgresql://u@10.9.9.9:7001/postgres"})
-    services = ds.resolve_services(Settings(data_dir=clean_env, database_url=url))
+    services = ds.resolve_services(Settings(data_dir=clean_env, database_url=SecretStr(url)))
     assert services.database_url == url
     assert probes.created == [(url, "fresh")]
 
@@ -460,7 +463,11 @@ def test_ready_callback_runs_once() -> None:
         fired.append(1)
         sup.request_stop()
 
-    assert sup.watch(ready=lambda: polls.append(1) or len(polls) >= 3, on_ready=on_ready) == 0
+    def ready() -> bool:
+        polls.append(1)
+        return len(polls) >= 3
+
+    assert sup.watch(ready=ready, on_ready=on_ready) == 0
     sup.stop()
     assert fired == [1] and len(polls) == 3
 
@@ -502,6 +509,17 @@ def test_addresses() -> None:
     assert sv.local_url("127.0.0.1", 9) == "http://127.0.0.1:9"
 
 
+def test_port_in_use() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert sv.port_in_use("127.0.0.1", port)
+    assert not sv.port_in_use("127.0.0.1", ds.free_port())
+
+
 def test_http_ok_on_a_closed_port() -> None:
     assert not sv.http_ok(f"http://127.0.0.1:{ds.free_port()}/ok", timeout=1)
 
@@ -534,8 +552,11 @@ sys.exit(s.main())
 """
 
 
-def run_main(mode: str, send_sigterm: bool, marks: Path) -> tuple[int, str]:
-    env = {**os.environ, "THREADRUN_HOST": "127.0.0.1", "THREADRUN_PORT": "8999"}
+PORT = ds.free_port()
+
+
+def run_main(mode: str, send_sigterm: bool, marks: Path, port: int = PORT) -> tuple[int, str]:
+    env = {**os.environ, "THREADRUN_HOST": "127.0.0.1", "THREADRUN_PORT": str(port)}
     proc = subprocess.Popen(
         [PY, "-c", MAIN_HARNESS, mode, str(marks)],
         cwd=PROJECT_ROOT,
@@ -565,7 +586,8 @@ def test_main_runs_migrations_children_and_stops_on_sigterm(tmp_path: Path) -> N
     assert rc == 0, out
     assert any(ln.startswith("migrate ") and ln.endswith("| migrated") for ln in out.splitlines())
     up = [ln for ln in out.splitlines() if ln.startswith("threadrun is up")]
-    assert up == ["threadrun is up: http://127.0.0.1:8999/  (chat UI at http://127.0.0.1:8999/ui)"]
+    base = f"http://127.0.0.1:{PORT}"
+    assert up == [f"threadrun is up: {base}/  (chat UI at {base}/ui)"]
     pids = [int(ln.split()[3]) for ln in out.splitlines() if "| pid " in ln]
     assert len(pids) == 2 and "redis://fake:1/0" in out
     assert not any(ds.pid_alive(pid) for pid in pids)
@@ -584,3 +606,14 @@ def test_main_stops_when_migrations_fail(tmp_path: Path) -> None:
     assert rc == 4, out
     assert "migrations failed (exit code 4); not starting" in out
     assert "| pid " not in out and "threadrun is up" not in out
+
+
+def test_main_refuses_a_port_in_use(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        rc, out = run_main("ok", send_sigterm=False, marks=tmp_path, port=sock.getsockname()[1])
+    assert rc == 1, out
+    assert "is already in use" in out and "migrate" not in out

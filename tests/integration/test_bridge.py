@@ -1,0 +1,270 @@
+"""B1-B7, L2 on real Redis: fenced publish, exact replay, exact gaps, heartbeats, end."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import redis
+import redis.asyncio as aredis
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat
+from shared.bridge.redis import StreamPublisher, StreamSubscriber, _trim_slack
+from shared.errors import LeaseLost, StreamCursorInvalid
+from shared.leases import LeaseManager, lease_value
+from shared.redis_keys import Keys
+from shared.settings import Settings
+
+
+@dataclass
+class Bridge:
+    """Both sides of the bridge on one private prefix, plus helpers to drive them."""
+
+    settings: Settings
+    keys: Keys
+    sync: redis.Redis
+
+    def run(self, coro_fn, *args):  # type: ignore[no-untyped-def]
+        async def go():  # type: ignore[no-untyped-def]
+            client = aredis.Redis.from_url(self.settings.redis_url)
+            try:
+                return await coro_fn(client, *args)
+            finally:
+                await client.aclose()
+
+        return asyncio.run(go())
+
+    def lease(self, run_id: str, epoch: int, owner: str = "w1") -> str:
+        async def go(client: aredis.Redis) -> bool:
+            return await LeaseManager(client, self.keys, ttl_s=30).acquire(run_id, epoch, owner)
+
+        assert self.run(go)
+        return lease_value(epoch, owner)
+
+    def publish(self, run_id: str, value: str, events: list[tuple[str, bytes]], end: bool = False) -> list[str]:
+        async def go(client: aredis.Redis) -> list[str]:
+            res = await StreamPublisher(client, self.keys, self.settings).publish(run_id, value, events, end=end)
+            return res.ids
+
+        return self.run(go)  # type: ignore[no-any-return]
+
+    def subscriber(self) -> StreamSubscriber:
+        return StreamSubscriber(self.sync, self.keys, self.settings)
+
+    def read_all(self, run_id: str, cursor: str | None, terminal: bool = True) -> list[object]:
+        """Everything until the subscription ends or goes idle (a heartbeat)."""
+        out: list[object] = []
+        for item in self.subscriber().subscribe(run_id, cursor, is_terminal=lambda: terminal):
+            if isinstance(item, Heartbeat):
+                break
+            out.append(item)
+        return out
+
+
+def make_bridge(settings: Settings, rclient: redis.Redis, **overrides: object) -> Bridge:
+    s = settings.model_copy(update={"stream_heartbeat_s": 0.2, **overrides})
+    return Bridge(s, Keys(f"{settings.redis_prefix}b{uuid.uuid4().hex[:6]}:"), rclient)
+
+
+@pytest.fixture
+def bridge(settings: Settings, rclient: redis.Redis) -> Iterator[Bridge]:
+    yield make_bridge(settings, rclient)
+
+
+def ev(i: int) -> tuple[str, bytes]:
+    return ("custom", f'{{"i": {i}}}'.encode())
+
+
+def test_b4_replay_is_the_exact_suffix(bridge: Bridge) -> None:
+    """B4: after a cursor, exactly the events after it, in order, then `end`."""
+    run = str(uuid.uuid4())
+    value = bridge.lease(run, 1)
+    ids = bridge.publish(run, value, [ev(i) for i in range(10)])
+    bridge.publish(run, value, [(END_EVENT, b"{}")], end=True)
+    got = bridge.read_all(run, ids[3])
+    assert [g.id for g in got[:-1]] == ids[4:]  # type: ignore[attr-defined]
+    assert isinstance(got[-1], Event) and got[-1].event == END_EVENT
+    # B7: a join after the end gets the retained tail, then `end`.
+    assert len(bridge.read_all(run, "-1")) == 11
+
+
+def test_b2_ids_strictly_increase(bridge: Bridge) -> None:
+    """B2: ids strictly increase within a run, across publish calls."""
+    run = str(uuid.uuid4())
+    value = bridge.lease(run, 1)
+    ids = bridge.publish(run, value, [ev(i) for i in range(5)]) + bridge.publish(run, value, [ev(5)])
+    parsed = [tuple(map(int, i.split("-"))) for i in ids]
+    assert parsed == sorted(parsed) and len(set(parsed)) == len(parsed)
+
+
+def test_l2_stale_owner_cannot_publish(bridge: Bridge) -> None:
+    """L2: once a newer epoch holds the lease, the old owner's publish is rejected."""
+    run = str(uuid.uuid4())
+    old = bridge.lease(run, 1, "old")
+    bridge.publish(run, old, [ev(0)])
+    new = bridge.lease(run, 2, "new")
+    with pytest.raises(LeaseLost):
+        bridge.publish(run, old, [ev(1)])
+    bridge.publish(run, new, [ev(2)])
+    # The stale epoch can never take the lease back.
+    async def reclaim(client: aredis.Redis) -> bool:
+        return await LeaseManager(client, bridge.keys, ttl_s=30).acquire(run, 1, "old")
+
+    assert bridge.run(reclaim) is False
+    datas = [e.data for e in bridge.read_all(run, "-1", terminal=False)[:2]]  # type: ignore[attr-defined]
+    assert datas == ['{"i": 0}', '{"i": 2}']
+
+
+def test_l2_no_lease_no_publish(bridge: Bridge) -> None:
+    """L2: without a lease nothing is written."""
+    run = str(uuid.uuid4())
+    with pytest.raises(LeaseLost):
+        bridge.publish(run, lease_value(1, "w"), [ev(0)])
+    assert not bridge.sync.exists(bridge.keys.stream(run))
+
+
+def test_b5_gap_is_exact(settings: Settings, rclient: redis.Redis) -> None:
+    """B5: a gap exactly when something after the cursor was trimmed, with the bounds."""
+    b = make_bridge(settings, rclient, stream_maxlen=10)
+    run = str(uuid.uuid4())
+    value = b.lease(run, 1)
+    ids = b.publish(run, value, [ev(i) for i in range(40)])
+    retained = [e[0].decode() for e in rclient.xrange(b.keys.stream(run))]
+    first = ids.index(retained[0])
+    assert first > 0
+    # The cursor is the newest trimmed event: nothing after it is missing -> no gap.
+    got = b.read_all(run, ids[first - 1], terminal=False)
+    assert not any(isinstance(g, Gap) for g in got[:10])
+    assert [g.id for g in got if isinstance(g, Event)][:3] == retained[:3]
+    # One event further back: exactly one gap, then the subscription ends.
+    got = b.read_all(run, ids[first - 2])
+    assert got == [Gap(run, ids[first - 2], retained[0], retained[-1])]
+
+
+def test_b4_cursor_beyond_last_is_a_client_error(bridge: Bridge) -> None:
+    """B4: a cursor after the last id is a client error, not a hang or a Redis error."""
+    run = str(uuid.uuid4())
+    value = bridge.lease(run, 1)
+    ids = bridge.publish(run, value, [ev(0)])
+    ms, seq = ids[0].split("-")
+    with pytest.raises(StreamCursorInvalid):
+        bridge.subscriber().check_cursor(run, f"{int(ms) + 10_000}-0")
+    with pytest.raises(StreamCursorInvalid):
+        bridge.subscriber().check_cursor(run, "garbage")
+
+
+def test_b5_missing_stream_of_terminal_run_is_a_gap(bridge: Bridge) -> None:
+    """B5: an unknown/expired stream of a terminal run is answered with a gap (nulls)."""
+    run = str(uuid.uuid4())
+    assert bridge.read_all(run, None, terminal=True) == [Gap(run, None, None, None)]
+    assert bridge.read_all(run, "1-0", terminal=False) == [Gap(run, "1-0", None, None)]
+
+
+def test_b6_heartbeat_while_waiting(bridge: Bridge) -> None:
+    """B6: an idle subscription yields heartbeats."""
+    run = str(uuid.uuid4())
+    it = bridge.subscriber().subscribe(run, None, is_terminal=lambda: False)
+    assert isinstance(next(it), Heartbeat)
+
+
+def test_b4_live_follow_then_end(bridge: Bridge) -> None:
+    """B4: a subscriber that caught up follows live events in order until `end`."""
+    run = str(uuid.uuid4())
+    value = bridge.lease(run, 1)
+    bridge.publish(run, value, [ev(0)])
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.extend(bridge.read_all(run, "-1", terminal=False)))
+    t.start()
+    for i in range(1, 6):
+        bridge.publish(run, value, [ev(i)])
+    bridge.publish(run, value, [(END_EVENT, b"{}")], end=True)
+    t.join(timeout=10)
+    events = [g for g in got if isinstance(g, Event)]
+    assert [e.data for e in events[:-1]] == [f'{{"i": {i}}}' for i in range(6)]
+    assert events[-1].event == END_EVENT
+
+
+def test_b5_live_follower_that_falls_behind_gets_a_gap(settings: Settings, rclient: redis.Redis) -> None:
+    """B5: a follower whose next events were trimmed while it waited gets a gap, not a silent skip."""
+    b = make_bridge(settings, rclient, stream_maxlen=5)
+    run = str(uuid.uuid4())
+    value = b.lease(run, 1)
+    b.publish(run, value, [ev(0)])
+    it = b.subscriber().subscribe(run, "-1", is_terminal=lambda: False)
+    first = next(it)
+    assert isinstance(first, Event)
+    b.publish(run, value, [ev(i) for i in range(1, 40)])
+    rest = []
+    for item in it:
+        rest.append(item)
+    assert isinstance(rest[-1], Gap) and len([r for r in rest if isinstance(r, Gap)]) == 1
+
+
+def test_b3_retention_is_bounded_and_expires_after_end(settings: Settings, rclient: redis.Redis) -> None:
+    """B3: retention stays near maxlen; the stream expires a while after `end`."""
+    b = make_bridge(settings, rclient, stream_maxlen=20, stream_ttl_after_end_s=120)
+    run = str(uuid.uuid4())
+    value = b.lease(run, 1)
+    for _ in range(10):
+        b.publish(run, value, [ev(i) for i in range(30)])
+    assert rclient.xlen(b.keys.stream(run)) <= 20 + _trim_slack(20)
+    b.publish(run, value, [(END_EVENT, b"{}")], end=True)
+    assert 0 < rclient.ttl(b.keys.stream(run)) <= 120
+
+
+# --- property test: random publish / subscribe against a model -------------------------------
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.integers(min_value=1, max_value=25)),
+        st.tuples(st.just("subscribe"), st.integers(min_value=-1, max_value=400)),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=ops, maxlen=st.integers(min_value=3, max_value=40))
+def test_b5_property_exact_suffix_or_exactly_one_gap(
+    settings: Settings, rclient: redis.Redis, ops: list[tuple[str, int]], maxlen: int
+) -> None:
+    """B4/B5: every subscription is the exact suffix, or exactly one gap iff something after it was trimmed."""
+    b = make_bridge(settings, rclient, stream_maxlen=maxlen, stream_heartbeat_s=0.01)
+    run = str(uuid.uuid4())
+    value = b.lease(run, 1)
+    published: list[str] = []
+    try:
+        for op, arg in ops:
+            if op == "publish":
+                published += b.publish(run, value, [ev(len(published) + i) for i in range(arg)])
+                continue
+            retained = [e[0].decode() for e in rclient.xrange(b.keys.stream(run))]
+            if not published:
+                continue
+            if arg < 0:
+                cursor, idx = "-1", -1
+            else:
+                idx = arg % len(published)
+                cursor = published[idx]
+            got = []
+            for item in b.subscriber().subscribe(run, cursor, is_terminal=lambda: True):
+                if isinstance(item, Heartbeat):
+                    break
+                got.append(item)
+                if isinstance(item, Gap):
+                    break
+            first_kept = published.index(retained[0]) if retained else len(published)
+            if idx >= 0 and first_kept > idx + 1:
+                assert got == [Gap(run, cursor, retained[0], retained[-1])]
+            else:
+                expected = published[max(idx + 1, first_kept) :]
+                assert [g.id for g in got] == expected  # type: ignore[attr-defined]
+    finally:
+        rclient.delete(b.keys.stream(run), b.keys.stream_meta(run), b.keys.lease(run))

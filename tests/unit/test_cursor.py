@@ -1,0 +1,54 @@
+"""B4: Last-Event-ID parsing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.bridge.base import Gap, parse_cursor
+from shared.errors import StreamCursorInvalid
+
+
+@pytest.mark.parametrize("value", [None, "", "-1", "0", "-", "0-0", " -1 "])
+def test_b4_start_cursors_mean_from_the_start(value: str | None) -> None:
+    """B4: -1, 0 and - (and no header) mean "from the start of what is retained"."""
+    assert parse_cursor(value) == ""
+
+
+@pytest.mark.parametrize("value", ["1700000000000-0", "5-3"])
+def test_b4_stream_ids_pass(value: str) -> None:
+    """B4: a stream id is kept as is."""
+    assert parse_cursor(value) == value
+
+
+@pytest.mark.parametrize("value", ["abc", "12", "1-2-3", "-5", "1-", "1.5-0", "9" * 30 + "-0"])
+def test_b4_malformed_cursor_is_a_client_error(value: str) -> None:
+    """B4: a malformed cursor is a clear client error, never a Redis error."""
+    with pytest.raises(StreamCursorInvalid) as info:
+        parse_cursor(value)
+    assert info.value.status == 400
+    assert "Last-Event-ID" in str(info.value)
+
+
+@given(st.text(max_size=40))
+def test_b4_parse_never_crashes(value: str) -> None:
+    """Any header value either parses or raises StreamCursorInvalid."""
+    try:
+        out = parse_cursor(value)
+    except StreamCursorInvalid:
+        return
+    assert out == "" or "-" in out
+
+
+def test_b5_gap_payload_shape() -> None:
+    """B5: the gap control event carries the exact fields clients rely on."""
+    payload = Gap("r1", "5-0", None, None).payload()
+    assert payload == {
+        "code": "stream_replay_gap",
+        "run_id": "r1",
+        "requested_event_id": "5-0",
+        "earliest_available_event_id": None,
+        "latest_available_event_id": None,
+        "recovery": "reload_durable_state",
+    }

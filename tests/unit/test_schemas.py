@@ -1,0 +1,74 @@
+"""A1/A3: request validation names the field; SDK fields we lack are refused, not ignored."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from app.errors import validation_failed
+from app.schemas import CancelQuery, RunCreate, ThreadCreate
+
+
+def field_of(model: type, data: dict) -> str | None:  # type: ignore[type-arg]
+    with pytest.raises(ValidationError) as info:
+        model.model_validate(data)
+    return validation_failed(info.value).field
+
+
+def test_a1_sdk_stream_payload_is_accepted() -> None:
+    """A1: what langgraph-sdk's runs.stream sends by default validates."""
+    body = RunCreate.model_validate(
+        {
+            "input": {"messages": []},
+            "stream_mode": ["messages-tuple", "values"],
+            "stream_subgraphs": False,
+            "stream_resumable": False,
+            "assistant_id": "lead_agent",
+            "on_disconnect": "continue",
+            "config": {"configurable": {"tokens": 3}},
+        }
+    )
+    assert body.stream_mode == ["messages-tuple", "values"]
+    assert body.config is not None and body.config.configurable == {"tokens": 3}
+
+
+def test_a3_unknown_field_is_named() -> None:
+    """A3: an unknown field is a 422 naming it."""
+    assert field_of(RunCreate, {"assistant_id": "a", "inptu": {}}) == "inptu"
+
+
+@pytest.mark.parametrize("key", ["webhook", "after_seconds", "feedback_keys", "strict_resume"])
+def test_a1_unimplemented_sdk_fields_are_refused(key: str) -> None:
+    """A1: SDK fields we do not implement are refused with their name, never silently ignored."""
+    with pytest.raises(ValidationError) as info:
+        RunCreate.model_validate({"assistant_id": "a", key: 1 if key == "after_seconds" else "x"})
+    assert key in str(info.value)
+
+
+def test_a3_bad_stream_mode_and_strategy() -> None:
+    """A3: invalid enum values name their field."""
+    assert field_of(RunCreate, {"assistant_id": "a", "stream_mode": ["nope"]}) == "stream_mode"
+    assert field_of(RunCreate, {"assistant_id": "a", "multitask_strategy": "x"}) == "multitask_strategy"
+    assert field_of(RunCreate, {"assistant_id": "a", "on_disconnect": "x"}) == "on_disconnect"
+
+
+def test_a3_missing_assistant() -> None:
+    """A3: assistant_id is required."""
+    assert field_of(RunCreate, {"input": {}}) == "assistant_id"
+
+
+def test_checkpoint_during_maps_to_durability() -> None:
+    """The deprecated checkpoint_during maps onto durability."""
+    assert RunCreate.model_validate({"assistant_id": "a", "checkpoint_during": False}).effective_durability() == "exit"
+    assert RunCreate.model_validate({"assistant_id": "a", "durability": "sync"}).effective_durability() == "sync"
+
+
+def test_thread_create_validates_uuid() -> None:
+    """A thread id must be a UUID."""
+    assert field_of(ThreadCreate, {"thread_id": "not-a-uuid"}) == "thread_id"
+
+
+def test_cancel_query_parses_sdk_flags() -> None:
+    """The SDK sends wait=0/1."""
+    assert CancelQuery.model_validate({"wait": "1", "action": "interrupt"}).wait is True
+    assert CancelQuery.model_validate({"wait": "0"}).wait is False
