@@ -427,9 +427,12 @@ class RunStore:
             if run["status"] in TERMINAL:
                 return CancelOutcome.ALREADY_DONE, None
             if run["status"] == "pending":
+                inflight = conn.execute(INFLIGHT_RUNS_SQL, {"thread_id": thread_id}).fetchall()
+                was_head = inflight[0]["run_id"] == str(run_id)
                 conn.execute(INTERRUPT_PENDING_SQL, {"run_id": run_id})
                 self._lifecycle(conn, run_id, thread_id, "interrupted", {"by": "cancel"})
-                nxt = self._settle_thread(conn, thread_id, "idle")
+                # Only the head's successor needs a dispatch; behind others nothing changes.
+                nxt = self._settle_thread(conn, thread_id, "idle") if was_head else None
                 return CancelOutcome.CANCELLED, nxt
             cur = conn.execute(REQUEST_CANCEL_RUNNING_SQL, {"run_id": run_id, "action": action})
             if cur.rowcount == 0:

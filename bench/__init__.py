@@ -1,0 +1,1 @@
+"""Benchmarks of threadrun's internals (`make bench`); see bench/README.md."""

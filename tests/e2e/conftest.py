@@ -1,0 +1,133 @@
+"""Real processes: a gunicorn web server and a Celery runs worker on the private DB/prefix."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shared.settings import Settings
+from tests.conftest import settings_env
+
+API_KEYS = "key-alice:alice,key-bob:bob"
+ALICE, BOB = "key-alice", "key-bob"
+
+
+def free_port() -> int:
+    """An unused TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    """A child process with its log file."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, n: int = 40) -> str:
+        lines = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=5)
+
+
+@dataclass
+class Cluster:
+    """Web and worker processes sharing one private database and Redis prefix."""
+
+    settings: Settings
+    env: dict[str, str]
+    logs: Path
+    procs: list[Proc] = field(default_factory=list)
+    urls: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
+
+    def start_web(self) -> str:
+        port = free_port()
+        argv = [sys.executable, "-m", "gunicorn", "app:create_app()", "--bind", f"127.0.0.1:{port}",
+                "--worker-class", "gthread", "--workers", "1", "--threads", "32", "--timeout", "0",
+                "--graceful-timeout", "3"]
+        self._spawn(f"web{len(self.urls)}", argv)
+        url = f"http://127.0.0.1:{port}"
+        self._wait_ok(url)
+        self.urls.append(url)
+        return url
+
+    def start_worker(self, name: str = "runs", concurrency: int = 8) -> Proc:
+        argv = [sys.executable, "-m", "celery", "-A", "workers.celery_app:celery", "worker", "-Q", "runs",
+                "-P", "threads", "-c", str(concurrency), "-n", f"{name}-{os.getpid()}@%h",
+                "--without-gossip", "--without-mingle", "-l", "info"]
+        proc = self._spawn(name, argv)
+        self._wait_log(proc, "ready.")
+        return proc
+
+    def _spawn(self, name: str, argv: list[str]) -> Proc:
+        log = self.logs / f"{name}.log"
+        fh = log.open("wb")
+        popen = subprocess.Popen(argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
+        fh.close()
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def _wait_ok(self, url: str, timeout: float = 60) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                if httpx.get(f"{url}/ok", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"web did not come up at {url}:\n" + "\n".join(p.tail() for p in self.procs))
+
+    def _wait_log(self, proc: Proc, needle: str, timeout: float = 60) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if needle in proc.log.read_text(errors="replace"):
+                return
+            if proc.popen.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError(f"{proc.name} did not become ready:\n{proc.tail()}")
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One web process and one runs worker (session-wide)."""
+    env = {**os.environ, **settings_env(settings), "THREADRUN_API_KEYS": API_KEYS}
+    env.pop("THREADRUN_CONFIG", None)
+    c = Cluster(settings, env, tmp_path_factory.mktemp("e2e-logs"))
+    try:
+        c.start_web()
+        c.start_worker()
+        yield c
+    finally:
+        c.stop()

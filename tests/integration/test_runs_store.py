@@ -1,0 +1,211 @@
+"""R2-R5, L1-L4 on real PostgreSQL: admission, claim, fencing, cancel, the schema."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import ConnectionPool
+
+from shared.db import make_pool
+from shared.db.migrate import migrate, migrations
+from shared.errors import Conflict, RunNotFound, ThreadExists, ThreadNotFound
+from shared.runs.admission import AdmissionOutcome
+from shared.runs.store import CancelOutcome, ClaimOutcome, RunStore
+from shared.settings import Settings
+
+OWNER = "alice"
+
+
+@pytest.fixture(scope="module")
+def pool(settings: Settings) -> Iterator[ConnectionPool]:
+    p = make_pool(settings, name="test-store", max_size=4)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def store(pool: ConnectionPool) -> RunStore:
+    return RunStore(pool)
+
+
+def new_thread(store: RunStore, owner: str = OWNER) -> str:
+    return str(store.create_thread(None, owner, {"k": "v"}, "raise")["thread_id"])
+
+
+def run_fields(**kw: Any) -> dict[str, Any]:
+    return {"run_id": str(uuid.uuid4()), "assistant_id": "lead_agent", "graph_id": "lead_agent", **kw}
+
+
+def admit(store: RunStore, tid: str, strategy: str = "enqueue") -> Any:
+    return store.admit(thread_id=tid, owner=OWNER, run=run_fields(), strategy=strategy, create_thread=False)
+
+
+def test_a4_threads_are_owned(store: RunStore) -> None:
+    """A4: another user's thread looks exactly like a missing one."""
+    tid = new_thread(store)
+    assert store.get_thread(tid, OWNER)["metadata"] == {"k": "v"}
+    with pytest.raises(ThreadNotFound):
+        store.get_thread(tid, "mallory")
+    with pytest.raises(ThreadNotFound):
+        admit_as(store, tid, "mallory")
+    with pytest.raises(ThreadExists):
+        store.create_thread(tid, "mallory", {}, "do_nothing")
+    assert store.create_thread(tid, OWNER, {}, "do_nothing")["thread_id"] == uuid.UUID(tid)
+
+
+def admit_as(store: RunStore, tid: str, owner: str) -> Any:
+    return store.admit(thread_id=tid, owner=owner, run=run_fields(), strategy="enqueue", create_thread=False)
+
+
+def test_r3_reject_then_enqueue_fifo(store: RunStore) -> None:
+    """R3: reject answers a busy thread; enqueue waits FIFO; only the head is dispatched."""
+    tid = new_thread(store)
+    first = admit(store, tid, "reject")
+    assert first.decision.outcome is AdmissionOutcome.DISPATCH and first.dispatch == [str(first.run["run_id"])]
+    assert admit(store, tid, "reject").run is None
+    second = admit(store, tid)
+    third = admit(store, tid)
+    assert second.dispatch == [] and third.dispatch == []
+    assert store.get_thread(tid, OWNER)["status"] == "busy"
+    # The queued runs cannot be claimed before the head.
+    assert store.claim(str(second.run["run_id"]), "w1").outcome is ClaimOutcome.NOT_HEAD
+    head = store.claim(str(first.run["run_id"]), "w1")
+    assert head.outcome is ClaimOutcome.CLAIMED and head.run["user_id"] == OWNER
+    fin = store.finish(str(first.run["run_id"]), tid, head.run["owner_epoch"], status="success", error=None, thread_status="idle")
+    assert fin.next_run_id == str(second.run["run_id"])
+    claim2 = store.claim(fin.next_run_id, "w1")
+    assert claim2.outcome is ClaimOutcome.CLAIMED
+    fin2 = store.finish(fin.next_run_id, tid, claim2.run["owner_epoch"], status="success", error=None, thread_status="idle")
+    assert fin2.next_run_id == str(third.run["run_id"])
+    claim3 = store.claim(fin2.next_run_id, "w1")
+    store.finish(fin2.next_run_id, tid, claim3.run["owner_epoch"], status="error", error={"error": "X"}, thread_status="error")
+    assert store.get_thread(tid, OWNER)["status"] == "error"
+
+
+def test_l3_duplicate_claim_does_not_start_a_second_executor(store: RunStore) -> None:
+    """L3: a second delivery of the same run cannot claim it."""
+    tid = new_thread(store)
+    run_id = str(admit(store, tid).run["run_id"])
+    assert store.claim(run_id, "w1").outcome is ClaimOutcome.CLAIMED
+    assert store.claim(run_id, "w2").outcome is ClaimOutcome.NOT_PENDING
+
+
+def test_l2_stale_epoch_cannot_finish(store: RunStore) -> None:
+    """L2/L4: after the reaper re-queues a run and another worker claims it, the old owner is fenced."""
+    tid = new_thread(store)
+    run_id = str(admit(store, tid).run["run_id"])
+    old = store.claim(run_id, "old").run
+    assert store.requeue_expired(run_id, old["owner_epoch"], old["attempt"], 3, "lease expired") == ("requeued", run_id)
+    new = store.claim(run_id, "new").run
+    assert new["owner_epoch"] == old["owner_epoch"] + 1 and new["attempt"] == 2
+    assert store.finish(run_id, tid, old["owner_epoch"], status="success", error=None, thread_status="idle").fenced
+    assert not store.finish(run_id, tid, new["owner_epoch"], status="success", error=None, thread_status="idle").fenced
+    kinds = [e["type"] for e in store.run_events(run_id)]
+    assert kinds == ["created", "claimed", "requeued", "claimed", "fenced", "success"]
+    # R1: a terminal status never changes again.
+    assert store.finish(run_id, tid, new["owner_epoch"], status="error", error=None, thread_status="idle").fenced
+    assert store.run_status(run_id) == "success"
+
+
+def test_l5_max_attempts_ends_in_error(store: RunStore) -> None:
+    """L5: after max_attempts the reaper ends the run `error` with the reason."""
+    tid = new_thread(store)
+    run_id = str(admit(store, tid).run["run_id"])
+    run = store.claim(run_id, "w").run
+    for _ in range(2):
+        store.requeue_expired(run_id, run["owner_epoch"], run["attempt"], 3, "lease expired")
+        run = store.claim(run_id, "w").run
+    assert run["attempt"] == 3
+    outcome, _ = store.requeue_expired(run_id, run["owner_epoch"], run["attempt"], 3, "lease expired")
+    assert outcome == "failed"
+    row = store.get_run(tid, run_id, OWNER)
+    assert row["status"] == "error" and "lease expired" in row["error"]["message"]
+
+
+def test_r3_one_running_run_per_thread_is_enforced_by_the_database(store: RunStore, pool: ConnectionPool) -> None:
+    """R3: even a buggy writer cannot make two runs of a thread `running`."""
+    tid = new_thread(store)
+    a = str(admit(store, tid).run["run_id"])
+    b = str(admit(store, tid).run["run_id"])
+    store.claim(a, "w")
+    with pool.connection() as conn, pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute("UPDATE runs SET status = 'running' WHERE run_id = %s", (b,))
+
+
+def test_r5_cancel_pending_and_running(store: RunStore) -> None:
+    """R5: a pending run is interrupted at once and the next one dispatched; a running one is flagged."""
+    tid = new_thread(store)
+    a = str(admit(store, tid).run["run_id"])
+    b = str(admit(store, tid).run["run_id"])
+    c = str(admit(store, tid).run["run_id"])
+    assert store.request_cancel(tid, b, OWNER, "interrupt") == (CancelOutcome.CANCELLED, None)
+    run_a = store.claim(a, "w").run
+    assert store.request_cancel(tid, a, OWNER, "interrupt") == (CancelOutcome.REQUESTED, None)
+    assert store.request_cancel(tid, a, OWNER, "interrupt") == (CancelOutcome.ALREADY_REQUESTED, None)
+    fin = store.finish(a, tid, run_a["owner_epoch"], status="interrupted", error=None, thread_status="idle")
+    assert fin.next_run_id == c
+    assert store.request_cancel(tid, a, OWNER, "interrupt") == (CancelOutcome.ALREADY_DONE, None)
+    with pytest.raises(RunNotFound):
+        store.request_cancel(tid, a, "mallory", "interrupt")
+    with pytest.raises(Conflict):
+        store.delete_run(tid, c, OWNER)
+
+
+def test_r3_interrupt_strategy_cancels_inflight(store: RunStore) -> None:
+    """R3: interrupt cancels the running run (flag) and pending ones (at once); the new run waits."""
+    tid = new_thread(store)
+    a = str(admit(store, tid).run["run_id"])
+    store.claim(a, "w")
+    b = str(admit(store, tid).run["run_id"])
+    adm = admit(store, tid, "interrupt")
+    assert adm.cancel_running == [a] and adm.dispatch == []
+    assert store.run_status(b) == "interrupted"
+
+
+def _admit_in_child(args: tuple[str, str, str, Any]) -> str:
+    dsn, tid, strategy, barrier = args
+    settings = Settings(database_url=dsn)  # type: ignore[arg-type]
+    pool = make_pool(settings, name="child", max_size=1)
+    try:
+        barrier.wait(timeout=30)
+        adm = RunStore(pool).admit(
+            thread_id=tid, owner=OWNER, run=run_fields(), strategy=strategy, create_thread=False
+        )
+        return adm.decision.outcome.value
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("strategy", ["reject", "enqueue"])
+def test_r2_concurrent_admissions_from_processes(store: RunStore, settings: Settings, strategy: str) -> None:
+    """R2: 8 processes admit on one thread at once: under reject exactly one becomes inflight."""
+    tid = new_thread(store)
+    n = 8
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(n)
+        with ctx.Pool(n) as procs:
+            outcomes = procs.map(_admit_in_child, [(settings.dsn, tid, strategy, barrier)] * n)
+    runs = store.list_runs(tid, OWNER, limit=100, offset=0, status=None)
+    if strategy == "reject":
+        assert sorted(outcomes).count("dispatch") == 1 and outcomes.count("rejected") == n - 1
+        assert len(runs) == 1
+    else:
+        assert outcomes.count("dispatch") == 1 and outcomes.count("queued") == n - 1
+        assert len(runs) == n
+
+
+def test_migrations_are_contiguous_and_idempotent(settings: Settings, pool: ConnectionPool) -> None:
+    """The migrated schema has every table; running migrate again applies nothing."""
+    assert [m.version for m in migrations()] == list(range(1, len(migrations()) + 1))
+    assert migrate(settings) == []
+    with pool.connection() as conn:
+        tables = {r["tablename"] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+        versions = [r["version"] for r in conn.execute("SELECT version FROM threadrun_schema_version ORDER BY 1")]
+    assert {"threads", "runs", "run_events", "checkpoints", "checkpoint_writes"} <= tables
+    assert versions == [m.version for m in migrations()]
