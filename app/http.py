@@ -28,7 +28,9 @@ def parse_body(model: type[M], *, allow_empty: bool = False) -> M:
     try:
         data = serde.loads(raw)
     except ValueError as exc:
-        raise ValidationFailed(f"request body is not valid JSON: {exc}", field="body", status=400) from exc
+        raise ValidationFailed(
+            f"request body is not valid JSON: {exc}", field="body", status=400
+        ) from exc
     if not isinstance(data, dict):
         raise ValidationFailed("request body must be a JSON object", field="body")
     return validate(model, data)

@@ -182,7 +182,9 @@ class RunCreate(Strict):
     @model_validator(mode="after")
     def _checks(self) -> RunCreate:
         if self.multitask_strategy == "rollback":
-            raise ValueError("multitask_strategy: 'rollback' is not supported yet; use interrupt or enqueue")
+            raise ValueError(
+                "multitask_strategy: 'rollback' is not supported yet; use interrupt or enqueue"
+            )
         if self.input is not None and self.command is not None:
             raise ValueError("input and command are mutually exclusive")
         return self
@@ -225,7 +227,9 @@ class RunListQuery(Strict):
 
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0)
-    status: Literal["pending", "running", "success", "error", "timeout", "interrupted"] | None = None
+    status: Literal["pending", "running", "success", "error", "timeout", "interrupted"] | None = (
+        None
+    )
     select: str | None = None
 
 

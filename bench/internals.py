@@ -908,7 +908,9 @@ async def stage_sustained(b: Bench) -> list[Row]:
     b.notes["eventsink_calls"] = len(sizes)
     b.notes["eventsink_mean_batch"] = sum(sizes) / len(sizes)
     b.notes["eventsink_p50_batch"] = percentile(sizes, 50)
+    b.notes["eventsink_max_batch"] = max(sizes)
     b.notes["eventsink_call_p50_ms"] = percentile([ms for _, ms in counting.calls], 50)
+    b.notes["eventsink_call_max_ms"] = max(ms for _, ms in counting.calls)
     b.notes["eventsink_wall_s"] = wall
     b.notes["raw_pipelined_wall_s"] = raw_wall
     return [

@@ -48,26 +48,38 @@ class Settings(BaseSettings):
     )
     model_base_url: str | None = None
     model_api_key: SecretStr | None = None
-    builtin_tokens: int = Field(default=24, ge=1, description="Tokens per reply of the built-in model.")
-    builtin_token_delay_ms: float = Field(default=0.0, ge=0, description="Delay per built-in token.")
+    builtin_tokens: int = Field(
+        default=24, ge=1, description="Tokens per reply of the built-in model."
+    )
+    builtin_token_delay_ms: float = Field(
+        default=0.0, ge=0, description="Delay per built-in token."
+    )
 
     # --- runs (R) -----------------------------------------------------------------
     default_multitask_strategy: MultitaskStrategy = "enqueue"
     max_attempts: int = Field(default=3, ge=1)
-    worker_concurrency: int = Field(default=32, ge=1, description="Concurrent runs per worker process.")
+    worker_concurrency: int = Field(
+        default=32, ge=1, description="Concurrent runs per worker process."
+    )
     shutdown_grace_s: float = Field(default=5.0, ge=0)
-    wait_keepalive_s: float = Field(default=5.0, gt=0, description="Whitespace cadence of /wait and /join.")
+    wait_keepalive_s: float = Field(
+        default=5.0, gt=0, description="Whitespace cadence of /wait and /join."
+    )
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
 
     # --- leases (L) -----------------------------------------------------------------
     lease_ttl_s: float = Field(default=15.0, gt=0)
     lease_renew_s: float = Field(default=5.0, gt=0)
-    cancel_poll_s: float = Field(default=0.5, gt=0, description="How often an idle run checks for cancel.")
+    cancel_poll_s: float = Field(
+        default=0.5, gt=0, description="How often an idle run checks for cancel."
+    )
 
     # --- reaper (R4, L4) ----------------------------------------------------------
     reaper_interval_s: float = Field(default=2.0, gt=0)
     dispatch_stale_s: float = Field(
-        default=10.0, gt=0, description="A pending head run not claimed after this is re-dispatched."
+        default=10.0,
+        gt=0,
+        description="A pending head run not claimed after this is re-dispatched.",
     )
 
     # --- stream bridge (B) --------------------------------------------------------

@@ -21,7 +21,11 @@ def _on_ready(sender: object = None, **_: object) -> None:
     from workers.tasks import start_runs_services
 
     consumer = getattr(sender, "consumer", None) if sender is not None else None
-    queues = {q.name for q in consumer.task_consumer.queues} if consumer is not None and consumer.task_consumer else set()
+    queues = (
+        {q.name for q in consumer.task_consumer.queues}
+        if consumer is not None and consumer.task_consumer
+        else set()
+    )
     if not queues or "runs" in queues:
         start_runs_services()
 

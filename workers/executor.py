@@ -119,7 +119,9 @@ async def keep_lease(rt: WorkerRuntime, attempt: RunAttempt) -> None:
             outcome, cancel = await rt.leases.renew(attempt.run_id, attempt.lease)
         except Exception as exc:  # noqa: BLE001 - Redis hiccup: keep trying until the TTL runs out
             if time.monotonic() - last_ok > s.lease_ttl_s:
-                log.warning("lease renewal failing past its TTL: %s", exc, extra={"run_id": attempt.run_id})
+                log.warning(
+                    "lease renewal failing past its TTL: %s", exc, extra={"run_id": attempt.run_id}
+                )
                 attempt.stop(StopReason.LEASE_LOST)
                 return
             continue
@@ -155,10 +157,14 @@ def run_config(run: dict[str, Any]) -> dict[str, Any]:
 async def graph_input(rt: WorkerRuntime, attempt: RunAttempt, config: dict[str, Any]) -> Any:
     """The input of this attempt: the request's, or None to resume from the checkpoint (L5)."""
     run = attempt.run
-    head = await rt.saver.aget_tuple({"configurable": {"thread_id": attempt.thread_id, "checkpoint_ns": ""}})
+    head = await rt.saver.aget_tuple(
+        {"configurable": {"thread_id": attempt.thread_id, "checkpoint_ns": ""}}
+    )
     head_id = head.checkpoint["id"] if head else None
     if int(run["attempt"]) == 1:
-        await asyncio.to_thread(rt.store.set_pre_run_checkpoint, attempt.run_id, attempt.epoch, head_id)
+        await asyncio.to_thread(
+            rt.store.set_pre_run_checkpoint, attempt.run_id, attempt.epoch, head_id
+        )
     elif head_id is not None and head_id != run.get("pre_run_checkpoint_id"):
         return None  # a previous attempt checkpointed progress: resume from it
     if run.get("command"):
@@ -221,13 +227,17 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
         attempt.stop(StopReason.LEASE_LOST)
         return "error", None, "error"
     except Exception as exc:  # noqa: BLE001 - every graph failure becomes an `error` event (G4)
-        log.exception("run failed", extra={"run_id": attempt.run_id, "thread_id": attempt.thread_id})
+        log.exception(
+            "run failed", extra={"run_id": attempt.run_id, "thread_id": attempt.thread_id}
+        )
         error = {"error": type(exc).__name__, "message": str(exc)[:2000]}
         sink.emit("error", serde.dumps(error))
         return "error", error, "error"
     thread_status = "idle"
     try:
-        snap = await graph.aget_state({"configurable": {"thread_id": attempt.thread_id, "checkpoint_ns": ""}})
+        snap = await graph.aget_state(
+            {"configurable": {"thread_id": attempt.thread_id, "checkpoint_ns": ""}}
+        )
         if snap.next or snap.interrupts:
             thread_status = "interrupted"
     except Exception:  # noqa: BLE001 - the run succeeded; the thread status is a hint
@@ -237,7 +247,11 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
 
 # --- finalize (J5) ------------------------------------------------------------------------------
 async def finalize(
-    rt: WorkerRuntime, attempt: RunAttempt, status: str, error: dict[str, Any] | None, thread_status: str
+    rt: WorkerRuntime,
+    attempt: RunAttempt,
+    status: str,
+    error: dict[str, Any] | None,
+    thread_status: str,
 ) -> str:
     """Flush the stream, write the terminal status while owning the run, then publish `end`."""
     sink = attempt.sink

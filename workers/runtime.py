@@ -43,7 +43,9 @@ class WorkerRuntime:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.keys = Keys(settings.redis_prefix)
         self.registry = GraphRegistry.from_config(settings.config)
-        self.store = RunStore(make_pool(settings, name="worker-store", max_size=settings.worker_concurrency + 2))
+        self.store = RunStore(
+            make_pool(settings, name="worker-store", max_size=settings.worker_concurrency + 2)
+        )
         self.dispatcher = Dispatcher(make_celery(settings))
         self.active: dict[str, Any] = {}  # run_id -> executor.RunAttempt
         self._graphs: dict[str, Pregel] = {}
@@ -55,14 +57,18 @@ class WorkerRuntime:
             self.loop = uvloop.new_event_loop()
         except ImportError:  # pragma: no cover - uvloop is a dependency
             self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="threadrun-loop", daemon=True)
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="threadrun-loop", daemon=True
+        )
         self._thread.start()
         self.submit(self._setup()).result(timeout=60)
 
     async def _setup(self) -> None:
         s = self.settings
         self.redis = aredis.Redis.from_url(s.redis_url, health_check_interval=30)
-        self.apool = await make_async_pool(s, name="worker-saver", max_size=s.worker_concurrency + 2)
+        self.apool = await make_async_pool(
+            s, name="worker-saver", max_size=s.worker_concurrency + 2
+        )
         self.saver = AsyncPostgresSaver(self.apool)  # type: ignore[arg-type]
         self.publisher = StreamPublisher(self.redis, self.keys, s)
         self.leases = LeaseManager(self.redis, self.keys, ttl_s=s.lease_ttl_s)

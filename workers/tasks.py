@@ -33,7 +33,10 @@ def execute(run_id: str) -> str:
 @celery.task(name=MEMORY_TASK, ignore_result=True)
 def extract_memory(payload: dict) -> str:  # type: ignore[type-arg]
     """Memory extraction (SPEC M4) lands with the memory issue; the queue exists now."""
-    log.info("memory update received for %s", payload.get("thread_id") if isinstance(payload, dict) else None)
+    log.info(
+        "memory update received for %s",
+        payload.get("thread_id") if isinstance(payload, dict) else None,
+    )
     return "accepted"
 
 

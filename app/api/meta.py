@@ -23,6 +23,11 @@ def info() -> Response:
         {
             "version": VERSION,
             "server": "threadrun",
-            "flags": {"assistants": True, "crons": False, "langsmith": False, "langsmith_tracing_replicas": False},
+            "flags": {
+                "assistants": True,
+                "crons": False,
+                "langsmith": False,
+                "langsmith_tracing_replicas": False,
+            },
         }
     )

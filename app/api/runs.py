@@ -10,7 +10,7 @@ from typing import Any
 from flask import Blueprint, Response, request, stream_with_context
 
 from app.api.assistants import resolve_graph
-from app.api.threads import checked_thread_id, owned_thread
+from app.api.threads import checked_thread_id
 from app.auth import principal
 from app.http import json_response, parse_body, parse_query, validate
 from app.schemas import CancelQuery, JoinStreamQuery, RunCreate, RunListQuery
@@ -120,13 +120,19 @@ def _stream_response(
 
     def on_close(ended: bool) -> None:
         if not ended and cancel_on_disconnect:
-            log.info("client disconnected; cancelling (on_disconnect=cancel)", extra={"run_id": run_id})
+            log.info(
+                "client disconnected; cancelling (on_disconnect=cancel)", extra={"run_id": run_id}
+            )
             svc.runs.cancel(owner=owner, thread_id=thread_id, run_id=run_id, action="interrupt")
 
-    batches = svc.subscriber.subscribe_batches(run_id, cursor, is_terminal=lambda: _is_terminal(run_id))
+    batches = svc.subscriber.subscribe_batches(
+        run_id, cursor, is_terminal=lambda: _is_terminal(run_id)
+    )
     body = sse_body(batches, keep=event_filter(modes), on_close=on_close)
     headers = {**_locations(row, "/stream"), "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-    return Response(stream_with_context(body), status=status, mimetype="text/event-stream", headers=headers)
+    return Response(
+        stream_with_context(body), status=status, mimetype="text/event-stream", headers=headers
+    )
 
 
 def _final_result(thread_id: str, run_id: str, graph_id: str) -> Any:
@@ -154,7 +160,10 @@ def _wait_body(row: dict[str, Any], *, cancel_on_disconnect: bool) -> Iterator[b
             for batch in svc.subscriber.subscribe_batches(
                 run_id, None, is_terminal=lambda: _is_terminal(run_id)
             ):
-                if any(isinstance(i, Gap) or (isinstance(i, Event) and i.event == END_EVENT) for i in batch):
+                if any(
+                    isinstance(i, Gap) or (isinstance(i, Event) and i.event == END_EVENT)
+                    for i in batch
+                ):
                     break
                 if not any(isinstance(i, Event) for i in batch):
                     yield b"\n"
@@ -199,21 +208,27 @@ def list_runs(thread_id: str) -> Response:
     """Runs of the thread, newest first."""
     q = parse_query(RunListQuery)
     tid = checked_thread_id(thread_id)
-    rows = current_services().store.list_runs(tid, principal().user_id, limit=q.limit, offset=q.offset, status=q.status)
+    rows = current_services().store.list_runs(
+        tid, principal().user_id, limit=q.limit, offset=q.offset, status=q.status
+    )
     return json_response([run_json(r) for r in rows])
 
 
 @bp.get("/threads/<thread_id>/runs/<run_id>")
 def get(thread_id: str, run_id: str) -> Response:
     """One run."""
-    row = current_services().store.get_run(checked_thread_id(thread_id), _run_id(run_id), principal().user_id)
+    row = current_services().store.get_run(
+        checked_thread_id(thread_id), _run_id(run_id), principal().user_id
+    )
     return json_response(run_json(row))
 
 
 @bp.delete("/threads/<thread_id>/runs/<run_id>")
 def delete(thread_id: str, run_id: str) -> Response:
     """Delete a finished run."""
-    current_services().store.delete_run(checked_thread_id(thread_id), _run_id(run_id), principal().user_id)
+    current_services().store.delete_run(
+        checked_thread_id(thread_id), _run_id(run_id), principal().user_id
+    )
     return Response(status=204)
 
 
@@ -221,7 +236,9 @@ def delete(thread_id: str, run_id: str) -> Response:
 def join(thread_id: str, run_id: str) -> Response:
     """Wait for the run to end; return the thread's final values."""
     cancel = request.args.get("cancel_on_disconnect", "false").lower() in ("1", "true")
-    row = current_services().store.get_run(checked_thread_id(thread_id), _run_id(run_id), principal().user_id)
+    row = current_services().store.get_run(
+        checked_thread_id(thread_id), _run_id(run_id), principal().user_id
+    )
     return _wait_response(row, cancel_on_disconnect=cancel)
 
 
@@ -235,9 +252,13 @@ def join_stream(thread_id: str, run_id: str) -> Response:
     if modes:
         args["stream_mode"] = modes
     q = validate(JoinStreamQuery, args)
-    row = current_services().store.get_run(checked_thread_id(thread_id), _run_id(run_id), principal().user_id)
+    row = current_services().store.get_run(
+        checked_thread_id(thread_id), _run_id(run_id), principal().user_id
+    )
     last_event_id = request.headers.get("Last-Event-ID") or q.last_event_id
-    return _stream_response(row, last_event_id, cancel_on_disconnect=q.cancel_on_disconnect, modes=q.stream_mode)
+    return _stream_response(
+        row, last_event_id, cancel_on_disconnect=q.cancel_on_disconnect, modes=q.stream_mode
+    )
 
 
 @bp.post("/threads/<thread_id>/runs/<run_id>/cancel")
@@ -254,12 +275,19 @@ def cancel(thread_id: str, run_id: str) -> Response:
 
     def body() -> Iterator[bytes]:
         if row["status"] not in TERMINAL:
-            for batch in svc.subscriber.subscribe_batches(rid, None, is_terminal=lambda: _is_terminal(rid)):
-                if any(isinstance(i, Gap) or (isinstance(i, Event) and i.event == END_EVENT) for i in batch):
+            for batch in svc.subscriber.subscribe_batches(
+                rid, None, is_terminal=lambda: _is_terminal(rid)
+            ):
+                if any(
+                    isinstance(i, Gap) or (isinstance(i, Event) and i.event == END_EVENT)
+                    for i in batch
+                ):
                     break
                 if not any(isinstance(i, Event) for i in batch):
                     yield b"\n"
         final = svc.store.get_run(tid, rid, owner)
         yield serde.dumps({**run_json(final), "cancel": outcome.value})
 
-    return Response(stream_with_context(body()), mimetype="application/json", headers=_locations(row, "/join"))
+    return Response(
+        stream_with_context(body()), mimetype="application/json", headers=_locations(row, "/join")
+    )

@@ -32,7 +32,9 @@ def get_state_at(thread_id: str, checkpoint_id: str) -> Response:
     """The state at one checkpoint."""
     thread = owned_thread(thread_id)
     return json_response(
-        current_services().state.get(str(thread["thread_id"]), _graph_id(thread), {"checkpoint_id": checkpoint_id})
+        current_services().state.get(
+            str(thread["thread_id"]), _graph_id(thread), {"checkpoint_id": checkpoint_id}
+        )
     )
 
 
@@ -42,7 +44,9 @@ def post_state_at(thread_id: str) -> Response:
     body = parse_body(StateAtCheckpoint)
     thread = owned_thread(thread_id)
     return json_response(
-        current_services().state.get(str(thread["thread_id"]), _graph_id(thread), body.checkpoint.as_dict())
+        current_services().state.get(
+            str(thread["thread_id"]), _graph_id(thread), body.checkpoint.as_dict()
+        )
     )
 
 
@@ -61,7 +65,11 @@ def update_state(thread_id: str) -> Response:
         checkpoint = {"checkpoint_ns": "", "checkpoint_id": body.checkpoint_id}
     try:
         out = current_services().state.update(
-            str(thread["thread_id"]), graph_id, body.values, as_node=body.as_node, checkpoint=checkpoint
+            str(thread["thread_id"]),
+            graph_id,
+            body.values,
+            as_node=body.as_node,
+            checkpoint=checkpoint,
         )
     except (ValueError, KeyError) as exc:  # LangGraph's InvalidUpdateError is a ValueError
         raise ValidationFailed(f"state update refused: {exc}", field="values") from exc

@@ -47,7 +47,10 @@ def create() -> Response:
     """Create a thread (`if_exists`: raise | do_nothing)."""
     body = parse_body(ThreadCreate, allow_empty=True)
     row = current_services().store.create_thread(
-        str(body.thread_id) if body.thread_id else None, principal().user_id, body.metadata, body.if_exists
+        str(body.thread_id) if body.thread_id else None,
+        principal().user_id,
+        body.metadata,
+        body.if_exists,
     )
     return json_response(thread_json(row))
 
@@ -63,7 +66,9 @@ def patch(thread_id: str) -> Response:
     """Merge metadata."""
     body = parse_body(ThreadPatch)
     tid = checked_thread_id(thread_id)
-    return json_response(thread_json(current_services().store.patch_thread(tid, principal().user_id, body.metadata)))
+    return json_response(
+        thread_json(current_services().store.patch_thread(tid, principal().user_id, body.metadata))
+    )
 
 
 @bp.delete("/threads/<thread_id>")
@@ -99,4 +104,8 @@ def search() -> Response:
 def count() -> Response:
     """How many threads match."""
     q = parse_body(ThreadCount, allow_empty=True)
-    return json_response(current_services().store.count_threads(principal().user_id, metadata=q.metadata, status=q.status))
+    return json_response(
+        current_services().store.count_threads(
+            principal().user_id, metadata=q.metadata, status=q.status
+        )
+    )

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 import redis.asyncio as aredis
@@ -73,7 +74,7 @@ class StreamPublisher:
         return PublishResult(ids=[i.decode() for i in out[1:]], cancel_action=head)
 
 
-def _decode_entry(entry: list) -> tuple[str, str, str, int]:  # type: ignore[type-arg]
+def _decode_entry(entry: Any) -> tuple[str, str, str, int]:
     """(id, event, data, n) from an XRANGE/XREAD entry."""
     raw_id, fields = entry
     if isinstance(fields, list):  # Lua replies come as flat lists
@@ -155,8 +156,10 @@ class StreamSubscriber:
                     yield [Gap(run_id, requested or None, None, None)]
                     return
                 # Not started yet: wait for the stream to appear.
-                got = self._client.xread({self._keys.stream(run_id): "0-0"}, count=1, block=self._heartbeat_ms)
-                if not got:
+                appeared = self._client.xread(
+                    {self._keys.stream(run_id): "0-0"}, count=1, block=self._heartbeat_ms
+                )
+                if not appeared:
                     yield [Heartbeat()]
                 continue
             if tag == b"beyond":
@@ -164,7 +167,9 @@ class StreamSubscriber:
                     f"Last-Event-ID {cursor} is beyond the last event {res[1].decode()} of run {run_id}"
                 )
             if tag == b"gap":
-                yield [Gap(run_id, requested or None, res[1].decode() or None, res[2].decode() or None)]
+                yield [
+                    Gap(run_id, requested or None, res[1].decode() or None, res[2].decode() or None)
+                ]
                 return
             entries = res[2:]
             counter = int(res[1])
@@ -185,7 +190,9 @@ class StreamSubscriber:
         # Phase 2: follow live; contiguity of `n` proves nothing was trimmed or lost.
         key = self._keys.stream(run_id)
         while True:
-            got = self._client.xread({key: cursor or "0-0"}, count=self.batch, block=self._heartbeat_ms)
+            got: Any = self._client.xread(
+                {key: cursor or "0-0"}, count=self.batch, block=self._heartbeat_ms
+            )
             if not got:
                 if not self._client.exists(key) and is_terminal():
                     yield [self._gap(run_id, cursor)]
@@ -208,7 +215,7 @@ class StreamSubscriber:
 
     def last_event(self, run_id: str) -> Event | None:
         """The newest retained event, if any."""
-        got = self._client.xrevrange(self._keys.stream(run_id), count=1)
+        got: Any = self._client.xrevrange(self._keys.stream(run_id), count=1)
         if not got:
             return None
         eid, name, data, _ = _decode_entry(got[0])

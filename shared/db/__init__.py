@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from psycopg.rows import dict_row
+from typing import Any, cast
+
+from psycopg import AsyncConnection, Connection
+from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from shared.settings import Settings
@@ -10,12 +13,15 @@ from shared.settings import Settings
 # The checkpoint saver needs autocommit, dict rows and no server-side prepared
 # statements (pgbouncer-safe); our stores use explicit transactions on the same kind
 # of connection, so one set of kwargs serves both.
-CONN_KWARGS = {"autocommit": True, "row_factory": dict_row, "prepare_threshold": 0}
+CONN_KWARGS: dict[str, Any] = {"autocommit": True, "row_factory": dict_row, "prepare_threshold": 0}
+
+DictPool = ConnectionPool[Connection[DictRow]]
+AsyncDictPool = AsyncConnectionPool[AsyncConnection[DictRow]]
 
 
-def make_pool(settings: Settings, *, name: str, max_size: int | None = None) -> ConnectionPool:
+def make_pool(settings: Settings, *, name: str, max_size: int | None = None) -> DictPool:
     """A sync pool (web process, worker stores), opened and waited for."""
-    pool: ConnectionPool = ConnectionPool(
+    pool = ConnectionPool(
         settings.dsn,
         min_size=settings.db_pool_min,
         max_size=max_size or settings.db_pool_max,
@@ -25,14 +31,14 @@ def make_pool(settings: Settings, *, name: str, max_size: int | None = None) -> 
         check=ConnectionPool.check_connection,
     )
     pool.open(wait=True, timeout=30)
-    return pool
+    return cast(DictPool, pool)
 
 
 async def make_async_pool(
     settings: Settings, *, name: str, max_size: int | None = None
-) -> AsyncConnectionPool:
+) -> AsyncDictPool:
     """An async pool; must be built inside the running loop that will use it."""
-    pool: AsyncConnectionPool = AsyncConnectionPool(
+    pool = AsyncConnectionPool(
         settings.dsn,
         min_size=settings.db_pool_min,
         max_size=max_size or settings.db_pool_max,
@@ -42,4 +48,4 @@ async def make_async_pool(
         check=AsyncConnectionPool.check_connection,
     )
     await pool.open(wait=True, timeout=30)
-    return pool
+    return cast(AsyncDictPool, pool)

@@ -15,8 +15,8 @@ from importlib import resources
 
 import psycopg
 from langgraph.checkpoint.postgres import PostgresSaver
+from psycopg.rows import DictRow, dict_row
 
-from shared.db import CONN_KWARGS
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -52,11 +52,13 @@ def migrations() -> list[Migration]:
     out.sort(key=lambda mig: mig.version)
     for i, mig in enumerate(out, start=1):
         if mig.version != i:
-            raise RuntimeError(f"migration versions must be contiguous: expected {i}, got {mig.version}")
+            raise RuntimeError(
+                f"migration versions must be contiguous: expected {i}, got {mig.version}"
+            )
     return out
 
 
-def applied_versions(conn: psycopg.Connection) -> set[int]:
+def applied_versions(conn: psycopg.Connection[DictRow]) -> set[int]:
     """Versions already applied."""
     rows = conn.execute("SELECT version FROM threadrun_schema_version").fetchall()
     return {r["version"] for r in rows}
@@ -66,7 +68,9 @@ def migrate(settings: Settings) -> list[int]:
     """Apply pending migrations and the checkpointer setup; return the versions applied."""
     done: list[int] = []
     # Migration files hold several statements: they need the simple query protocol.
-    with psycopg.connect(settings.dsn, **{**CONN_KWARGS, "prepare_threshold": None}) as conn:
+    with psycopg.connect(
+        settings.dsn, autocommit=True, row_factory=dict_row, prepare_threshold=None
+    ) as conn:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             conn.execute(VERSION_TABLE_SQL)

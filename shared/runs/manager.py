@@ -20,7 +20,9 @@ log = logging.getLogger(__name__)
 class RunManager:
     """Decisions about runs; the edges (HTTP, WebSocket) call this, never the store."""
 
-    def __init__(self, store: RunStore, dispatcher: Dispatcher, client: redis.Redis, keys: Keys) -> None:
+    def __init__(
+        self, store: RunStore, dispatcher: Dispatcher, client: redis.Redis, keys: Keys
+    ) -> None:
         self.store = store
         self._dispatcher = dispatcher
         self._redis = client
@@ -38,7 +40,12 @@ class RunManager:
         if_not_exists: str,
     ) -> dict[str, Any]:
         """Create a run atomically (R2), then dispatch it after commit (R4)."""
-        run = {"run_id": str(uuid.uuid4()), "assistant_id": assistant_id, "graph_id": graph_id, **fields}
+        run = {
+            "run_id": str(uuid.uuid4()),
+            "assistant_id": assistant_id,
+            "graph_id": graph_id,
+            **fields,
+        }
         admission = self.store.admit(
             thread_id=thread_id,
             owner=owner,
@@ -47,7 +54,9 @@ class RunManager:
             create_thread=if_not_exists == "create",
         )
         if admission.decision.outcome is AdmissionOutcome.REJECTED:
-            raise ThreadBusy(f"thread {thread_id} already has a run in progress (multitask_strategy=reject)")
+            raise ThreadBusy(
+                f"thread {thread_id} already has a run in progress (multitask_strategy=reject)"
+            )
         for victim in admission.cancel_running:
             self._signal_cancel(victim, "interrupt")
         for run_id in admission.dispatch:
@@ -55,7 +64,11 @@ class RunManager:
         assert admission.run is not None
         log.info(
             "run admitted",
-            extra={"thread_id": thread_id, "run_id": run["run_id"], "outcome": admission.decision.outcome.value},
+            extra={
+                "thread_id": thread_id,
+                "run_id": run["run_id"],
+                "outcome": admission.decision.outcome.value,
+            },
         )
         return admission.run
 

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
 
 from shared import serde
+from shared.db import DictPool
 from shared.errors import Conflict, RunNotFound, ThreadExists, ThreadNotFound
 from shared.runs.admission import AdmissionDecision, AdmissionOutcome, Inflight, decide
 
@@ -38,7 +39,9 @@ UPDATE threads SET metadata = metadata || %(metadata)s, updated_at = now()
 WHERE thread_id = %(thread_id)s AND owner = %(owner)s
 RETURNING *
 """
-DELETE_THREAD_SQL = "DELETE FROM threads WHERE thread_id = %(thread_id)s AND owner = %(owner)s RETURNING thread_id"
+DELETE_THREAD_SQL = (
+    "DELETE FROM threads WHERE thread_id = %(thread_id)s AND owner = %(owner)s RETURNING thread_id"
+)
 SEARCH_THREADS_SQL = """
 SELECT * FROM threads
 WHERE owner = %(owner)s
@@ -214,7 +217,7 @@ class Finish:
 class RunStore:
     """Threads and runs in Postgres."""
 
-    def __init__(self, pool: ConnectionPool) -> None:
+    def __init__(self, pool: DictPool) -> None:
         self._pool = pool
 
     # threads ----------------------------------------------------------------------
@@ -257,7 +260,9 @@ class RunStore:
     def delete_thread(self, thread_id: str, owner: str) -> list[str]:
         """Delete the thread and its runs; return the ids of runs that were still running."""
         with self._pool.connection() as conn, conn.transaction():
-            thread = conn.execute(LOCK_THREAD_SQL, {"thread_id": thread_id, "owner": owner}).fetchone()
+            thread = conn.execute(
+                LOCK_THREAD_SQL, {"thread_id": thread_id, "owner": owner}
+            ).fetchone()
             if thread is None:
                 raise ThreadNotFound(f"thread {thread_id} not found")
             running = [
@@ -320,9 +325,7 @@ class RunStore:
         params = {"thread_id": thread_id, "owner": owner}
         with self._pool.connection() as conn, conn.transaction():
             if create_thread:
-                conn.execute(
-                    INSERT_THREAD_SQL, {**params, "metadata": _json({})}
-                )
+                conn.execute(INSERT_THREAD_SQL, {**params, "metadata": _json({})})
             thread = conn.execute(LOCK_THREAD_SQL, params).fetchone()
             if thread is None:
                 raise ThreadNotFound(f"thread {thread_id} not found")
@@ -337,7 +340,9 @@ class RunStore:
             for victim in decision.cancel:
                 if victim.status == "pending":
                     conn.execute(INTERRUPT_PENDING_SQL, {"run_id": victim.run_id})
-                    self._lifecycle(conn, victim.run_id, thread_id, "interrupted", {"by": run["run_id"]})
+                    self._lifecycle(
+                        conn, victim.run_id, thread_id, "interrupted", {"by": run["run_id"]}
+                    )
                 else:
                     conn.execute(
                         REQUEST_CANCEL_RUNNING_SQL, {"run_id": victim.run_id, "action": "interrupt"}
@@ -403,7 +408,13 @@ class RunStore:
         with self._pool.connection() as conn:
             return conn.execute(
                 LIST_RUNS_SQL,
-                {"thread_id": thread_id, "owner": owner, "limit": limit, "offset": offset, "status": status},
+                {
+                    "thread_id": thread_id,
+                    "owner": owner,
+                    "limit": limit,
+                    "offset": offset,
+                    "status": status,
+                },
             ).fetchall()
 
     def delete_run(self, thread_id: str, run_id: str, owner: str) -> None:
@@ -413,14 +424,19 @@ class RunStore:
             if conn.execute(DELETE_RUN_SQL, {"run_id": run_id}).fetchone() is None:
                 raise Conflict(f"run {run_id} is still inflight; cancel it first")
 
-    def request_cancel(self, thread_id: str, run_id: str, owner: str, action: str) -> tuple[CancelOutcome, str | None]:
+    def request_cancel(
+        self, thread_id: str, run_id: str, owner: str, action: str
+    ) -> tuple[CancelOutcome, str | None]:
         """Record a cancel request; returns the outcome and a run to dispatch next, if any."""
         with self._pool.connection() as conn, conn.transaction():
-            thread = conn.execute(LOCK_THREAD_SQL, {"thread_id": thread_id, "owner": owner}).fetchone()
+            thread = conn.execute(
+                LOCK_THREAD_SQL, {"thread_id": thread_id, "owner": owner}
+            ).fetchone()
             if thread is None:
                 raise RunNotFound(f"run {run_id} not found")
             run = conn.execute(
-                GET_RUN_SQL + " FOR UPDATE OF r", {"thread_id": thread_id, "run_id": run_id, "owner": owner}
+                GET_RUN_SQL + " FOR UPDATE OF r",
+                {"thread_id": thread_id, "run_id": run_id, "owner": owner},
             ).fetchone()
             if run is None:
                 raise RunNotFound(f"run {run_id} not found")
@@ -493,13 +509,17 @@ class RunStore:
                 {"run_id": run_id, "epoch": epoch, "status": status, "error": _json(error)},
             ).fetchone()
             if row is None:
-                self._lifecycle(conn, run_id, thread_id, "fenced", {"epoch": epoch, "status": status})
+                self._lifecycle(
+                    conn, run_id, thread_id, "fenced", {"epoch": epoch, "status": status}
+                )
                 return Finish(fenced=True)
             self._lifecycle(conn, run_id, thread_id, status, {"epoch": epoch, "error": error})
             nxt = self._settle_thread(conn, thread_id, thread_status)
         return Finish(fenced=False, next_run_id=nxt)
 
-    def _settle_thread(self, conn: psycopg.Connection[Any], thread_id: str, idle_status: str) -> str | None:
+    def _settle_thread(
+        self, conn: psycopg.Connection[DictRow], thread_id: str, idle_status: str
+    ) -> str | None:
         """Pick the next pending run (marking it dispatched) or set the thread's idle status."""
         if conn.execute(THREAD_HAS_RUNNING_SQL, {"thread_id": thread_id}).fetchone():
             return None  # the running run hands over when it ends
@@ -510,7 +530,12 @@ class RunStore:
         return None
 
     def _lifecycle(
-        self, conn: psycopg.Connection[Any], run_id: str, thread_id: str, kind: str, payload: dict[str, Any]
+        self,
+        conn: psycopg.Connection[DictRow],
+        run_id: str,
+        thread_id: str,
+        kind: str,
+        payload: dict[str, Any],
     ) -> None:
         conn.execute(
             APPEND_LIFECYCLE_SQL,
@@ -526,7 +551,9 @@ class RunStore:
     def stale_pending_heads(self, stale_s: float) -> list[str]:
         """Pending runs at the head of their thread whose dispatch looks lost (R4)."""
         with self._pool.connection() as conn:
-            return [r["run_id"] for r in conn.execute(STALE_PENDING_HEADS_SQL, {"stale_s": stale_s})]
+            return [
+                r["run_id"] for r in conn.execute(STALE_PENDING_HEADS_SQL, {"stale_s": stale_s})
+            ]
 
     def running_runs(self, min_age_s: float) -> list[dict[str, Any]]:
         """Running runs not updated for `min_age_s` (lease candidates for the reaper)."""
@@ -554,10 +581,14 @@ class RunStore:
                 if row is None:
                     return "skipped", None
                 thread_id = str(row["thread_id"])
-                self._lifecycle(conn, run_id, thread_id, "error", {"reason": reason, "attempt": attempt})
+                self._lifecycle(
+                    conn, run_id, thread_id, "error", {"reason": reason, "attempt": attempt}
+                )
                 return "failed", self._settle_thread(conn, thread_id, "error")
             row = conn.execute(REQUEUE_EXPIRED_SQL, {"run_id": run_id, "epoch": epoch}).fetchone()
             if row is None:
                 return "skipped", None
-            self._lifecycle(conn, run_id, str(row["thread_id"]), "requeued", {"reason": reason, "epoch": epoch})
+            self._lifecycle(
+                conn, run_id, str(row["thread_id"]), "requeued", {"reason": reason, "epoch": epoch}
+            )
             return "requeued", run_id

@@ -10,16 +10,17 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.pregel import Pregel
 from langgraph.types import StateSnapshot
-from psycopg_pool import ConnectionPool
 
 from shared import serde
 from shared.agent.graphs import GraphRegistry
+from shared.db import DictPool
 
 
-def _checkpoint_ref(config: dict[str, Any] | None) -> dict[str, Any] | None:
+def _checkpoint_ref(config: RunnableConfig | dict[str, Any] | None) -> dict[str, Any] | None:
     if not config:
         return None
     conf = config.get("configurable", {})
@@ -67,7 +68,12 @@ def empty_state(thread_id: str) -> dict[str, Any]:
         "tasks": [],
         "metadata": {},
         "created_at": None,
-        "checkpoint": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": None, "checkpoint_map": None},
+        "checkpoint": {
+            "thread_id": thread_id,
+            "checkpoint_ns": "",
+            "checkpoint_id": None,
+            "checkpoint_map": None,
+        },
         "parent_checkpoint": None,
         "interrupts": [],
         "checkpoint_id": None,
@@ -77,7 +83,7 @@ def empty_state(thread_id: str) -> dict[str, Any]:
 class CheckpointStateAccessor:
     """get / history / update of a thread's state through its graph (sync, web side)."""
 
-    def __init__(self, pool: ConnectionPool, registry: GraphRegistry) -> None:
+    def __init__(self, pool: DictPool, registry: GraphRegistry) -> None:
         self._saver = PostgresSaver(pool)  # type: ignore[arg-type]
         self._registry = registry
         self._graphs: dict[str, Pregel] = {}
@@ -92,7 +98,7 @@ class CheckpointStateAccessor:
             return graph
 
     @staticmethod
-    def _config(thread_id: str, checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _config(thread_id: str, checkpoint: dict[str, Any] | None = None) -> RunnableConfig:
         conf: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ""}
         if checkpoint:
             conf.update({k: v for k, v in checkpoint.items() if v is not None and k != "thread_id"})
@@ -124,7 +130,10 @@ class CheckpointStateAccessor:
             return []
         before_cfg = self._config(thread_id, before) if before else None
         snaps = self._graph(graph_id).get_state_history(
-            self._config(thread_id, checkpoint), filter=metadata or None, before=before_cfg, limit=limit
+            self._config(thread_id, checkpoint),
+            filter=metadata or None,
+            before=before_cfg,
+            limit=limit,
         )
         return [snapshot_to_json(s) for s in snaps]
 
@@ -138,7 +147,9 @@ class CheckpointStateAccessor:
         checkpoint: dict[str, Any] | None,
     ) -> dict[str, Any]:
         """Write `values` as if `as_node` returned them; a new head checkpoint."""
-        cfg = self._graph(graph_id).update_state(self._config(thread_id, checkpoint), values, as_node=as_node)
+        cfg = self._graph(graph_id).update_state(
+            self._config(thread_id, checkpoint), values, as_node=as_node
+        )
         return {"checkpoint": _checkpoint_ref(cfg)}
 
     def delete_thread(self, thread_id: str) -> None:

@@ -67,9 +67,24 @@ class Cluster:
 
     def start_web(self) -> str:
         port = free_port()
-        argv = [sys.executable, "-m", "gunicorn", "app:create_app()", "--bind", f"127.0.0.1:{port}",
-                "--worker-class", "gthread", "--workers", "1", "--threads", "32", "--timeout", "0",
-                "--graceful-timeout", "3"]
+        argv = [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "app:create_app()",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--worker-class",
+            "gthread",
+            "--workers",
+            "1",
+            "--threads",
+            "32",
+            "--timeout",
+            "0",
+            "--graceful-timeout",
+            "3",
+        ]
         self._spawn(f"web{len(self.urls)}", argv)
         url = f"http://127.0.0.1:{port}"
         self._wait_ok(url)
@@ -77,9 +92,26 @@ class Cluster:
         return url
 
     def start_worker(self, name: str = "runs", concurrency: int = 8) -> Proc:
-        argv = [sys.executable, "-m", "celery", "-A", "workers.celery_app:celery", "worker", "-Q", "runs",
-                "-P", "threads", "-c", str(concurrency), "-n", f"{name}-{os.getpid()}@%h",
-                "--without-gossip", "--without-mingle", "-l", "info"]
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.celery_app:celery",
+            "worker",
+            "-Q",
+            "runs",
+            "-P",
+            "threads",
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}-{os.getpid()}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "-l",
+            "info",
+        ]
         proc = self._spawn(name, argv)
         self._wait_log(proc, "ready.")
         return proc
@@ -87,7 +119,9 @@ class Cluster:
     def _spawn(self, name: str, argv: list[str]) -> Proc:
         log = self.logs / f"{name}.log"
         fh = log.open("wb")
-        popen = subprocess.Popen(argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
+        popen = subprocess.Popen(
+            argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2]
+        )
         fh.close()
         proc = Proc(name, popen, log)
         self.procs.append(proc)
@@ -102,7 +136,9 @@ class Cluster:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"web did not come up at {url}:\n" + "\n".join(p.tail() for p in self.procs))
+        raise RuntimeError(
+            f"web did not come up at {url}:\n" + "\n".join(p.tail() for p in self.procs)
+        )
 
     def _wait_log(self, proc: Proc, needle: str, timeout: float = 60) -> None:
         end = time.monotonic() + timeout

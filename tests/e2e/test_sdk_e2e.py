@@ -49,7 +49,11 @@ def ai_tokens(parts: list[Any]) -> list[str]:
     """Texts of the AI token chunks among `messages` events."""
     out = []
     for p in parts:
-        if p.event == "messages" and p.data[0].get("type") == "AIMessageChunk" and p.data[0].get("content"):
+        if (
+            p.event == "messages"
+            and p.data[0].get("type") == "AIMessageChunk"
+            and p.data[0].get("content")
+        ):
             out.append(p.data[0]["content"])
     return out
 
@@ -63,7 +67,10 @@ def test_a1_stream_a_run_then_read_state_and_history(cluster: Cluster) -> None:
         parts = [
             p
             async for p in c.runs.stream(
-                tid, "lead_agent", input=human("hello"), stream_mode=["messages-tuple", "values", "updates"],
+                tid,
+                "lead_agent",
+                input=human("hello"),
+                stream_mode=["messages-tuple", "values", "updates"],
                 config=knobs(tokens=12),
             )
         ]
@@ -71,7 +78,10 @@ def test_a1_stream_a_run_then_read_state_and_history(cluster: Cluster) -> None:
         run_id = parts[0].data["run_id"]
         assert len(ai_tokens(parts)) == 12
         assert {"values", "updates", "messages"} <= {p.event for p in parts}
-        assert parts[-1].event == "end" and parts[-1].data == {"run_id": run_id, "status": "success"}
+        assert parts[-1].event == "end" and parts[-1].data == {
+            "run_id": run_id,
+            "status": "success",
+        }
         ids = [p.id for p in parts]
         assert all(ids) and len(set(ids)) == len(ids)
         # The status was committed before the stream closed (A1).
@@ -79,9 +89,16 @@ def test_a1_stream_a_run_then_read_state_and_history(cluster: Cluster) -> None:
         state = await c.threads.get_state(tid)
         assert [m["type"] for m in state["values"]["messages"]] == ["human", "ai"]
         history = await c.threads.get_history(tid, limit=50)
-        assert len(history) >= 2 and history[0]["checkpoint"]["checkpoint_id"] == state["checkpoint"]["checkpoint_id"]
+        assert (
+            len(history) >= 2
+            and history[0]["checkpoint"]["checkpoint_id"] == state["checkpoint"]["checkpoint_id"]
+        )
         t = await c.threads.get(tid)
-        assert t["status"] == "idle" and t["metadata"]["graph_id"] == "lead_agent" and t["metadata"]["topic"] == "e2e"
+        assert (
+            t["status"] == "idle"
+            and t["metadata"]["graph_id"] == "lead_agent"
+            and t["metadata"]["topic"] == "e2e"
+        )
         found = await c.threads.search(metadata={"topic": "e2e"})
         assert tid in [x["thread_id"] for x in found]
 
@@ -94,8 +111,15 @@ def test_b4_rejoin_a_running_run_gets_exactly_the_rest(cluster: Cluster) -> None
     async def scenario(c: LangGraphClient) -> None:
         tid = (await c.threads.create())["thread_id"]
         first: list[Any] = []
-        gen = c.runs.stream(tid, "lead_agent", input=human("stream slowly"), stream_mode=["messages-tuple"],
-                            config=knobs(tokens=60, delay_ms=15), stream_resumable=True, on_disconnect="continue")
+        gen = c.runs.stream(
+            tid,
+            "lead_agent",
+            input=human("stream slowly"),
+            stream_mode=["messages-tuple"],
+            config=knobs(tokens=60, delay_ms=15),
+            stream_resumable=True,
+            on_disconnect="continue",
+        )
         async for p in gen:
             first.append(p)
             if len(first) == 15:
@@ -131,12 +155,20 @@ def test_r3_reject_gives_409_and_enqueue_runs_in_order(cluster: Cluster) -> None
 
     async def scenario(c: LangGraphClient) -> None:
         tid = (await c.threads.create())["thread_id"]
-        slow = await c.runs.create(tid, "lead_agent", input=human("slow"), config=knobs(tokens=40, delay_ms=10))
+        slow = await c.runs.create(
+            tid, "lead_agent", input=human("slow"), config=knobs(tokens=40, delay_ms=10)
+        )
         with pytest.raises(httpx.HTTPStatusError) as info:
             await c.runs.create(tid, "lead_agent", input=human("x"), multitask_strategy="reject")
         assert info.value.response.status_code == 409
         queued = [
-            await c.runs.create(tid, "lead_agent", input=human(f"q{i}"), config=knobs(), multitask_strategy="enqueue")
+            await c.runs.create(
+                tid,
+                "lead_agent",
+                input=human(f"q{i}"),
+                config=knobs(),
+                multitask_strategy="enqueue",
+            )
             for i in range(3)
         ]
         for r in [slow, *queued]:
@@ -181,37 +213,54 @@ def test_a4_another_users_key_gets_404_everywhere(cluster: Cluster) -> None:
     ]
     with httpx.Client(base_url=base, headers={"x-api-key": BOB}, timeout=10) as bob:
         for method, path in calls:
-            body = {"metadata": {"x": 1}} if method == "PATCH" else ({} if method == "POST" else None)
+            body = (
+                {"metadata": {"x": 1}} if method == "PATCH" else ({} if method == "POST" else None)
+            )
             res = bob.request(method, path, json=body, headers={"Last-Event-ID": "-1"})
             assert res.status_code == 404, (method, path, res.status_code, res.text)
         res = bob.post(f"/threads/{tid}/runs", json={"assistant_id": "lead_agent"})
         assert res.status_code == 404
         assert all(t["thread_id"] != tid for t in bob.post("/threads/search", json={}).json())
     assert httpx.get(f"{base}/threads/{tid}", timeout=10).status_code == 401
-    assert httpx.get(f"{base}/threads/{tid}", headers={"x-api-key": ALICE}, timeout=10).status_code == 200
+    assert (
+        httpx.get(f"{base}/threads/{tid}", headers={"x-api-key": ALICE}, timeout=10).status_code
+        == 200
+    )
 
 
 def test_a3_bad_input_is_a_clear_4xx(cluster: Cluster) -> None:
     """A3/B4: invalid bodies, unknown assistants and bad cursors are 4xx naming the problem."""
     with httpx.Client(base_url=cluster.url, headers={"x-api-key": ALICE}, timeout=10) as c:
         tid = c.post("/threads", json={}).json()["thread_id"]
-        res = c.post(f"/threads/{tid}/runs", json={"assistant_id": "lead_agent", "webhook": "http://x"})
+        res = c.post(
+            f"/threads/{tid}/runs", json={"assistant_id": "lead_agent", "webhook": "http://x"}
+        )
         assert res.status_code == 422 and "webhook" in res.text
-        res = c.post(f"/threads/{tid}/runs", json={"assistant_id": "lead_agent", "strem_mode": "values"})
+        res = c.post(
+            f"/threads/{tid}/runs", json={"assistant_id": "lead_agent", "strem_mode": "values"}
+        )
         assert res.status_code == 422 and res.json()["field"] == "strem_mode"
         assert c.post(f"/threads/{tid}/runs", json={"assistant_id": "nope"}).status_code == 404
         assert c.post(f"/threads/{tid}/runs", content=b"{not json").status_code == 400
         assert c.post(f"/threads/{tid}/runs", json=[1, 2]).status_code == 422
         assert c.get("/threads/not-a-uuid").status_code == 404
         assert c.post("/threads", json={"thread_id": tid}).status_code == 409
-        run_id = c.post(f"/threads/{tid}/runs", json={"assistant_id": "lead_agent", "input": human("x")}).json()["run_id"]
+        run_id = c.post(
+            f"/threads/{tid}/runs", json={"assistant_id": "lead_agent", "input": human("x")}
+        ).json()["run_id"]
         res = c.get(f"/threads/{tid}/runs/{run_id}/stream", headers={"Last-Event-ID": "garbage"})
         assert res.status_code == 400 and "Last-Event-ID" in res.text
         res = c.get(f"/threads/{tid}/runs/{run_id}/join")
         assert res.status_code == 200
-        res = c.get(f"/threads/{tid}/runs/{run_id}/stream", headers={"Last-Event-ID": "99999999999999-0"})
+        res = c.get(
+            f"/threads/{tid}/runs/{run_id}/stream", headers={"Last-Event-ID": "99999999999999-0"}
+        )
         assert res.status_code == 400
-        res = c.post(f"/threads/{tid}/runs", content=b"x" * (2 << 20), headers={"content-type": "application/json"})
+        res = c.post(
+            f"/threads/{tid}/runs",
+            content=b"x" * (2 << 20),
+            headers={"content-type": "application/json"},
+        )
         assert res.status_code == 413
 
 
@@ -237,8 +286,13 @@ def test_r5_cancel_interrupt_keeps_progress(cluster: Cluster) -> None:
 
     async def scenario(c: LangGraphClient) -> None:
         tid = (await c.threads.create())["thread_id"]
-        r = await c.runs.create(tid, "lead_agent", input=human("long"), config=knobs(tokens=400, delay_ms=10),
-                                stream_mode=["messages-tuple"])
+        r = await c.runs.create(
+            tid,
+            "lead_agent",
+            input=human("long"),
+            config=knobs(tokens=400, delay_ms=10),
+            stream_mode=["messages-tuple"],
+        )
         await asyncio.sleep(0.5)
         await c.runs.cancel(tid, r["run_id"], wait=True, action="interrupt")
         got = await c.runs.get(tid, r["run_id"])
@@ -257,8 +311,14 @@ def test_r6_on_disconnect_cancel(cluster: Cluster) -> None:
 
     async def scenario(c: LangGraphClient) -> None:
         tid = (await c.threads.create())["thread_id"]
-        gen = c.runs.stream(tid, "lead_agent", input=human("x"), config=knobs(tokens=400, delay_ms=10),
-                            stream_mode="messages-tuple", on_disconnect="cancel")
+        gen = c.runs.stream(
+            tid,
+            "lead_agent",
+            input=human("x"),
+            config=knobs(tokens=400, delay_ms=10),
+            stream_mode="messages-tuple",
+            on_disconnect="cancel",
+        )
         run_id = None
         async for p in gen:
             if p.event == "metadata":
@@ -283,8 +343,14 @@ def test_tool_call_writes_an_artifact(cluster: Cluster) -> None:
     async def scenario(c: LangGraphClient) -> str:
         tid = (await c.threads.create())["thread_id"]
         parts = [
-            p async for p in c.runs.stream(tid, "lead_agent", input=human("please write a report"),
-                                           stream_mode=["updates"], config=knobs())
+            p
+            async for p in c.runs.stream(
+                tid,
+                "lead_agent",
+                input=human("please write a report"),
+                stream_mode=["updates"],
+                config=knobs(),
+            )
         ]
         nodes = [next(iter(p.data)) for p in parts if p.event == "updates"]
         assert "tools" in nodes

@@ -48,9 +48,13 @@ class Bridge:
         assert self.run(go)
         return lease_value(epoch, owner)
 
-    def publish(self, run_id: str, value: str, events: list[tuple[str, bytes]], end: bool = False) -> list[str]:
+    def publish(
+        self, run_id: str, value: str, events: list[tuple[str, bytes]], end: bool = False
+    ) -> list[str]:
         async def go(client: aredis.Redis) -> list[str]:
-            res = await StreamPublisher(client, self.keys, self.settings).publish(run_id, value, events, end=end)
+            res = await StreamPublisher(client, self.keys, self.settings).publish(
+                run_id, value, events, end=end
+            )
             return res.ids
 
         return self.run(go)  # type: ignore[no-any-return]
@@ -99,7 +103,9 @@ def test_b2_ids_strictly_increase(bridge: Bridge) -> None:
     """B2: ids strictly increase within a run, across publish calls."""
     run = str(uuid.uuid4())
     value = bridge.lease(run, 1)
-    ids = bridge.publish(run, value, [ev(i) for i in range(5)]) + bridge.publish(run, value, [ev(5)])
+    ids = bridge.publish(run, value, [ev(i) for i in range(5)]) + bridge.publish(
+        run, value, [ev(5)]
+    )
     parsed = [tuple(map(int, i.split("-"))) for i in ids]
     assert parsed == sorted(parsed) and len(set(parsed)) == len(parsed)
 
@@ -113,6 +119,7 @@ def test_l2_stale_owner_cannot_publish(bridge: Bridge) -> None:
     with pytest.raises(LeaseLost):
         bridge.publish(run, old, [ev(1)])
     bridge.publish(run, new, [ev(2)])
+
     # The stale epoch can never take the lease back.
     async def reclaim(client: aredis.Redis) -> bool:
         return await LeaseManager(client, bridge.keys, ttl_s=30).acquire(run, 1, "old")
@@ -191,7 +198,9 @@ def test_b4_live_follow_then_end(bridge: Bridge) -> None:
     assert events[-1].event == END_EVENT
 
 
-def test_b5_live_follower_that_falls_behind_gets_a_gap(settings: Settings, rclient: redis.Redis) -> None:
+def test_b5_live_follower_that_falls_behind_gets_a_gap(
+    settings: Settings, rclient: redis.Redis
+) -> None:
     """B5: a follower whose next events were trimmed while it waited gets a gap, not a silent skip."""
     b = make_bridge(settings, rclient, stream_maxlen=5)
     run = str(uuid.uuid4())
@@ -207,7 +216,9 @@ def test_b5_live_follower_that_falls_behind_gets_a_gap(settings: Settings, rclie
     assert isinstance(rest[-1], Gap) and len([r for r in rest if isinstance(r, Gap)]) == 1
 
 
-def test_b3_retention_is_bounded_and_expires_after_end(settings: Settings, rclient: redis.Redis) -> None:
+def test_b3_retention_is_bounded_and_expires_after_end(
+    settings: Settings, rclient: redis.Redis
+) -> None:
     """B3: retention stays near maxlen; the stream expires a while after `end`."""
     b = make_bridge(settings, rclient, stream_maxlen=20, stream_ttl_after_end_s=120)
     run = str(uuid.uuid4())
@@ -230,7 +241,9 @@ ops = st.lists(
 )
 
 
-@hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hsettings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(ops=ops, maxlen=st.integers(min_value=3, max_value=40))
 def test_b5_property_exact_suffix_or_exactly_one_gap(
     settings: Settings, rclient: redis.Redis, ops: list[tuple[str, int]], maxlen: int

@@ -38,11 +38,18 @@ def new_thread(store: RunStore, owner: str = OWNER) -> str:
 
 
 def run_fields(**kw: Any) -> dict[str, Any]:
-    return {"run_id": str(uuid.uuid4()), "assistant_id": "lead_agent", "graph_id": "lead_agent", **kw}
+    return {
+        "run_id": str(uuid.uuid4()),
+        "assistant_id": "lead_agent",
+        "graph_id": "lead_agent",
+        **kw,
+    }
 
 
 def admit(store: RunStore, tid: str, strategy: str = "enqueue") -> Any:
-    return store.admit(thread_id=tid, owner=OWNER, run=run_fields(), strategy=strategy, create_thread=False)
+    return store.admit(
+        thread_id=tid, owner=OWNER, run=run_fields(), strategy=strategy, create_thread=False
+    )
 
 
 def test_a4_threads_are_owned(store: RunStore) -> None:
@@ -59,14 +66,18 @@ def test_a4_threads_are_owned(store: RunStore) -> None:
 
 
 def admit_as(store: RunStore, tid: str, owner: str) -> Any:
-    return store.admit(thread_id=tid, owner=owner, run=run_fields(), strategy="enqueue", create_thread=False)
+    return store.admit(
+        thread_id=tid, owner=owner, run=run_fields(), strategy="enqueue", create_thread=False
+    )
 
 
 def test_r3_reject_then_enqueue_fifo(store: RunStore) -> None:
     """R3: reject answers a busy thread; enqueue waits FIFO; only the head is dispatched."""
     tid = new_thread(store)
     first = admit(store, tid, "reject")
-    assert first.decision.outcome is AdmissionOutcome.DISPATCH and first.dispatch == [str(first.run["run_id"])]
+    assert first.decision.outcome is AdmissionOutcome.DISPATCH and first.dispatch == [
+        str(first.run["run_id"])
+    ]
     assert admit(store, tid, "reject").run is None
     second = admit(store, tid)
     third = admit(store, tid)
@@ -76,14 +87,35 @@ def test_r3_reject_then_enqueue_fifo(store: RunStore) -> None:
     assert store.claim(str(second.run["run_id"]), "w1").outcome is ClaimOutcome.NOT_HEAD
     head = store.claim(str(first.run["run_id"]), "w1")
     assert head.outcome is ClaimOutcome.CLAIMED and head.run["user_id"] == OWNER
-    fin = store.finish(str(first.run["run_id"]), tid, head.run["owner_epoch"], status="success", error=None, thread_status="idle")
+    fin = store.finish(
+        str(first.run["run_id"]),
+        tid,
+        head.run["owner_epoch"],
+        status="success",
+        error=None,
+        thread_status="idle",
+    )
     assert fin.next_run_id == str(second.run["run_id"])
     claim2 = store.claim(fin.next_run_id, "w1")
     assert claim2.outcome is ClaimOutcome.CLAIMED
-    fin2 = store.finish(fin.next_run_id, tid, claim2.run["owner_epoch"], status="success", error=None, thread_status="idle")
+    fin2 = store.finish(
+        fin.next_run_id,
+        tid,
+        claim2.run["owner_epoch"],
+        status="success",
+        error=None,
+        thread_status="idle",
+    )
     assert fin2.next_run_id == str(third.run["run_id"])
     claim3 = store.claim(fin2.next_run_id, "w1")
-    store.finish(fin2.next_run_id, tid, claim3.run["owner_epoch"], status="error", error={"error": "X"}, thread_status="error")
+    store.finish(
+        fin2.next_run_id,
+        tid,
+        claim3.run["owner_epoch"],
+        status="error",
+        error={"error": "X"},
+        thread_status="error",
+    )
     assert store.get_thread(tid, OWNER)["status"] == "error"
 
 
@@ -100,15 +132,23 @@ def test_l2_stale_epoch_cannot_finish(store: RunStore) -> None:
     tid = new_thread(store)
     run_id = str(admit(store, tid).run["run_id"])
     old = store.claim(run_id, "old").run
-    assert store.requeue_expired(run_id, old["owner_epoch"], old["attempt"], 3, "lease expired") == ("requeued", run_id)
+    assert store.requeue_expired(
+        run_id, old["owner_epoch"], old["attempt"], 3, "lease expired"
+    ) == ("requeued", run_id)
     new = store.claim(run_id, "new").run
     assert new["owner_epoch"] == old["owner_epoch"] + 1 and new["attempt"] == 2
-    assert store.finish(run_id, tid, old["owner_epoch"], status="success", error=None, thread_status="idle").fenced
-    assert not store.finish(run_id, tid, new["owner_epoch"], status="success", error=None, thread_status="idle").fenced
+    assert store.finish(
+        run_id, tid, old["owner_epoch"], status="success", error=None, thread_status="idle"
+    ).fenced
+    assert not store.finish(
+        run_id, tid, new["owner_epoch"], status="success", error=None, thread_status="idle"
+    ).fenced
     kinds = [e["type"] for e in store.run_events(run_id)]
     assert kinds == ["created", "claimed", "requeued", "claimed", "fenced", "success"]
     # R1: a terminal status never changes again.
-    assert store.finish(run_id, tid, new["owner_epoch"], status="error", error=None, thread_status="idle").fenced
+    assert store.finish(
+        run_id, tid, new["owner_epoch"], status="error", error=None, thread_status="idle"
+    ).fenced
     assert store.run_status(run_id) == "success"
 
 
@@ -121,13 +161,17 @@ def test_l5_max_attempts_ends_in_error(store: RunStore) -> None:
         store.requeue_expired(run_id, run["owner_epoch"], run["attempt"], 3, "lease expired")
         run = store.claim(run_id, "w").run
     assert run["attempt"] == 3
-    outcome, _ = store.requeue_expired(run_id, run["owner_epoch"], run["attempt"], 3, "lease expired")
+    outcome, _ = store.requeue_expired(
+        run_id, run["owner_epoch"], run["attempt"], 3, "lease expired"
+    )
     assert outcome == "failed"
     row = store.get_run(tid, run_id, OWNER)
     assert row["status"] == "error" and "lease expired" in row["error"]["message"]
 
 
-def test_r3_one_running_run_per_thread_is_enforced_by_the_database(store: RunStore, pool: ConnectionPool) -> None:
+def test_r3_one_running_run_per_thread_is_enforced_by_the_database(
+    store: RunStore, pool: ConnectionPool
+) -> None:
     """R3: even a buggy writer cannot make two runs of a thread `running`."""
     tid = new_thread(store)
     a = str(admit(store, tid).run["run_id"])
@@ -146,8 +190,13 @@ def test_r5_cancel_pending_and_running(store: RunStore) -> None:
     assert store.request_cancel(tid, b, OWNER, "interrupt") == (CancelOutcome.CANCELLED, None)
     run_a = store.claim(a, "w").run
     assert store.request_cancel(tid, a, OWNER, "interrupt") == (CancelOutcome.REQUESTED, None)
-    assert store.request_cancel(tid, a, OWNER, "interrupt") == (CancelOutcome.ALREADY_REQUESTED, None)
-    fin = store.finish(a, tid, run_a["owner_epoch"], status="interrupted", error=None, thread_status="idle")
+    assert store.request_cancel(tid, a, OWNER, "interrupt") == (
+        CancelOutcome.ALREADY_REQUESTED,
+        None,
+    )
+    fin = store.finish(
+        a, tid, run_a["owner_epoch"], status="interrupted", error=None, thread_status="idle"
+    )
     assert fin.next_run_id == c
     assert store.request_cancel(tid, a, OWNER, "interrupt") == (CancelOutcome.ALREADY_DONE, None)
     with pytest.raises(RunNotFound):
@@ -182,7 +231,9 @@ def _admit_in_child(args: tuple[str, str, str, Any]) -> str:
 
 
 @pytest.mark.parametrize("strategy", ["reject", "enqueue"])
-def test_r2_concurrent_admissions_from_processes(store: RunStore, settings: Settings, strategy: str) -> None:
+def test_r2_concurrent_admissions_from_processes(
+    store: RunStore, settings: Settings, strategy: str
+) -> None:
     """R2: 8 processes admit on one thread at once: under reject exactly one becomes inflight."""
     tid = new_thread(store)
     n = 8
@@ -205,7 +256,13 @@ def test_migrations_are_contiguous_and_idempotent(settings: Settings, pool: Conn
     assert [m.version for m in migrations()] == list(range(1, len(migrations()) + 1))
     assert migrate(settings) == []
     with pool.connection() as conn:
-        tables = {r["tablename"] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
-        versions = [r["version"] for r in conn.execute("SELECT version FROM threadrun_schema_version ORDER BY 1")]
+        tables = {
+            r["tablename"]
+            for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        }
+        versions = [
+            r["version"]
+            for r in conn.execute("SELECT version FROM threadrun_schema_version ORDER BY 1")
+        ]
     assert {"threads", "runs", "run_events", "checkpoints", "checkpoint_writes"} <= tables
     assert versions == [m.version for m in migrations()]

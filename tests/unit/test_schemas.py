@@ -48,7 +48,10 @@ def test_a1_unimplemented_sdk_fields_are_refused(key: str) -> None:
 def test_a3_bad_stream_mode_and_strategy() -> None:
     """A3: invalid enum values name their field."""
     assert field_of(RunCreate, {"assistant_id": "a", "stream_mode": ["nope"]}) == "stream_mode"
-    assert field_of(RunCreate, {"assistant_id": "a", "multitask_strategy": "x"}) == "multitask_strategy"
+    assert (
+        field_of(RunCreate, {"assistant_id": "a", "multitask_strategy": "x"})
+        == "multitask_strategy"
+    )
     assert field_of(RunCreate, {"assistant_id": "a", "on_disconnect": "x"}) == "on_disconnect"
 
 
@@ -59,8 +62,16 @@ def test_a3_missing_assistant() -> None:
 
 def test_checkpoint_during_maps_to_durability() -> None:
     """The deprecated checkpoint_during maps onto durability."""
-    assert RunCreate.model_validate({"assistant_id": "a", "checkpoint_during": False}).effective_durability() == "exit"
-    assert RunCreate.model_validate({"assistant_id": "a", "durability": "sync"}).effective_durability() == "sync"
+    assert (
+        RunCreate.model_validate(
+            {"assistant_id": "a", "checkpoint_during": False}
+        ).effective_durability()
+        == "exit"
+    )
+    assert (
+        RunCreate.model_validate({"assistant_id": "a", "durability": "sync"}).effective_durability()
+        == "sync"
+    )
 
 
 def test_thread_create_validates_uuid() -> None:
