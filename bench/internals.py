@@ -49,7 +49,14 @@ from pydantic import SecretStr
 
 from shared import serde
 from shared.bridge.base import END_EVENT, Event
-from shared.bridge.redis import EventSink, PublishResult, StreamPublisher, StreamSubscriber
+from shared.bridge.publisher import (
+    EventSink,
+    PublishBatcher,
+    PublishCall,
+    PublishResult,
+    StreamPublisher,
+)
+from shared.bridge.redis import StreamSubscriber
 from shared.db import CONN_KWARGS, make_async_pool, make_pool
 from shared.db.migrate import migrate
 from shared.leases import LeaseManager, lease_value
@@ -61,6 +68,8 @@ from shared.taskqueue import RUNS_QUEUE, Dispatcher, make_celery
 
 OWNER = "bench-user"
 WORKER = "bench-worker"
+LEASE = lease_value(1, WORKER)
+"""The lease every publishing stage takes (epoch 1) before it publishes."""
 WARMUP = 10
 CONCURRENCY = 16
 """Concurrent checkpoint writers in the shared-saver row (a worker runs up to 32)."""
@@ -325,6 +334,7 @@ class Bench:
     notes: dict[str, Any] = field(default_factory=dict)
     admitted: list[str] = field(default_factory=list)
     claimed: list[tuple[str, str, int]] = field(default_factory=list)
+    next_seq: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     async def open(cls, settings: Settings, *, n: int, events: int) -> Bench:
@@ -368,6 +378,15 @@ class Bench:
             await self.apool.close()
         with contextlib.suppress(Exception):
             self.pool.close()
+
+    async def publish(
+        self, run_id: str, events: list[tuple[str, bytes]], *, end: bool = False
+    ) -> PublishResult:
+        """One fenced StreamPublisher call for the bench's lease, numbering events per run."""
+        first = self.next_seq.get(run_id, 1)
+        res = await self.publisher.publish(PublishCall(run_id, LEASE, first, events, end=end))
+        self.next_seq[run_id] = first + len(events)
+        return res
 
     def raw_key(self, kind: str) -> str:
         """A fresh key under our prefix for a raw baseline."""
@@ -778,13 +797,12 @@ class Waiter:
 
 async def stage_publish(b: Bench) -> list[Row]:
     """StreamPublisher.publish (fenced Lua) vs XADD, and publish -> subscriber vs XADD -> XREAD BLOCK."""
-    lease = lease_value(1, WORKER)
 
     async def ours(i: int) -> float:
         run_id = str(uuid.uuid4())
         assert await b.leases.acquire(run_id, 1, WORKER)
         t0 = time.perf_counter()
-        await b.publisher.publish(run_id, lease, [("metadata", METADATA_EVENT)])
+        await b.publish(run_id, [("metadata", METADATA_EVENT)])
         return _ms_since(t0)
 
     async def raw(i: int) -> float:
@@ -811,7 +829,7 @@ async def stage_publish(b: Bench) -> list[Row]:
                 items.close()  # type: ignore[attr-defined]
 
         return await sub_thread.measure(
-            read, lambda: b.publisher.publish(run_id, lease, [("metadata", METADATA_EVENT)])
+            read, lambda: b.publish(run_id, [("metadata", METADATA_EVENT)])
         )
 
     async def raw_latency(i: int) -> float:
@@ -830,27 +848,118 @@ async def stage_publish(b: Bench) -> list[Row]:
     finally:
         sub_thread.stop()
         raw_thread.stop()
+    s_follow, s_raw_follow = await _follow_latency(b)
     return [
         Row("first publish (fenced Lua)", Stats.of(s_pub), "XADD", Stats.of(s_xadd)),
-        Row("publish -> subscriber", Stats.of(s_lat), "XADD -> XREAD BLOCK", Stats.of(s_raw_lat)),
+        Row(
+            "publish -> new subscriber", Stats.of(s_lat), "XADD -> XREAD BLOCK", Stats.of(s_raw_lat)
+        ),
+        Row(
+            "publish -> live subscriber",
+            Stats.of(s_follow),
+            "XADD -> XREAD BLOCK loop",
+            Stats.of(s_raw_follow),
+        ),
     ]
+
+
+class Follower:
+    """A thread that follows one iterator and stamps each item it accepts."""
+
+    def __init__(self, name: str, items: Iterator[Any], accept: Callable[[Any], bool]) -> None:
+        self._items = items
+        self._accept = accept
+        self._stamps: queue.Queue[float | BaseException] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            for item in self._items:
+                if self._accept(item):
+                    self._stamps.put(time.perf_counter())
+        except BaseException as exc:  # noqa: BLE001 - handed to the measuring side
+            self._stamps.put(exc)
+
+    async def next_stamp(self) -> float:
+        """When the thread accepted its next item."""
+        got = await asyncio.to_thread(self._stamps.get, True, 10)
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    async def measure(self, trigger: Callable[[], Awaitable[Any]]) -> float:
+        """Ms from calling `trigger` (once the reader is idle in XREAD) to the next accepted item."""
+        await asyncio.sleep(SUBSCRIBER_SETTLE_S)
+        t0 = time.perf_counter()
+        await trigger()
+        return (await self.next_stamp() - t0) * 1000.0
+
+    def join(self, timeout: float) -> None:
+        """Wait for the iterator to end."""
+        self._thread.join(timeout)
+
+
+def _raw_follow(client: redis.Redis, key: str) -> Iterator[bytes]:
+    """Follow a stream with XREAD BLOCK like a minimal relay; yields event names until `end`."""
+    last = "0-0"
+    while True:
+        got = client.xread({key: last}, count=500, block=5000)
+        for raw_id, fields in got[0][1] if got else []:
+            last = raw_id.decode()
+            yield fields[b"e"]
+            if fields[b"e"] == END_EVENT.encode():
+                return
+
+
+async def _follow_latency(b: Bench) -> tuple[list[float], list[float]]:
+    """Publish -> an already-following subscriber (phase 2, live XREAD) vs a raw XREAD loop."""
+    run_id = str(uuid.uuid4())
+    assert await b.leases.acquire(run_id, 1, WORKER)
+    await b.publish(run_id, [("metadata", METADATA_EVENT)])
+    ours = Follower(
+        "bench-follower",
+        b.subscriber.subscribe(run_id, None, is_terminal=lambda: False),
+        lambda item: isinstance(item, Event),
+    )
+    raw_key = b.raw_key("follow")
+    await b.aredis.xadd(raw_key, {"e": "metadata", "d": METADATA_EVENT, "n": 1})
+    raw = Follower("bench-raw-follower", _raw_follow(b.sredis, raw_key), lambda _item: True)
+    await ours.next_stamp()  # the metadata events: both are now following live
+    await raw.next_stamp()
+    seq = iter(range(2, 1 << 30))
+
+    async def publish(i: int) -> float:
+        return await ours.measure(lambda: b.publish(run_id, [("messages", TOKEN_EVENT)]))
+
+    async def xadd(i: int) -> float:
+        return await raw.measure(
+            lambda: b.aredis.xadd(raw_key, {"e": "messages", "d": TOKEN_EVENT, "n": next(seq)})
+        )
+
+    try:
+        s_ours, s_raw = await interleave(b.n, [publish, xadd])
+        return s_ours, s_raw
+    finally:
+        await b.publish(run_id, [(END_EVENT, METADATA_EVENT)], end=True)
+        await b.aredis.xadd(raw_key, {"e": END_EVENT, "d": METADATA_EVENT, "n": 0})
+        ours.join(5)
+        raw.join(5)
 
 
 # --- 6. sustained publish ------------------------------------------------------------------------------------
 class CountingPublisher:
-    """Wraps StreamPublisher to record each call's batch size and duration."""
+    """Wraps StreamPublisher.publish_many to record each round trip's events and duration."""
 
     def __init__(self, inner: StreamPublisher) -> None:
         self.inner = inner
         self.calls: list[tuple[int, float]] = []
 
-    async def publish(
-        self, run_id: str, lease_value: str, events: list[tuple[str, bytes]], *, end: bool = False
-    ) -> PublishResult:
-        """Publish through the real publisher, timing the call."""
+    async def publish_many(self, calls: list[PublishCall]) -> list[PublishResult | Exception]:
+        """Publish through the real publisher, timing the round trip."""
         t0 = time.perf_counter()
-        res = await self.inner.publish(run_id, lease_value, events, end=end)
-        self.calls.append((len(events), _ms_since(t0)))
+        res = await self.inner.publish_many(calls)
+        self.calls.append((sum(len(c.events) for c in calls), _ms_since(t0)))
         return res
 
 
@@ -861,9 +970,9 @@ async def _sink_run(b: Bench, events: int) -> tuple[float, CountingPublisher]:
     counting = CountingPublisher(b.publisher)
     lost: list[BaseException] = []
     sink = EventSink(
-        cast(StreamPublisher, counting),
-        run_id,
-        lease_value(1, WORKER),
+        batcher=PublishBatcher(cast(StreamPublisher, counting)),
+        run_id=run_id,
+        lease_value=LEASE,
         on_cancel=lambda _action: None,
         on_lost=lost.append,
     )
@@ -898,14 +1007,14 @@ async def _raw_pipelined(b: Bench, events: int, size: int = 100) -> tuple[float,
 
 
 async def stage_sustained(b: Bench) -> list[Row]:
-    """EventSink throughput for `events` events vs raw pipelined XADD (pipelines of 100)."""
+    """EventSink + PublishBatcher throughput for `events` events vs raw pipelined XADD (pipelines of 100)."""
     await _sink_run(b, 500)  # warm-up
     await _raw_pipelined(b, 500)
     wall, counting = await _sink_run(b, b.events)
     raw_wall, raw_per_event = await _raw_pipelined(b, b.events)
     per_event = [ms / k for k, ms in counting.calls for _ in range(k)]
     sizes = [k for k, _ in counting.calls]
-    b.notes["eventsink_calls"] = len(sizes)
+    b.notes["eventsink_round_trips"] = len(sizes)
     b.notes["eventsink_mean_batch"] = sum(sizes) / len(sizes)
     b.notes["eventsink_p50_batch"] = percentile(sizes, 50)
     b.notes["eventsink_max_batch"] = max(sizes)
@@ -929,12 +1038,11 @@ async def stage_replay(b: Bench) -> list[Row]:
     total = min(1024, b.settings.stream_maxlen)
     run_id = str(uuid.uuid4())
     assert await b.leases.acquire(run_id, 1, WORKER)
-    lease = lease_value(1, WORKER)
     body = total - 1
     for start in range(0, body, 100):
         batch = [("messages", TOKEN_EVENT)] * min(100, body - start)
-        await b.publisher.publish(run_id, lease, batch)
-    await b.publisher.publish(run_id, lease, [(END_EVENT, METADATA_EVENT)], end=True)
+        await b.publish(run_id, batch)
+    await b.publish(run_id, [(END_EVENT, METADATA_EVENT)], end=True)
     key = b.keys.stream(run_id)
     assert await b.aredis.xlen(key) == total
 

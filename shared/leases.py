@@ -55,6 +55,23 @@ class LeaseManager:
         action = cancel.decode() if isinstance(cancel, bytes) else str(cancel or "")
         return (RenewOutcome.RENEWED if ok else RenewOutcome.LOST), action
 
+    async def renew_many(self, leases: list[tuple[str, str]]) -> list[tuple[RenewOutcome, str]]:
+        """Renew many leases in one round trip: [(run_id, value)] -> [(outcome, cancel)]."""
+        if not leases:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for run_id, value in leases:
+            await self._renew(
+                keys=[self._keys.lease(run_id), self._keys.cancel(run_id)],
+                args=[value, self._ttl_ms],
+                client=pipe,
+            )
+        out = []
+        for ok, cancel in await pipe.execute():
+            action = cancel.decode() if isinstance(cancel, bytes) else str(cancel or "")
+            out.append((RenewOutcome.RENEWED if ok else RenewOutcome.LOST, action))
+        return out
+
     async def release(self, run_id: str, value: str) -> bool:
         """Drop the lease if it is still ours."""
         return bool(await self._release(keys=[self._keys.lease(run_id)], args=[value]))

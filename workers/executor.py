@@ -20,7 +20,7 @@ from typing import Any
 from langgraph.types import Command
 
 from shared import serde
-from shared.bridge.redis import EventSink
+from shared.bridge.publisher import EventSink
 from shared.errors import LeaseLost
 from shared.leases import RenewOutcome, lease_value
 from shared.runs.store import ClaimOutcome
@@ -79,11 +79,10 @@ async def execute_run(rt: WorkerRuntime, run_id: str) -> str:
     if attempt is None:
         return "not_claimed"
     rt.active[run_id] = attempt
-    keeper = asyncio.create_task(keep_lease(rt, attempt))
+    ensure_lease_keeper(rt)
     try:
         outcome = await execute(rt, attempt)
     finally:
-        keeper.cancel()
         rt.active.pop(run_id, None)
     if attempt.stop_reason is StopReason.LEASE_LOST:
         log.warning("lease lost; skipping finalization", extra={"run_id": run_id})
@@ -109,28 +108,49 @@ async def claim(rt: WorkerRuntime, run_id: str) -> RunAttempt | None:
     return RunAttempt(run=run, lease=value)
 
 
-async def keep_lease(rt: WorkerRuntime, attempt: RunAttempt) -> None:
-    """Renew the lease (compare-and-extend) and watch for cancel requests while the run lives."""
+_keepers: dict[int, asyncio.Task[None]] = {}
+
+
+def ensure_lease_keeper(rt: WorkerRuntime) -> None:
+    """Start the process-wide lease keeper on this loop if it is not running."""
+    task = _keepers.get(id(rt))
+    if task is None or task.done():
+        _keepers[id(rt)] = asyncio.get_running_loop().create_task(keep_leases(rt))
+
+
+async def keep_leases(rt: WorkerRuntime) -> None:
+    """Renew every owned lease (compare-and-extend, one round trip) and relay cancel requests.
+
+    The tick is the shorter of the cancel poll and the renew interval, so a cancel
+    reaches an idle run (one waiting on a slow tool) within `cancel_poll_s`, and the
+    lease is extended long before its TTL runs out.
+    """
     s = rt.settings
-    last_ok = time.monotonic()
+    tick = min(s.cancel_poll_s, s.lease_renew_s)
+    last_ok: dict[str, float] = {}
     while True:
-        await asyncio.sleep(min(s.cancel_poll_s, s.lease_renew_s))
+        await asyncio.sleep(tick)
+        attempts = list(rt.active.values())
+        now = time.monotonic()
         try:
-            outcome, cancel = await rt.leases.renew(attempt.run_id, attempt.lease)
-        except Exception as exc:  # noqa: BLE001 - Redis hiccup: keep trying until the TTL runs out
-            if time.monotonic() - last_ok > s.lease_ttl_s:
-                log.warning(
-                    "lease renewal failing past its TTL: %s", exc, extra={"run_id": attempt.run_id}
-                )
-                attempt.stop(StopReason.LEASE_LOST)
-                return
+            results = await rt.leases.renew_many([(a.run_id, a.lease) for a in attempts])
+        except Exception as exc:  # noqa: BLE001 - Redis hiccup: keep trying until a TTL runs out
+            for a in attempts:
+                if now - last_ok.get(a.run_id, a.started) > s.lease_ttl_s:
+                    log.warning(
+                        "lease renewal failing past its TTL: %s", exc, extra={"run_id": a.run_id}
+                    )
+                    a.stop(StopReason.LEASE_LOST)
             continue
-        if outcome is RenewOutcome.LOST:
-            attempt.stop(StopReason.LEASE_LOST)
-            return
-        last_ok = time.monotonic()
-        if cancel:
-            attempt.stop(StopReason.CANCEL_INTERRUPT)
+        for a, (outcome, cancel) in zip(attempts, results, strict=True):
+            if outcome is RenewOutcome.LOST:
+                a.stop(StopReason.LEASE_LOST)
+                continue
+            last_ok[a.run_id] = now
+            if cancel:
+                a.stop(StopReason.CANCEL_INTERRUPT)
+        for run_id in set(last_ok) - {a.run_id for a in attempts}:
+            del last_ok[run_id]
 
 
 # --- prepare ---------------------------------------------------------------------------------
@@ -177,7 +197,7 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
     """Run the graph, publishing every chunk; returns (status, error, thread status)."""
     run = attempt.run
     attempt.sink = EventSink(
-        rt.publisher,
+        rt.batcher,
         attempt.run_id,
         attempt.lease,
         on_cancel=lambda _action: attempt.stop(StopReason.CANCEL_INTERRUPT),

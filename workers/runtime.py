@@ -23,7 +23,7 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.pregel import Pregel
 
 from shared.agent.graphs import GraphRegistry
-from shared.bridge.redis import StreamPublisher
+from shared.bridge.publisher import PublishBatcher, StreamPublisher
 from shared.db import make_async_pool, make_pool
 from shared.leases import LeaseManager
 from shared.redis_keys import Keys
@@ -71,6 +71,7 @@ class WorkerRuntime:
         )
         self.saver = AsyncPostgresSaver(self.apool)  # type: ignore[arg-type]
         self.publisher = StreamPublisher(self.redis, self.keys, s)
+        self.batcher = PublishBatcher(self.publisher)
         self.leases = LeaseManager(self.redis, self.keys, ttl_s=s.lease_ttl_s)
 
     def graph(self, graph_id: str) -> Pregel:

@@ -1,77 +1,20 @@
-"""Redis Streams bridge: fenced publishing (worker side) and gap-exact subscription (web side)."""
+"""Web side of the bridge: gap-exact replay and live follow of a run's Redis Stream (B4-B7)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import redis
-import redis.asyncio as aredis
 
 from shared import lua
 from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat, StreamItem, parse_cursor
-from shared.errors import LeaseLost, StreamCursorInvalid
+from shared.errors import StreamCursorInvalid
 from shared.redis_keys import Keys
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
-
-PUBLISH_RETRY_DELAYS_S = (0.1, 0.5, 1.0, 2.0)
-"""Back-off between publish retries on connection errors; then the run fails."""
-
-STREAM_TTL_RUNNING_S = 86_400
-"""A stream's TTL while its run is live, refreshed on every publish (bounds orphans)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PublishResult:
-    """Ids the publish got, and a cancel request the owner must honour ('' if none)."""
-
-    ids: list[str]
-    cancel_action: str
-
-
-def _trim_slack(maxlen: int) -> int:
-    """Entries allowed above maxlen before a trim batch (approximate retention, B3)."""
-    return max(1, min(100, maxlen // 10))
-
-
-class StreamPublisher:
-    """Worker side of B1: fenced XADD of batches of events (L2)."""
-
-    def __init__(self, client: aredis.Redis, keys: Keys, settings: Settings) -> None:
-        self._client = client
-        self._keys = keys
-        self._maxlen = settings.stream_maxlen
-        self._slack = _trim_slack(settings.stream_maxlen)
-        self._end_ttl = settings.stream_ttl_after_end_s
-        self._script = client.register_script(lua.source("publish"))
-
-    async def publish(
-        self, run_id: str, lease_value: str, events: list[tuple[str, bytes]], *, end: bool = False
-    ) -> PublishResult:
-        """Append events in order; raise LeaseLost if `lease_value` is not the current lease."""
-        k = self._keys
-        args: list[str | bytes | int] = [
-            lease_value,
-            self._maxlen,
-            self._slack,
-            self._end_ttl if end else STREAM_TTL_RUNNING_S,
-        ]
-        for name, data in events:
-            args.append(name)
-            args.append(data)
-        out = await self._script(
-            keys=[k.lease(run_id), k.stream(run_id), k.stream_meta(run_id), k.cancel(run_id)],
-            args=args,
-        )
-        head = out[0].decode() if isinstance(out[0], bytes) else str(out[0])
-        if head == "!fenced":
-            raise LeaseLost(f"run {run_id}: publish fenced (lease {lease_value} is not current)")
-        return PublishResult(ids=[i.decode() for i in out[1:]], cancel_action=head)
 
 
 def _decode_entry(entry: Any) -> tuple[str, str, str, int]:
@@ -220,85 +163,3 @@ class StreamSubscriber:
             return None
         eid, name, data, _ = _decode_entry(got[0])
         return Event(eid, name, data)
-
-
-class EventSink:
-    """Coalescing, ordered publisher for one run attempt.
-
-    `emit` never waits for Redis: events go to a buffer and one flusher task sends
-    everything buffered in a single fenced script call. Under load this batches
-    naturally (many events per round trip); when idle the first event goes out at once,
-    so latency stays one round trip.
-    """
-
-    def __init__(
-        self,
-        publisher: StreamPublisher,
-        run_id: str,
-        lease_value: str,
-        *,
-        on_cancel: Callable[[str], None],
-        on_lost: Callable[[LeaseLost], None],
-    ) -> None:
-        self._pub = publisher
-        self._run_id = run_id
-        self._lease_value = lease_value
-        self._on_cancel = on_cancel
-        self._on_lost = on_lost
-        self._buf: list[tuple[str, bytes]] = []
-        self._task: asyncio.Task[None] | None = None
-        self.lost: LeaseLost | None = None
-        self.published = 0
-        self.first_id: str | None = None
-
-    def emit(self, event: str, data: bytes) -> None:
-        """Queue one event for publishing (in order)."""
-        if self.lost is not None:
-            return
-        self._buf.append((event, data))
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._flush_loop())
-
-    async def _flush_loop(self) -> None:
-        while self._buf and self.lost is None:
-            batch, self._buf = self._buf, []
-            try:
-                res = await self._publish_with_retry(batch)
-            except LeaseLost as exc:
-                self.lost = exc
-                self._on_lost(exc)
-                return
-            if self.first_id is None and res.ids:
-                self.first_id = res.ids[0]
-            self.published += len(res.ids)
-            if res.cancel_action:
-                self._on_cancel(res.cancel_action)
-
-    async def _publish_with_retry(self, batch: list[tuple[str, bytes]]) -> PublishResult:
-        """Publish, retrying connection errors briefly (a Redis failover, a restart)."""
-        delays = PUBLISH_RETRY_DELAYS_S
-        for attempt, delay in enumerate((*delays, None)):
-            try:
-                return await self._pub.publish(self._run_id, self._lease_value, batch)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if delay is None:
-                    raise
-                log.warning("run %s: publish failed (%s), retry %d", self._run_id, exc, attempt + 1)
-                await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
-
-    async def drain(self) -> None:
-        """Wait until everything emitted so far is published (or the lease is lost)."""
-        while self._task is not None and not self._task.done():
-            await asyncio.shield(self._task)
-        if self._task is not None and self._task.done() and not self._task.cancelled():
-            exc = self._task.exception()
-            if exc is not None:
-                raise exc
-
-    async def publish_end(self, data: bytes) -> None:
-        """Drain, then publish `end` with the after-end TTL (B7)."""
-        await self.drain()
-        if self.lost is not None:
-            raise self.lost
-        await self._pub.publish(self._run_id, self._lease_value, [(END_EVENT, data)], end=True)

@@ -1,12 +1,17 @@
--- Fenced publish of one or more events to a run's stream (L2, B2, B3, B5).
+-- Fenced, idempotent publish of one or more events to a run's stream (L2, B2, B3, B5).
 -- KEYS[1] lease key, KEYS[2] stream key, KEYS[3] stream meta hash, KEYS[4] cancel key
 -- ARGV[1] lease value "<epoch>|<owner>" the publisher believes it holds
 -- ARGV[2] retained entries (maxlen), ARGV[3] trim slack, ARGV[4] TTL in seconds
--- ARGV[5..] pairs of (event name, JSON data)
+-- ARGV[5] the attempt-local sequence number of the first event in this call (1-based)
+-- ARGV[6..] pairs of (event name, JSON data)
 -- Returns {'!fenced'} when the lease is not the publisher's, else
--- {cancel_action or '', id1, id2, ...}.
+-- {cancel_action or '', id1, id2, ...} with the ids of the events added by this call.
 --
--- The meta hash makes gap detection exact (Redis 7.0 does not record trimmed ids):
+-- Idempotence: meta field s<epoch> holds the highest sequence number already added by
+-- that attempt, so a retried call (the reply was lost with the connection) skips what
+-- the first try already appended: no duplicate event ever reaches a subscriber.
+--
+-- The meta hash also makes gap detection exact (Redis 7.0 does not record trimmed ids):
 --   n  events ever published to this incarnation of the stream (entry field n too,
 --      so a follower can prove contiguity)
 --   o  the first id of this incarnation (a cursor below it predates a Redis loss)
@@ -16,18 +21,24 @@
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return {'!fenced'}
 end
+local seq_field = 's' .. string.match(ARGV[1], '^(%d+)|')
+local done = tonumber(redis.call('HGET', KEYS[3], seq_field) or '0')
+local seq = tonumber(ARGV[5]) - 1
 local out = {redis.call('GET', KEYS[4]) or ''}
 local id
-for i = 5, #ARGV, 2 do
-  local n = redis.call('HINCRBY', KEYS[3], 'n', 1)
-  id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i], 'd', ARGV[i + 1], 'n', n)
-  if n == 1 then
-    redis.call('HSET', KEYS[3], 'o', id)
+for i = 6, #ARGV, 2 do
+  seq = seq + 1
+  if seq > done then
+    local n = redis.call('HINCRBY', KEYS[3], 'n', 1)
+    id = redis.call('XADD', KEYS[2], '*', 'e', ARGV[i], 'd', ARGV[i + 1], 'n', n)
+    if n == 1 then
+      redis.call('HSET', KEYS[3], 'o', id)
+    end
+    out[#out + 1] = id
   end
-  out[#out + 1] = id
 end
 if id then
-  redis.call('HSET', KEYS[3], 'l', id)
+  redis.call('HSET', KEYS[3], 'l', id, seq_field, seq)
 end
 local maxlen = tonumber(ARGV[2])
 local len = redis.call('XLEN', KEYS[2])

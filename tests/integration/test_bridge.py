@@ -6,7 +6,7 @@ import asyncio
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 import redis
@@ -16,7 +16,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat
-from shared.bridge.redis import StreamPublisher, StreamSubscriber, _trim_slack
+from shared.bridge.publisher import PublishCall, StreamPublisher, trim_slack
+from shared.bridge.redis import StreamSubscriber
 from shared.errors import LeaseLost, StreamCursorInvalid
 from shared.leases import LeaseManager, lease_value
 from shared.redis_keys import Keys
@@ -30,6 +31,7 @@ class Bridge:
     settings: Settings
     keys: Keys
     sync: redis.Redis
+    seqs: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def run(self, coro_fn, *args):  # type: ignore[no-untyped-def]
         async def go():  # type: ignore[no-untyped-def]
@@ -51,10 +53,13 @@ class Bridge:
     def publish(
         self, run_id: str, value: str, events: list[tuple[str, bytes]], end: bool = False
     ) -> list[str]:
+        first = self.seqs.get((run_id, value), 1)
+        self.seqs[(run_id, value)] = first + len(events)
+        return self.publish_call(PublishCall(run_id, value, first, events, end=end))
+
+    def publish_call(self, call: PublishCall) -> list[str]:
         async def go(client: aredis.Redis) -> list[str]:
-            res = await StreamPublisher(client, self.keys, self.settings).publish(
-                run_id, value, events, end=end
-            )
+            res = await StreamPublisher(client, self.keys, self.settings).publish(call)
             return res.ids
 
         return self.run(go)  # type: ignore[no-any-return]
@@ -127,6 +132,19 @@ def test_l2_stale_owner_cannot_publish(bridge: Bridge) -> None:
     assert bridge.run(reclaim) is False
     datas = [e.data for e in bridge.read_all(run, "-1", terminal=False)[:2]]  # type: ignore[attr-defined]
     assert datas == ['{"i": 0}', '{"i": 2}']
+
+
+def test_b4_retried_publish_adds_nothing_twice(bridge: Bridge) -> None:
+    """B4: a publish retried after a lost reply (same sequence numbers) never duplicates events."""
+    run = str(uuid.uuid4())
+    value = bridge.lease(run, 1)
+    call = PublishCall(run, value, 1, [ev(0), ev(1), ev(2)])
+    assert len(bridge.publish_call(call)) == 3
+    assert bridge.publish_call(call) == []
+    overlap = PublishCall(run, value, 3, [ev(2), ev(3)])
+    assert len(bridge.publish_call(overlap)) == 1
+    datas = [e.data for e in bridge.read_all(run, "-1", terminal=False)]  # type: ignore[attr-defined]
+    assert datas == [f'{{"i": {i}}}' for i in range(4)]
 
 
 def test_l2_no_lease_no_publish(bridge: Bridge) -> None:
@@ -225,7 +243,7 @@ def test_b3_retention_is_bounded_and_expires_after_end(
     value = b.lease(run, 1)
     for _ in range(10):
         b.publish(run, value, [ev(i) for i in range(30)])
-    assert rclient.xlen(b.keys.stream(run)) <= 20 + _trim_slack(20)
+    assert rclient.xlen(b.keys.stream(run)) <= 20 + trim_slack(20)
     b.publish(run, value, [(END_EVENT, b"{}")], end=True)
     assert 0 < rclient.ttl(b.keys.stream(run)) <= 120
 

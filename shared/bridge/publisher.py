@@ -1,0 +1,237 @@
+"""Worker side of the bridge: fenced, idempotent, batched publishing (B1, B2, L2).
+
+Every run of a worker process emits into its own `EventSink`; one `PublishBatcher`
+per process sends everything that is pending, for all runs, as one pipeline of script
+calls per round trip. On a 2-core machine the cost of a run's stream is dominated by
+round trips (each one wakes Redis and us), not by bytes, so under load this turns
+thousands of small calls per second into a few hundred larger ones, while an idle
+process still sends its first event at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+import redis.asyncio as aredis
+
+from shared import lua
+from shared.bridge.base import END_EVENT
+from shared.errors import LeaseLost
+from shared.redis_keys import Keys
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+PUBLISH_RETRY_DELAYS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+"""Back-off between retries of a pipeline on connection errors (about 8 s in all)."""
+
+STREAM_TTL_RUNNING_S = 86_400
+"""A stream's TTL while its run is live, refreshed on every publish (bounds orphans)."""
+
+
+def trim_slack(maxlen: int) -> int:
+    """Entries allowed above maxlen before a trim batch (approximate retention, B3)."""
+    return max(1, min(100, maxlen // 10))
+
+
+@dataclass(frozen=True, slots=True)
+class PublishCall:
+    """One run's events for one script call; `first_seq` makes retries idempotent."""
+
+    run_id: str
+    lease_value: str
+    first_seq: int
+    events: list[tuple[str, bytes]]
+    end: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """Ids added by the call, and a cancel request the owner must honour ('' if none)."""
+
+    ids: list[str]
+    cancel_action: str
+
+
+class StreamPublisher:
+    """Runs the fenced publish script, alone or many calls in one pipeline."""
+
+    def __init__(self, client: aredis.Redis, keys: Keys, settings: Settings) -> None:
+        self._client = client
+        self._keys = keys
+        self._maxlen = settings.stream_maxlen
+        self._slack = trim_slack(settings.stream_maxlen)
+        self._end_ttl = settings.stream_ttl_after_end_s
+        self._source = lua.source("publish")
+        self._sha: str | None = None
+
+    def _argv(self, call: PublishCall) -> list[str | bytes | int]:
+        k = self._keys
+        rid = call.run_id
+        argv: list[str | bytes | int] = [
+            4,
+            k.lease(rid),
+            k.stream(rid),
+            k.stream_meta(rid),
+            k.cancel(rid),
+            call.lease_value,
+            self._maxlen,
+            self._slack,
+            self._end_ttl if call.end else STREAM_TTL_RUNNING_S,
+            call.first_seq,
+        ]
+        for name, data in call.events:
+            argv.append(name)
+            argv.append(data)
+        return argv
+
+    @staticmethod
+    def _result(call: PublishCall, out: object) -> PublishResult | Exception:
+        if isinstance(out, Exception):
+            return out
+        assert isinstance(out, list)
+        head = out[0].decode() if isinstance(out[0], bytes) else str(out[0])
+        if head == "!fenced":
+            return LeaseLost(
+                f"run {call.run_id}: publish fenced (lease {call.lease_value} is not current)"
+            )
+        return PublishResult(ids=[i.decode() for i in out[1:]], cancel_action=head)
+
+    async def publish_many(self, calls: list[PublishCall]) -> list[PublishResult | Exception]:
+        """One round trip for every call (no MULTI: each script call is atomic by itself).
+
+        Uses EVALSHA directly rather than redis-py's pipeline script support, which
+        would add a SCRIPT EXISTS round trip to every pipeline.
+        """
+        if self._sha is None:
+            self._sha = await self._client.script_load(self._source)
+        for _ in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            for call in calls:
+                pipe.execute_command("EVALSHA", self._sha, *self._argv(call))
+            outs = await pipe.execute(raise_on_error=False)
+            if any(isinstance(o, redis.exceptions.NoScriptError) for o in outs):
+                # Redis restarted (script cache empty): load again and redo the whole
+                # batch; calls that did run are skipped by their sequence numbers.
+                self._sha = await self._client.script_load(self._source)
+                continue
+            return [self._result(c, o) for c, o in zip(calls, outs, strict=True)]
+        raise RuntimeError("publish script could not be loaded")
+
+    async def publish(self, call: PublishCall) -> PublishResult:
+        """One call; raises LeaseLost when fenced."""
+        res = (await self.publish_many([call]))[0]
+        if isinstance(res, Exception):
+            raise res
+        return res
+
+
+class PublishBatcher:
+    """Collects the pending events of every sink and sends them in one pipeline per turn."""
+
+    def __init__(self, publisher: StreamPublisher) -> None:
+        self._pub = publisher
+        self._ready: dict[EventSink, None] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.round_trips = 0
+        self.calls = 0
+
+    def schedule(self, sink: EventSink) -> None:
+        """Mark a sink as having events to send."""
+        self._ready[sink] = None
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while self._ready:
+            sinks = list(self._ready)
+            self._ready.clear()
+            calls = [s._take() for s in sinks]
+            results = await self._send_with_retry(calls)
+            self.round_trips += 1
+            self.calls += len(calls)
+            for sink, res in zip(sinks, results, strict=True):
+                sink._complete(res)
+
+    async def _send_with_retry(self, calls: list[PublishCall]) -> list[PublishResult | Exception]:
+        """Retry connection errors; idempotent thanks to each call's sequence numbers."""
+        for attempt, delay in enumerate((*PUBLISH_RETRY_DELAYS_S, None)):
+            try:
+                return await self._pub.publish_many(calls)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if delay is None:
+                    return [exc for _ in calls]
+                log.warning(
+                    "publish pipeline failed (%s); retry %d in %.2fs", exc, attempt + 1, delay
+                )
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+
+@dataclass(eq=False)
+class EventSink:
+    """One run attempt's ordered event buffer; `emit` never waits for Redis."""
+
+    batcher: PublishBatcher
+    run_id: str
+    lease_value: str
+    on_cancel: Callable[[str], None]
+    on_lost: Callable[[LeaseLost], None]
+    lost: LeaseLost | None = None
+    error: Exception | None = None
+    published: int = 0
+    _buf: list[tuple[str, bytes]] = field(default_factory=list)
+    _end: bool = False
+    _next_seq: int = 1
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._idle.set()
+
+    def emit(self, event: str, data: bytes) -> None:
+        """Queue one event (in order)."""
+        if self.lost is not None or self.error is not None:
+            return
+        self._buf.append((event, data))
+        self._idle.clear()
+        self.batcher.schedule(self)
+
+    def _take(self) -> PublishCall:
+        call = PublishCall(self.run_id, self.lease_value, self._next_seq, self._buf, end=self._end)
+        self._next_seq += len(self._buf)
+        self._buf = []
+        return call
+
+    def _complete(self, res: PublishResult | Exception) -> None:
+        if isinstance(res, LeaseLost):
+            self.lost = res
+            self._buf = []
+            self.on_lost(res)
+        elif isinstance(res, Exception):
+            self.error = res
+            self._buf = []
+        else:
+            self.published += len(res.ids)
+            if res.cancel_action:
+                self.on_cancel(res.cancel_action)
+        if not self._buf:
+            self._idle.set()
+
+    async def drain(self) -> None:
+        """Wait until everything emitted so far is published; raise if it cannot be."""
+        await self._idle.wait()
+        if self.lost is not None:
+            raise self.lost
+        if self.error is not None:
+            raise self.error
+
+    async def publish_end(self, data: bytes) -> None:
+        """Publish `end` (with the after-end TTL, B3/B7) after everything else."""
+        await self.drain()
+        self._end = True
+        self.emit(END_EVENT, data)
+        await self.drain()
