@@ -44,7 +44,7 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import ConnectionPool
 from pydantic import SecretStr
 
 from shared import serde
@@ -57,7 +57,7 @@ from shared.bridge.publisher import (
     StreamPublisher,
 )
 from shared.bridge.redis import StreamSubscriber
-from shared.db import CONN_KWARGS, make_async_pool, make_pool
+from shared.db import CONN_KWARGS, AsyncDictPool, DictPool, make_async_pool, make_pool
 from shared.db.migrate import migrate
 from shared.leases import LeaseManager, lease_value
 from shared.redis_keys import Keys
@@ -320,9 +320,9 @@ class Bench:
     n: int
     events: int
     keys: Keys
-    pool: ConnectionPool
+    pool: DictPool
     store: RunStore
-    apool: AsyncConnectionPool
+    apool: AsyncDictPool
     saver: AsyncPostgresSaver
     aredis: aredis.Redis
     sredis: redis.Redis
@@ -421,7 +421,7 @@ def _run_fields() -> dict[str, Any]:
     }
 
 
-def _raw_insert_thread(pool: ConnectionPool) -> None:
+def _raw_insert_thread(pool: DictPool) -> None:
     with pool.connection() as conn, conn.transaction():
         conn.execute(
             RAW_INSERT_THREAD_SQL,
@@ -904,7 +904,7 @@ def _raw_follow(client: redis.Redis, key: str) -> Iterator[bytes]:
     """Follow a stream with XREAD BLOCK like a minimal relay; yields event names until `end`."""
     last = "0-0"
     while True:
-        got = client.xread({key: last}, count=500, block=5000)
+        got: Any = client.xread({key: last}, count=500, block=5000)
         for raw_id, fields in got[0][1] if got else []:
             last = raw_id.decode()
             yield fields[b"e"]
@@ -1060,7 +1060,7 @@ async def stage_replay(b: Bench) -> list[Row]:
 
     async def raw(i: int) -> float:
         t0 = time.perf_counter()
-        got = b.sredis.xrange(key, "-", "+")
+        got: Any = b.sredis.xrange(key, "-", "+")
         ms = _ms_since(t0)
         assert len(got) == total
         return ms

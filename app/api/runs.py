@@ -61,8 +61,8 @@ def _run_id(run_id: str) -> str:
         raise RunNotFound(f"run {run_id[:64]} not found") from exc
 
 
-def _admit(thread_id: str) -> tuple[dict[str, Any], RunCreate]:
-    body = parse_body(RunCreate)
+def admit_run(thread_id: str, body: RunCreate) -> dict[str, Any]:
+    """Admit a validated run request for the caller (shared by HTTP and WebSocket)."""
     svc = current_services()
     graph_id = resolve_graph(body.assistant_id)
     tid = checked_thread_id(thread_id)
@@ -83,7 +83,7 @@ def _admit(thread_id: str) -> tuple[dict[str, Any], RunCreate]:
             "checkpoint_id": body.requested_checkpoint_id(),
         },
     }
-    row = svc.runs.admit(
+    return svc.runs.admit(
         owner=principal().user_id,
         thread_id=tid,
         assistant_id=body.assistant_id,
@@ -92,7 +92,11 @@ def _admit(thread_id: str) -> tuple[dict[str, Any], RunCreate]:
         strategy=body.multitask_strategy or svc.settings.default_multitask_strategy,
         if_not_exists=body.if_not_exists,
     )
-    return row, body
+
+
+def _admit(thread_id: str) -> tuple[dict[str, Any], RunCreate]:
+    body = parse_body(RunCreate)
+    return admit_run(thread_id, body), body
 
 
 def _locations(row: dict[str, Any], tail: str) -> dict[str, str]:
@@ -100,7 +104,7 @@ def _locations(row: dict[str, Any], tail: str) -> dict[str, str]:
     return {"Location": f"{base}{tail}", "Content-Location": base}
 
 
-def _is_terminal(run_id: str) -> bool:
+def is_terminal(run_id: str) -> bool:
     return current_services().runs.is_terminal(run_id)
 
 
@@ -126,7 +130,7 @@ def _stream_response(
             svc.runs.cancel(owner=owner, thread_id=thread_id, run_id=run_id, action="interrupt")
 
     batches = svc.subscriber.subscribe_batches(
-        run_id, cursor, is_terminal=lambda: _is_terminal(run_id)
+        run_id, cursor, is_terminal=lambda: is_terminal(run_id)
     )
     body = sse_body(batches, keep=event_filter(modes), on_close=on_close)
     headers = {**_locations(row, "/stream"), "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -158,7 +162,7 @@ def _wait_body(row: dict[str, Any], *, cancel_on_disconnect: bool) -> Iterator[b
     try:
         if not done:
             for batch in svc.subscriber.subscribe_batches(
-                run_id, None, is_terminal=lambda: _is_terminal(run_id)
+                run_id, None, is_terminal=lambda: is_terminal(run_id)
             ):
                 if any(
                     isinstance(i, Gap) or (isinstance(i, Event) and i.event == END_EVENT)
@@ -276,7 +280,7 @@ def cancel(thread_id: str, run_id: str) -> Response:
     def body() -> Iterator[bytes]:
         if row["status"] not in TERMINAL:
             for batch in svc.subscriber.subscribe_batches(
-                rid, None, is_terminal=lambda: _is_terminal(rid)
+                rid, None, is_terminal=lambda: is_terminal(rid)
             ):
                 if any(
                     isinstance(i, Gap) or (isinstance(i, Event) and i.event == END_EVENT)
