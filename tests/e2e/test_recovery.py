@@ -1,0 +1,195 @@
+"""Recovery without the broker (R4, L2-L5): lost dispatches, a killed owner, a frozen owner.
+
+A private cluster with short leases (TTL 3 s, renewed every 1 s) and a fast reaper, two
+runs workers, and one web process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from shared.db import make_pool
+from shared.runs.store import TERMINAL, RunStore
+from shared.settings import Settings
+from tests.conftest import settings_env
+from tests.e2e.conftest import ALICE, API_KEYS, Cluster
+
+pytestmark = pytest.mark.e2e
+
+FAST = {
+    "THREADRUN_LEASE_TTL_S": "3",
+    "THREADRUN_LEASE_RENEW_S": "1",
+    "THREADRUN_CANCEL_POLL_S": "0.25",
+    "THREADRUN_REAPER_INTERVAL_S": "0.5",
+    "THREADRUN_DISPATCH_STALE_S": "1",
+}
+
+
+@pytest.fixture(scope="module")
+def fast(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Web + two workers with short leases on their own Redis prefix."""
+    s = settings.model_copy(update={"redis_prefix": f"{settings.redis_prefix}rec:"})
+    env = {**os.environ, **settings_env(s), "THREADRUN_API_KEYS": API_KEYS, **FAST}
+    env.pop("THREADRUN_CONFIG", None)
+    c = Cluster(s, env, tmp_path_factory.mktemp("recovery-logs"))
+    try:
+        c.start_web()
+        c.start_worker("w1")
+        c.start_worker("w2")
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def store(fast: Cluster) -> Iterator[RunStore]:
+    pool = make_pool(fast.settings, name="test-recovery", max_size=2)
+    yield RunStore(pool)
+    pool.close()
+
+
+def api(c: Cluster) -> httpx.Client:
+    return httpx.Client(base_url=c.url, headers={"x-api-key": ALICE}, timeout=30)
+
+
+def wait_for(check: Any, timeout: float, what: str) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def slow_run(client: httpx.Client, tid: str, tokens: int = 120, delay_ms: int = 25) -> str:
+    body = {
+        "assistant_id": "lead_agent",
+        "input": {"messages": [{"role": "user", "content": "recover me"}]},
+        "stream_mode": ["messages-tuple", "values"],
+        "config": {"configurable": {"tokens": tokens, "token_delay_ms": delay_ms}},
+    }
+    return str(client.post(f"/threads/{tid}/runs", json=body).json()["run_id"])
+
+
+def sse_events(client: httpx.Client, tid: str, run_id: str) -> list[tuple[str, str, str]]:
+    """(id, event, data) of the whole retained stream, to the end."""
+    out: list[tuple[str, str, str]] = []
+    with client.stream(
+        "GET", f"/threads/{tid}/runs/{run_id}/stream", headers={"Last-Event-ID": "-1"}
+    ) as res:
+        eid = event = ""
+        for line in res.iter_lines():
+            if line.startswith("id: "):
+                eid = line[4:]
+            elif line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                out.append((eid, event, line[6:]))
+    return out
+
+
+def owner_pid(store: RunStore, run_id: str) -> int:
+    row = store.get_run_by_id(run_id)
+    assert row is not None and row["owner"]
+    return int(row["owner"].split(":")[1])
+
+
+def test_r4_lost_dispatch_is_redispatched_by_the_reaper(fast: Cluster, store: RunStore) -> None:
+    """R4: a committed pending run whose message never reached the broker still runs."""
+    with api(fast) as client:
+        tid = client.post("/threads", json={}).json()["thread_id"]
+    run = {
+        "run_id": str(uuid.uuid4()),
+        "assistant_id": "lead_agent",
+        "graph_id": "lead_agent",
+        "input": {"messages": [{"role": "user", "content": "no message was sent"}]},
+        "config": {"configurable": {"tokens": 5}},
+    }
+    adm = store.admit(
+        thread_id=tid, owner="alice", run=run, strategy="enqueue", create_thread=False
+    )
+    assert adm.dispatch == [run["run_id"]]  # we deliberately do not send it
+    status = wait_for(
+        lambda: (store.run_status(run["run_id"]) in TERMINAL) and store.run_status(run["run_id"]),
+        20,
+        "the reaper to dispatch the run",
+    )
+    assert status == "success"
+
+
+def test_l4_l5_killed_owner_run_resumes_on_another_worker(fast: Cluster, store: RunStore) -> None:
+    """L4/L5: kill -9 the owner mid-run: the run finishes elsewhere with attempt 2, one terminal status."""
+    with api(fast) as client:
+        tid = client.post("/threads", json={}).json()["thread_id"]
+        run_id = slow_run(client, tid)
+        wait_for(lambda: store.run_status(run_id) == "running", 15, "the run to start")
+        time.sleep(0.8)  # some tokens out
+        pid = owner_pid(store, run_id)
+        victim = next(p for p in fast.procs if p.popen.pid == pid)
+        t_kill = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        victim.popen.wait(timeout=10)
+        wait_for(
+            lambda: store.run_status(run_id) in TERMINAL,
+            60,
+            "the run to finish on the other worker",
+        )
+        recovered_s = time.monotonic() - t_kill
+        row = client.get(f"/threads/{tid}/runs/{run_id}").json()
+        assert row["status"] == "success" and row["attempt"] == 2, row
+        events = sse_events(client, tid, run_id)
+        metas = [e for e in events if e[1] == "metadata"]
+        assert [m[2].count('"attempt":') for m in metas] == [1, 1]
+        assert '"attempt":1' in metas[0][2] and '"attempt":2' in metas[1][2]
+        ids = [tuple(map(int, e[0].split("-"))) for e in events]
+        assert ids == sorted(ids) and len(set(ids)) == len(ids)  # B2 across attempts
+        assert [e[1] for e in events].count("end") == 1
+        state = client.get(f"/threads/{tid}/state").json()
+        assert [m["type"] for m in state["values"]["messages"]] == ["human", "ai"]
+        kinds = [e["type"] for e in store.run_events(run_id)]
+        assert (
+            kinds.count("claimed") == 2 and kinds.count("requeued") == 1 and kinds[-1] == "success"
+        )
+        assert recovered_s < 30
+    fast.start_worker("w3")  # keep two workers for the next test
+
+
+def test_l2_frozen_owner_is_fenced_when_it_wakes(fast: Cluster, store: RunStore) -> None:
+    """L2: SIGSTOP the owner past its lease; another worker takes over; on SIGCONT the stale
+    worker's events and terminal write are rejected: one outcome, one `end`."""
+    with api(fast) as client:
+        tid = client.post("/threads", json={}).json()["thread_id"]
+        run_id = slow_run(client, tid, tokens=200, delay_ms=20)
+        wait_for(lambda: store.run_status(run_id) == "running", 15, "the run to start")
+        time.sleep(0.5)
+        pid = owner_pid(store, run_id)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_for(
+                lambda: (store.get_run_by_id(run_id) or {}).get("attempt") == 2,
+                30,
+                "a second attempt",
+            )
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: store.run_status(run_id) in TERMINAL, 60, "the run to finish")
+        time.sleep(1.5)  # give the stale worker time to try its writes
+        row = client.get(f"/threads/{tid}/runs/{run_id}").json()
+        assert row["status"] == "success" and row["attempt"] == 2
+        events = sse_events(client, tid, run_id)
+        assert [e[1] for e in events].count("end") == 1
+        # Nothing from epoch 1 after epoch 2's metadata: the stale publisher was fenced.
+        metas = [i for i, e in enumerate(events) if e[1] == "metadata"]
+        assert len(metas) == 2
+        kinds = [e["type"] for e in store.run_events(run_id)]
+        assert kinds.count("success") == 1
+        assert owner_pid(store, run_id) != pid
