@@ -356,7 +356,7 @@ class Bench:
             pool=pool,
             store=RunStore(pool),
             apool=apool,
-            saver=AsyncPostgresSaver(apool),  # type: ignore[arg-type]
+            saver=AsyncPostgresSaver(apool),
             aredis=client,
             sredis=sync_client,
             celery=celery,
@@ -682,7 +682,7 @@ def _checkpoint_args(
 async def stage_checkpoint(b: Bench) -> list[Row]:
     """AsyncPostgresSaver.aput (runtime-shaped pool) vs PostgresSaver.put and a raw INSERT of the same bytes."""
     sync_pool = make_pool(b.settings, name="bench-sync-saver", max_size=4)
-    sync_saver = PostgresSaver(sync_pool)  # type: ignore[arg-type]
+    sync_saver = PostgresSaver(sync_pool)
     async with b.apool.connection() as conn:
         await conn.execute(RAW_BLOB_TABLE_SQL)
     config, *rest = _checkpoint_args(b.saver)
@@ -692,7 +692,7 @@ async def stage_checkpoint(b: Bench) -> list[Row]:
             CHECKPOINT_BYTES_SQL, {"thread_id": config["configurable"]["thread_id"]}
         )
         row = await cur.fetchone()
-    size = int(row["n"]) if row else 0  # type: ignore[call-overload]
+    size = int(row["n"]) if row else 0
     blob = b"\x00" * size
     b.notes["checkpoint_bytes"] = size
 
@@ -722,7 +722,7 @@ async def stage_checkpoint(b: Bench) -> list[Row]:
     # Concurrency: the runtime shares one saver across all runs of a process; the saver
     # holds an asyncio.Lock around every cursor, so concurrent writes queue on it even
     # with a pool. Baseline: the same writes through one saver per writer, same pool.
-    own_savers = [AsyncPostgresSaver(b.apool) for _ in range(CONCURRENCY)]  # type: ignore[arg-type]
+    own_savers = [AsyncPostgresSaver(b.apool) for _ in range(CONCURRENCY)]
 
     async def shared_batch(i: int) -> float:
         batch = [_checkpoint_args(b.saver) for _ in range(CONCURRENCY)]
@@ -1098,7 +1098,7 @@ async def run_all(
         b.notes["redis_version"] = (await b.aredis.info("server"))["redis_version"]
         with b.pool.connection() as conn:
             ver = conn.execute("SHOW server_version").fetchone()
-        b.notes["postgres_version"] = ver["server_version"] if ver else None  # type: ignore[call-overload]
+        b.notes["postgres_version"] = ver["server_version"] if ver else None
         return rows, b.notes
     finally:
         await b.close()

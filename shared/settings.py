@@ -88,6 +88,11 @@ class Settings(BaseSettings):
     stream_heartbeat_s: float = Field(default=5.0, gt=0)
 
     # --- database -----------------------------------------------------------------
+    checkpoint_savers: int = Field(
+        default=8,
+        ge=1,
+        description="Checkpoint savers per worker process (each serialises its own writes).",
+    )
     db_pool_min: int = Field(default=1, ge=0)
     db_pool_max: int = Field(default=20, ge=1)
 

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.pregel import Pregel
 from langgraph.types import Command
 
 from shared import serde
@@ -174,10 +176,12 @@ def run_config(run: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-async def graph_input(rt: WorkerRuntime, attempt: RunAttempt, config: dict[str, Any]) -> Any:
+async def graph_input(rt: WorkerRuntime, attempt: RunAttempt, graph: Pregel) -> Any:
     """The input of this attempt: the request's, or None to resume from the checkpoint (L5)."""
     run = attempt.run
-    head = await rt.saver.aget_tuple(
+    saver = graph.checkpointer
+    assert isinstance(saver, BaseCheckpointSaver)
+    head = await saver.aget_tuple(
         {"configurable": {"thread_id": attempt.thread_id, "checkpoint_ns": ""}}
     )
     head_id = head.checkpoint["id"] if head else None
@@ -206,12 +210,12 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
     sink = attempt.sink
     sink.emit("metadata", serde.dumps({"run_id": attempt.run_id, "attempt": run["attempt"]}))
     config = run_config(run)
-    graph = rt.graph(run["graph_id"])
+    graph = rt.graph(run["graph_id"], rt.next_slot())
     kwargs = run.get("kwargs") or {}
     modes = [STREAM_MODE_ALIASES.get(m, m) for m in kwargs.get("stream_mode") or ["values"]]
     subgraphs = bool(kwargs.get("stream_subgraphs"))
     try:
-        inp = await graph_input(rt, attempt, config)
+        inp = await graph_input(rt, attempt, graph)
         options: dict[str, Any] = {
             "stream_mode": modes,
             "subgraphs": subgraphs,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -63,3 +64,45 @@ def parse_cursor(last_event_id: str | None) -> str:
             f"Last-Event-ID {last_event_id[:64]!r} is not an event id of this stream"
         )
     return value
+
+
+class ReadKind(enum.Enum):
+    """What a replay read found (B4, B5)."""
+
+    MISSING = "missing"  # no stream: never created, expired, or lost with Redis
+    BEYOND = "beyond"  # the cursor is after the last id ever issued: a client error
+    GAP = "gap"  # something after the cursor is gone
+    OK = "ok"  # the entries after the cursor are all there
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMeta:
+    """The bookkeeping the publisher keeps beside each stream (see shared/lua/publish.lua)."""
+
+    exists: bool
+    count: int  # n: events ever published to this incarnation
+    origin: str | None  # o: first id of this incarnation
+    last: str | None  # l: last id issued
+    trimmed: str | None  # t: newest id trimmed away
+
+
+def id_key(event_id: str) -> tuple[int, int]:
+    """A stream id as a comparable (ms, seq) pair."""
+    ms, _, seq = event_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def classify_read(cursor: str, meta: StreamMeta) -> ReadKind:
+    """The pure gap decision: exact, because trimming only removes ids <= meta.trimmed."""
+    if not meta.exists:
+        return ReadKind.MISSING
+    if not cursor:
+        return ReadKind.OK
+    c = id_key(cursor)
+    if meta.last is not None and c > id_key(meta.last):
+        return ReadKind.BEYOND
+    if meta.origin is not None and c < id_key(meta.origin):
+        return ReadKind.GAP  # the cursor belongs to an earlier incarnation (Redis lost it)
+    if meta.trimmed is not None and id_key(meta.trimmed) > c:
+        return ReadKind.GAP
+    return ReadKind.OK

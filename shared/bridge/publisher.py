@@ -29,6 +29,11 @@ log = logging.getLogger(__name__)
 PUBLISH_RETRY_DELAYS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 """Back-off between retries of a pipeline on connection errors (about 8 s in all)."""
 
+MAX_EVENTS_PER_CALL = 256
+"""Cap on one script call: a huge call would block Redis (and every other run) for its whole
+length; after a stall the backlog drains in bounded steps instead (bench: 13k events in one
+call blocked Redis for 135 ms)."""
+
 STREAM_TTL_RUNNING_S = 86_400
 """A stream's TTL while its run is live, refreshed on every publish (bounds orphans)."""
 
@@ -201,9 +206,13 @@ class EventSink:
         self.batcher.schedule(self)
 
     def _take(self) -> PublishCall:
-        call = PublishCall(self.run_id, self.lease_value, self._next_seq, self._buf, end=self._end)
-        self._next_seq += len(self._buf)
-        self._buf = []
+        events, self._buf = self._buf[:MAX_EVENTS_PER_CALL], self._buf[MAX_EVENTS_PER_CALL:]
+        call = PublishCall(
+            self.run_id, self.lease_value, self._next_seq, events, end=self._end and not self._buf
+        )
+        self._next_seq += len(events)
+        if self._buf:
+            self.batcher.schedule(self)  # the rest goes in the next round trip, in order
         return call
 
     def _complete(self, res: PublishResult | Exception) -> None:

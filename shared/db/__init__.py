@@ -10,9 +10,10 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from shared.settings import Settings
 
-# The checkpoint saver needs autocommit, dict rows and no server-side prepared
-# statements (pgbouncer-safe); our stores use explicit transactions on the same kind
-# of connection, so one set of kwargs serves both.
+# The checkpoint saver needs autocommit and dict rows; our stores use explicit
+# transactions on the same kind of connection, so one set of kwargs serves both.
+# prepare_threshold=0 prepares every statement on first use (fastest on a direct
+# connection); behind a transaction-mode pgbouncer set it to None instead.
 CONN_KWARGS: dict[str, Any] = {"autocommit": True, "row_factory": dict_row, "prepare_threshold": 0}
 
 DictPool = ConnectionPool[Connection[DictRow]]

@@ -63,6 +63,7 @@ INFLIGHT_RUNS_SQL = """
 SELECT run_id::text, status FROM runs
 WHERE thread_id = %(thread_id)s AND status IN ('pending', 'running')
 ORDER BY seq
+LIMIT %(limit)s
 """
 INSERT_RUN_SQL = """
 INSERT INTO runs (run_id, thread_id, assistant_id, graph_id, status, input, command, config,
@@ -267,7 +268,9 @@ class RunStore:
                 raise ThreadNotFound(f"thread {thread_id} not found")
             running = [
                 r["run_id"]
-                for r in conn.execute(INFLIGHT_RUNS_SQL, {"thread_id": thread_id}).fetchall()
+                for r in conn.execute(
+                    INFLIGHT_RUNS_SQL, {"thread_id": thread_id, "limit": None}
+                ).fetchall()
                 if r["status"] == "running"
             ]
             conn.execute(DELETE_THREAD_SQL, {"thread_id": thread_id, "owner": owner})
@@ -329,9 +332,12 @@ class RunStore:
             thread = conn.execute(LOCK_THREAD_SQL, params).fetchone()
             if thread is None:
                 raise ThreadNotFound(f"thread {thread_id} not found")
+            # reject/enqueue only need to know whether anything is inflight; interrupt
+            # needs every inflight run (a long queue must not slow every admission).
+            limit = None if strategy == "interrupt" else 1
             inflight = [
                 Inflight(r["run_id"], r["status"])
-                for r in conn.execute(INFLIGHT_RUNS_SQL, params).fetchall()
+                for r in conn.execute(INFLIGHT_RUNS_SQL, {**params, "limit": limit}).fetchall()
             ]
             decision = decide(strategy, inflight)
             if not decision.creates:
@@ -443,7 +449,9 @@ class RunStore:
             if run["status"] in TERMINAL:
                 return CancelOutcome.ALREADY_DONE, None
             if run["status"] == "pending":
-                inflight = conn.execute(INFLIGHT_RUNS_SQL, {"thread_id": thread_id}).fetchall()
+                inflight = conn.execute(
+                    INFLIGHT_RUNS_SQL, {"thread_id": thread_id, "limit": 1}
+                ).fetchall()
                 was_head = inflight[0]["run_id"] == str(run_id)
                 conn.execute(INTERRUPT_PENDING_SQL, {"run_id": run_id})
                 self._lifecycle(conn, run_id, thread_id, "interrupted", {"by": "cancel"})

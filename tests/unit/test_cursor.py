@@ -52,3 +52,41 @@ def test_b5_gap_payload_shape() -> None:
         "latest_available_event_id": None,
         "recovery": "reload_durable_state",
     }
+
+
+# --- the pure gap decision (B5) -------------------------------------------------------------
+from shared.bridge.base import ReadKind, StreamMeta, classify_read  # noqa: E402
+
+
+def meta(n: int, kept_from: int, end: int | None = None) -> StreamMeta:
+    """A stream whose ids are f"{i}-0" for i in 1..n, with everything below kept_from trimmed."""
+    last = end if end is not None else n
+    return StreamMeta(
+        exists=True,
+        count=n,
+        origin="1-0",
+        last=f"{last}-0",
+        trimmed=f"{kept_from - 1}-0" if kept_from > 1 else None,
+    )
+
+
+@given(n=st.integers(1, 200), data=st.data())
+def test_b5_classify_is_exact(n: int, data: st.DataObject) -> None:
+    """B5: gap iff the entry right after the cursor was trimmed; beyond iff after the last id."""
+    kept_from = data.draw(st.integers(1, n))
+    c = data.draw(st.integers(1, n + 5))
+    kind = classify_read(f"{c}-0", meta(n, kept_from))
+    if c > n:
+        assert kind is ReadKind.BEYOND
+    elif c + 1 < kept_from:
+        assert kind is ReadKind.GAP
+    else:
+        assert kind is ReadKind.OK
+
+
+def test_b5_classify_missing_start_and_old_incarnation() -> None:
+    """B5: a missing stream, a start cursor, and a cursor from before a Redis loss."""
+    assert classify_read("5-0", StreamMeta(False, 0, None, None, None)) is ReadKind.MISSING
+    assert classify_read("", meta(10, 5)) is ReadKind.OK
+    reborn = StreamMeta(True, 3, "100-0", "102-0", None)
+    assert classify_read("50-0", reborn) is ReadKind.GAP
