@@ -392,3 +392,28 @@ def test_state_update_through_the_api(cluster: Cluster) -> None:
         assert after["values"]["messages"][-1]["content"] == "added by update"
 
     run(scenario, cluster.url)
+
+
+def test_a1_interrupt_before_then_resume(cluster: Cluster) -> None:
+    """A1: interrupt_before stops the graph before a node (thread `interrupted`); a run with
+    no input resumes it from the checkpoint."""
+
+    async def scenario(c: LangGraphClient) -> None:
+        tid = (await c.threads.create())["thread_id"]
+        first = await c.runs.wait(
+            tid,
+            "lead_agent",
+            input=human("please write a report"),
+            config=knobs(),
+            interrupt_before=["tools"],
+        )
+        assert first["messages"][-1]["tool_calls"]
+        state = await c.threads.get_state(tid)
+        assert state["next"] == ["tools"]
+        assert (await c.threads.get(tid))["status"] == "interrupted"
+        done = await c.runs.wait(tid, "lead_agent", input=None, config=knobs())
+        assert [m["type"] for m in done["messages"]][-2:] == ["tool", "ai"]
+        assert (await c.threads.get_state(tid))["next"] == []
+        assert (await c.threads.get(tid))["status"] == "idle"
+
+    run(scenario, cluster.url)
