@@ -193,3 +193,43 @@ def test_l2_frozen_owner_is_fenced_when_it_wakes(fast: Cluster, store: RunStore)
         kinds = [e["type"] for e in store.run_events(run_id)]
         assert kinds.count("success") == 1
         assert owner_pid(store, run_id) != pid
+
+
+def test_l3_duplicate_delivery_runs_once(fast: Cluster, store: RunStore) -> None:
+    """L3: the same run task delivered twice more (to any worker) starts one executor."""
+    from shared.taskqueue import Dispatcher, make_celery
+
+    dispatcher = Dispatcher(make_celery(fast.settings))
+    with api(fast) as client:
+        tid = client.post("/threads", json={}).json()["thread_id"]
+        run_id = slow_run(client, tid, tokens=30, delay_ms=10)
+        dispatcher.dispatch_run(run_id)
+        dispatcher.dispatch_run(run_id)
+        wait_for(lambda: store.run_status(run_id) in TERMINAL, 30, "the run to finish")
+        time.sleep(0.5)
+        kinds = [e["type"] for e in store.run_events(run_id)]
+        assert kinds == ["created", "claimed", "success"]
+        row = client.get(f"/threads/{tid}/runs/{run_id}").json()
+        assert row["attempt"] == 1 and row["status"] == "success"
+        assert [e[1] for e in sse_events(client, tid, run_id)].count("metadata") == 1
+
+
+def test_r7_sigterm_hands_the_run_over(fast: Cluster, store: RunStore) -> None:
+    """R7: a worker told to stop mid-run gives the run back; another worker resumes and finishes it."""
+    with api(fast) as client:
+        tid = client.post("/threads", json={}).json()["thread_id"]
+        run_id = slow_run(client, tid, tokens=400, delay_ms=25)  # ~10 s: longer than the grace
+        wait_for(lambda: store.run_status(run_id) == "running", 15, "the run to start")
+        time.sleep(0.5)
+        pid = owner_pid(store, run_id)
+        victim = next(p for p in fast.procs if p.popen.pid == pid)
+        os.kill(pid, signal.SIGTERM)
+        victim.popen.wait(timeout=30)
+        wait_for(lambda: store.run_status(run_id) in TERMINAL, 60, "the run to finish elsewhere")
+        row = client.get(f"/threads/{tid}/runs/{run_id}").json()
+        assert row["status"] == "success" and row["attempt"] == 2
+        events = store.run_events(run_id)
+        requeued = [e for e in events if e["type"] == "requeued"]
+        assert len(requeued) == 1 and requeued[0]["payload"]["reason"] == "worker shutdown"
+        assert owner_pid(store, run_id) != pid
+    fast.start_worker("w4")
