@@ -8,6 +8,7 @@ import redis
 from flask import current_app
 
 from shared.agent.graphs import GraphRegistry
+from shared.bridge.hub import SubscriptionHub
 from shared.bridge.redis import StreamSubscriber
 from shared.db import make_pool
 from shared.redis_keys import Keys
@@ -46,7 +47,7 @@ class Services:
             registry=registry,
             runs=manager,
             store=store,
-            subscriber=StreamSubscriber(client, keys, settings),
+            subscriber=StreamSubscriber(client, keys, settings, hub=SubscriptionHub(client)),
             state=CheckpointStateAccessor(pool, registry),
             redis=client,
         )

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+import queue
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +19,10 @@ from shared.bridge.base import (
     StreamItem,
     StreamMeta,
     classify_read,
+    id_key,
     parse_cursor,
 )
+from shared.bridge.hub import SubscriptionHub
 from shared.errors import StreamCursorInvalid
 from shared.redis_keys import Keys
 from shared.settings import Settings
@@ -40,6 +43,14 @@ def _decode_entry(entry: Any) -> tuple[str, str, str, int]:
     )
 
 
+@dataclass(slots=True)
+class _Follow:
+    """Where a follower is: the last delivered id and its count."""
+
+    cursor: str
+    last_n: int | None
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """One atomic replay read: the stream's bookkeeping and the entries after a cursor."""
@@ -53,10 +64,18 @@ class Snapshot:
 class StreamSubscriber:
     """Web side of B1: replay after a cursor with exact gap detection, then follow live."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, settings: Settings) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        settings: Settings,
+        hub: SubscriptionHub | None = None,
+    ) -> None:
         self._client = client
         self._keys = keys
+        self._heartbeat_s = settings.stream_heartbeat_s
         self._heartbeat_ms = int(settings.stream_heartbeat_s * 1000)
+        self._hub = hub
         self.batch = 500
 
     def snapshot(self, run_id: str, cursor: str) -> Snapshot:
@@ -124,64 +143,112 @@ class StreamSubscriber:
         """
         cursor = parse_cursor(last_event_id)
         requested = cursor
-        last_n: int | None = None
         key = self._keys.stream(run_id)
-        # Phase 1: catch up with atomic, gap-checked reads.
         while True:
-            snap = self.snapshot(run_id, cursor)
-            if snap.kind is ReadKind.MISSING:
-                if cursor or is_terminal():
-                    yield [Gap(run_id, requested or None, None, None)]
+            # Phase 1: catch up with atomic, gap-checked reads.
+            last_n: int | None = None
+            while True:
+                snap = self.snapshot(run_id, cursor)
+                if snap.kind is ReadKind.MISSING:
+                    if cursor or is_terminal():
+                        yield [Gap(run_id, requested or None, None, None)]
+                        return
+                    # Not started yet: wait for the stream to appear.
+                    if not self._client.xread({key: "0-0"}, count=1, block=self._heartbeat_ms):
+                        yield [Heartbeat()]
+                    continue
+                if snap.kind is ReadKind.BEYOND:
+                    raise StreamCursorInvalid(
+                        f"Last-Event-ID {cursor} is beyond the last event {snap.meta.last} of run {run_id}"
+                    )
+                if snap.kind is ReadKind.GAP:
+                    yield [self._gap(run_id, requested, snap)]
                     return
-                # Not started yet: wait for the stream to appear.
-                if not self._client.xread({key: "0-0"}, count=1, block=self._heartbeat_ms):
-                    yield [Heartbeat()]
-                continue
-            if snap.kind is ReadKind.BEYOND:
-                raise StreamCursorInvalid(
-                    f"Last-Event-ID {cursor} is beyond the last event {snap.meta.last} of run {run_id}"
-                )
-            if snap.kind is ReadKind.GAP:
-                yield [self._gap(run_id, requested, snap)]
-                return
-            out: list[StreamItem] = []
-            for raw in snap.entries:
-                eid, name, data, n = _decode_entry(raw)
-                out.append(Event(eid, name, data))
-                if name == END_EVENT:
+                out: list[StreamItem] = []
+                for raw in snap.entries:
+                    eid, name, data, n = _decode_entry(raw)
+                    out.append(Event(eid, name, data))
+                    if name == END_EVENT:
+                        yield out
+                        return
+                    cursor, last_n = eid, n
+                if out:
                     yield out
-                    return
-                cursor, last_n = eid, n
-            if out:
-                yield out
-            if last_n is None and cursor:
-                last_n = snap.meta.count  # the cursor is the newest entry
-            if len(snap.entries) < self.batch:
-                break
-        # Phase 2: follow live; contiguity of `n` proves nothing was trimmed or lost.
+                if last_n is None and cursor:
+                    last_n = snap.meta.count  # the cursor is the newest entry
+                if len(snap.entries) < self.batch:
+                    break
+            # Phase 2: follow live; contiguity of `n` proves nothing was trimmed or lost.
+            follow = self._follow_hub if self._hub is not None else self._follow_xread
+            state = _Follow(cursor, last_n)
+            done = yield from follow(run_id, key, state, is_terminal)
+            if done:
+                return
+            cursor = state.cursor  # detached (a slow reader): catch up from where it is
+
+    def _follow_xread(
+        self, run_id: str, key: str, st: _Follow, is_terminal: Callable[[], bool]
+    ) -> Generator[list[StreamItem], None, bool]:
+        """Follow with this subscriber's own blocking XREAD."""
         while True:
             got: Any = self._client.xread(
-                {key: cursor or "0-0"}, count=self.batch, block=self._heartbeat_ms
+                {key: st.cursor or "0-0"}, count=self.batch, block=self._heartbeat_ms
             )
             if not got:
                 if not self._client.exists(key) and is_terminal():
-                    yield [self._gap(run_id, cursor)]
-                    return
+                    yield [self._gap(run_id, st.cursor)]
+                    return True
                 yield [Heartbeat()]
                 continue
-            out = []
-            for raw in got[0][1]:
-                eid, name, data, n = _decode_entry(raw)
-                if last_n is not None and n != last_n + 1:
-                    out.append(self._gap(run_id, cursor))
-                    yield out
-                    return
-                out.append(Event(eid, name, data))
-                if name == END_EVENT:
-                    yield out
-                    return
-                cursor, last_n = eid, n
-            yield out
+            batch, done = self._accept(run_id, st, got[0][1])
+            yield batch
+            if done:
+                return True
+
+    def _follow_hub(
+        self, run_id: str, key: str, st: _Follow, is_terminal: Callable[[], bool]
+    ) -> Generator[list[StreamItem], None, bool]:
+        """Follow through the process's hub (one XREAD for every subscriber)."""
+        assert self._hub is not None
+        sub = self._hub.attach(key, st.cursor or "0-0")
+        try:
+            while True:
+                try:
+                    entries = sub.take(self._heartbeat_s)
+                except queue.Empty:
+                    if not self._client.exists(key) and is_terminal():
+                        yield [self._gap(run_id, st.cursor)]
+                        return True
+                    yield [Heartbeat()]
+                    continue
+                if entries is None:
+                    return False  # overflowed: catch up from our own cursor
+                batch, done = self._accept(run_id, st, entries)
+                if batch:
+                    yield batch
+                if done:
+                    return True
+        finally:
+            self._hub.detach(sub)
+
+    def _accept(
+        self, run_id: str, st: _Follow, entries: list[Any]
+    ) -> tuple[list[StreamItem], bool]:
+        """Entries after the cursor, checked for contiguity; (items, finished)."""
+        out: list[StreamItem] = []
+        floor = id_key(st.cursor) if st.cursor else None
+        for raw in entries:
+            eid, name, data, n = _decode_entry(raw)
+            if floor is not None and id_key(eid) <= floor:
+                continue  # already delivered (the hub re-read for another subscriber)
+            if st.last_n is not None and n != st.last_n + 1:
+                out.append(self._gap(run_id, st.cursor))
+                return out, True
+            out.append(Event(eid, name, data))
+            if name == END_EVENT:
+                return out, True
+            st.cursor, st.last_n = eid, n
+        return out, False
 
     def last_event(self, run_id: str) -> Event | None:
         """The newest retained event, if any."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat
+from shared.bridge.hub import SubscriptionHub
 from shared.bridge.publisher import PublishCall, StreamPublisher, trim_slack
 from shared.bridge.redis import StreamSubscriber
 from shared.errors import LeaseLost, StreamCursorInvalid
@@ -32,6 +34,7 @@ class Bridge:
     keys: Keys
     sync: redis.Redis
     seqs: dict[tuple[str, str], int] = field(default_factory=dict)
+    hub: SubscriptionHub | None = None
 
     def run(self, coro_fn, *args):  # type: ignore[no-untyped-def]
         async def go():  # type: ignore[no-untyped-def]
@@ -65,7 +68,7 @@ class Bridge:
         return self.run(go)  # type: ignore[no-any-return]
 
     def subscriber(self) -> StreamSubscriber:
-        return StreamSubscriber(self.sync, self.keys, self.settings)
+        return StreamSubscriber(self.sync, self.keys, self.settings, hub=self.hub)
 
     def read_all(self, run_id: str, cursor: str | None, terminal: bool = True) -> list[object]:
         """Everything until the subscription ends or goes idle (a heartbeat)."""
@@ -77,14 +80,32 @@ class Bridge:
         return out
 
 
-def make_bridge(settings: Settings, rclient: redis.Redis, **overrides: object) -> Bridge:
+def make_bridge(
+    settings: Settings,
+    rclient: redis.Redis,
+    hub: SubscriptionHub | None = None,
+    **overrides: object,
+) -> Bridge:
     s = settings.model_copy(update={"stream_heartbeat_s": 0.2, **overrides})
-    return Bridge(s, Keys(f"{settings.redis_prefix}b{uuid.uuid4().hex[:6]}:"), rclient)
+    return Bridge(s, Keys(f"{settings.redis_prefix}b{uuid.uuid4().hex[:6]}:"), rclient, hub=hub)
+
+
+@pytest.fixture(params=["own-xread", "hub"])
+def hub(request: pytest.FixtureRequest, rclient: redis.Redis) -> Iterator[SubscriptionHub | None]:
+    """Followers read on their own, or through the per-process hub."""
+    if request.param == "own-xread":
+        yield None
+        return
+    h = SubscriptionHub(rclient, block_ms=200)
+    yield h
+    h.close()
 
 
 @pytest.fixture
-def bridge(settings: Settings, rclient: redis.Redis) -> Iterator[Bridge]:
-    yield make_bridge(settings, rclient)
+def bridge(
+    settings: Settings, rclient: redis.Redis, hub: SubscriptionHub | None
+) -> Iterator[Bridge]:
+    yield make_bridge(settings, rclient, hub)
 
 
 def ev(i: int) -> tuple[str, bytes]:
@@ -217,10 +238,10 @@ def test_b4_live_follow_then_end(bridge: Bridge) -> None:
 
 
 def test_b5_live_follower_that_falls_behind_gets_a_gap(
-    settings: Settings, rclient: redis.Redis
+    settings: Settings, rclient: redis.Redis, hub: SubscriptionHub | None
 ) -> None:
     """B5: a follower whose next events were trimmed while it waited gets a gap, not a silent skip."""
-    b = make_bridge(settings, rclient, stream_maxlen=5)
+    b = make_bridge(settings, rclient, hub, stream_maxlen=5)
     run = str(uuid.uuid4())
     value = b.lease(run, 1)
     b.publish(run, value, [ev(0)])
@@ -299,3 +320,47 @@ def test_b5_property_exact_suffix_or_exactly_one_gap(
                 assert [g.id for g in got] == expected  # type: ignore[attr-defined]
     finally:
         rclient.delete(b.keys.stream(run), b.keys.stream_meta(run), b.keys.lease(run))
+
+
+def test_b1_hub_serves_many_subscribers_exactly(
+    settings: Settings, rclient: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B1/B4: one hub, 3 runs x 4 subscribers joining at different cursors: each gets its exact
+    suffix; a subscriber that overflows its queue catches up on its own, still exact."""
+    import shared.bridge.hub as hub_mod
+
+    monkeypatch.setattr(hub_mod, "QUEUE_LIMIT", 7)
+    hub = SubscriptionHub(rclient, block_ms=200)
+    b = make_bridge(settings, rclient, hub)
+    try:
+        runs = [str(uuid.uuid4()) for _ in range(3)]
+        leases = {r: b.lease(r, 1) for r in runs}
+        first = {r: b.publish(r, leases[r], [ev(i) for i in range(5)]) for r in runs}
+        results: dict[tuple[str, int], list[object]] = {}
+
+        def follow(run: str, k: int) -> None:
+            cursor = "-1" if k == 0 else first[run][k]
+            got = []
+            for item in b.subscriber().subscribe(run, cursor, is_terminal=lambda: False):
+                if not isinstance(item, Heartbeat):
+                    got.append(item)
+            results[(run, k)] = got
+
+        threads = [threading.Thread(target=follow, args=(r, k)) for r in runs for k in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        for r in runs:
+            for i in range(5, 45, 5):
+                b.publish(r, leases[r], [ev(j) for j in range(i, i + 5)])
+            b.publish(r, leases[r], [(END_EVENT, b"{}")], end=True)
+        for t in threads:
+            t.join(timeout=20)
+        for (run, k), got in results.items():
+            datas = [g.data for g in got if isinstance(g, Event) and g.event != END_EVENT]  # type: ignore[attr-defined]
+            start = 0 if k == 0 else k + 1
+            assert datas == [f'{{"i": {i}}}' for i in range(start, 45)], (run, k)
+            assert isinstance(got[-1], Event) and got[-1].event == END_EVENT
+        assert hub.followed == 0
+    finally:
+        hub.close()

@@ -1,0 +1,182 @@
+"""Per-process subscription hub: one reader thread follows every stream this process's clients follow.
+
+Without it each live subscriber holds a Redis connection blocked in its own XREAD; with
+it, one blocking `XREAD … STREAMS k1 k2 …` on one connection serves them all and fans
+each entry out to per-subscriber queues. A new or departing stream wakes the reader with
+`CLIENT UNBLOCK`, so it never waits out a block timeout.
+
+Exactness stays with the subscriber (shared/bridge/redis.py): entries carry the
+publisher's count `n`, and a subscriber that sees a jump knows something was trimmed or
+lost. A subscriber whose queue overflows (a slow client) is detached and re-reads from
+its own cursor through the gap-checked snapshot, so one slow client never slows the hub
+or other clients.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+log = logging.getLogger(__name__)
+
+QUEUE_LIMIT = 4096
+"""Entries buffered per subscriber before it is detached (it then catches up on its own)."""
+
+
+@dataclass(eq=False)
+class Subscription:
+    """One subscriber's queue on one stream."""
+
+    key: str
+    cursor: str
+    queue: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
+    size: int = 0
+    overflowed: bool = False
+
+    def offer(self, entries: list[Any]) -> None:
+        """Hand entries to the subscriber unless it has fallen too far behind."""
+        if self.overflowed:
+            return
+        if self.size + len(entries) > QUEUE_LIMIT:
+            self.overflowed = True
+            self.queue.put(None)  # wake it: it must catch up by itself
+            return
+        self.size += len(entries)
+        self.queue.put(entries)
+
+    def take(self, timeout: float) -> list[Any] | None:
+        """The next entries (None = detached), or raise queue.Empty after `timeout`."""
+        got = self.queue.get(timeout=timeout)
+        if got is not None:
+            self.size -= len(got)
+        return got  # type: ignore[no-any-return]
+
+
+class SubscriptionHub:
+    """The reader thread and the registry of followed streams."""
+
+    def __init__(self, client: redis.Redis, *, batch: int = 500, block_ms: int = 5000) -> None:
+        self._client = client
+        self._batch = batch
+        self._block_ms = block_ms
+        self._lock = threading.Lock()
+        self._streams: dict[str, dict[Subscription, None]] = {}
+        self._positions: dict[str, str] = {}
+        self._conn: redis.Redis | None = None
+        self._conn_id: int | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    # --- subscriber side ------------------------------------------------------------------
+    def attach(self, key: str, cursor: str) -> Subscription:
+        """Follow `key` after `cursor` (a real id: the subscriber has caught up to it)."""
+        sub = Subscription(key, cursor)
+        with self._lock:
+            subs = self._streams.setdefault(key, {})
+            position = self._positions.get(key)
+            if position is None or _less(cursor, position):
+                # Start (or restart) the hub's read of this stream at the earliest cursor
+                # any subscriber needs; subscribers drop entries they already have.
+                self._positions[key] = cursor
+            subs[sub] = None
+        self._ensure_thread()
+        self._wake()
+        return sub
+
+    def detach(self, sub: Subscription) -> None:
+        """Stop following (idempotent)."""
+        with self._lock:
+            subs = self._streams.get(sub.key)
+            if subs is not None:
+                subs.pop(sub, None)
+                if not subs:
+                    del self._streams[sub.key]
+                    self._positions.pop(sub.key, None)
+
+    @property
+    def followed(self) -> int:
+        """How many streams the reader follows."""
+        with self._lock:
+            return len(self._streams)
+
+    # --- reader side -------------------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._thread = threading.Thread(target=self._run, name="threadrun-hub", daemon=True)
+            self._thread.start()
+
+    def _wake(self) -> None:
+        conn_id = self._conn_id
+        if conn_id is None:
+            return
+        try:
+            self._client.client_unblock(conn_id)
+        except redis.RedisError:
+            log.debug("hub wake failed", exc_info=True)
+
+    def _connect(self) -> redis.Redis:
+        # A dedicated connection: CLIENT UNBLOCK needs to know which one is blocked.
+        pool = redis.ConnectionPool(
+            connection_class=self._client.connection_pool.connection_class,
+            max_connections=1,
+            **self._client.connection_pool.connection_kwargs,
+        )
+        conn = redis.Redis(connection_pool=pool, single_connection_client=True)
+        self._conn_id = int(conn.client_id())
+        return conn
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                if self._conn is None:
+                    self._conn = self._connect()
+                with self._lock:
+                    streams: dict[Any, Any] = dict(self._positions)
+                if not streams:
+                    self._conn.close()
+                    self._conn = None
+                    self._conn_id = None
+                    with self._lock:
+                        if not self._positions:
+                            self._thread = None
+                            return
+                    continue
+                got: Any = self._conn.xread(streams, count=self._batch, block=self._block_ms)
+            except redis.RedisError:
+                log.warning("hub read failed; reconnecting", exc_info=True)
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
+                self._conn_id = None
+                self._stopped.wait(0.2)
+                continue
+            for raw_key, entries in got or []:
+                key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+                if not entries:
+                    continue
+                last = entries[-1][0].decode()
+                with self._lock:
+                    if key not in self._positions:
+                        continue
+                    self._positions[key] = last
+                    subs = list(self._streams.get(key, ()))
+                for sub in subs:
+                    sub.offer(entries)
+
+    def close(self) -> None:
+        """Stop the reader thread."""
+        self._stopped.set()
+        self._wake()
+
+
+def _less(a: str, b: str) -> bool:
+    ams, _, aseq = a.partition("-")
+    bms, _, bseq = b.partition("-")
+    return (int(ams), int(aseq or 0)) < (int(bms), int(bseq or 0))
