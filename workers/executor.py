@@ -244,8 +244,8 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
     except asyncio.CancelledError:
         if attempt.stop_reason is None:
             raise  # the whole worker is going down
-        if attempt.stop_reason is StopReason.CANCEL_INTERRUPT:
-            return "interrupted", None, "idle"
+        # Interrupted at a safe point; checkpoints written so far are kept (R5). For a
+        # lost lease or a shutdown the caller skips this outcome (no finalization).
         return "interrupted", None, "idle"
     except LeaseLost:
         attempt.stop(StopReason.LEASE_LOST)
@@ -320,18 +320,13 @@ async def hand_back(rt: WorkerRuntime, attempt: RunAttempt) -> str:
             await attempt.sink.drain()
         except Exception:  # noqa: BLE001
             log.exception("drain before hand-back failed", extra={"run_id": attempt.run_id})
-    outcome, _ = await asyncio.to_thread(
-        rt.store.requeue_expired,
-        attempt.run_id,
-        attempt.epoch,
-        0,
-        rt.settings.max_attempts + 1,
-        "worker shutdown",
+    requeued = await asyncio.to_thread(
+        rt.store.requeue, attempt.run_id, attempt.epoch, "worker shutdown"
     )
     await rt.leases.release(attempt.run_id, attempt.lease)
-    if outcome == "requeued":
+    if requeued:
         await asyncio.to_thread(_dispatch_quietly, rt, attempt.run_id)
-    return f"handed_back:{outcome}"
+    return "handed_back" if requeued else "hand_back_fenced"
 
 
 def _dispatch_quietly(rt: WorkerRuntime, run_id: str) -> None:

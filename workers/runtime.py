@@ -111,11 +111,7 @@ class WorkerRuntime:
             log.exception("runtime close failed")
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
-        self.store_pool_close()
-
-    def store_pool_close(self) -> None:
-        """Close the sync pool of the run store."""
-        self.store._pool.close()
+        self.store.close()
 
 
 _runtime: WorkerRuntime | None = None

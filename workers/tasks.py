@@ -6,7 +6,7 @@ import asyncio
 import logging
 import uuid
 
-from shared.taskqueue import MEMORY_TASK, RUN_TASK
+from shared.taskqueue import RUN_TASK
 from workers.celery_app import celery
 from workers.executor import StopReason, execute_run
 from workers.reaper import reaper_loop
@@ -28,16 +28,6 @@ def execute(run_id: str) -> str:
     outcome = rt.submit(execute_run(rt, run_id)).result()
     log.info("run %s: %s", run_id, outcome)
     return outcome
-
-
-@celery.task(name=MEMORY_TASK, ignore_result=True)
-def extract_memory(payload: dict) -> str:  # type: ignore[type-arg]
-    """Memory extraction (SPEC M4) lands with the memory issue; the queue exists now."""
-    log.info(
-        "memory update received for %s",
-        payload.get("thread_id") if isinstance(payload, dict) else None,
-    )
-    return "accepted"
 
 
 def start_runs_services() -> None:

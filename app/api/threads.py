@@ -76,9 +76,7 @@ def delete(thread_id: str) -> Response:
     """Delete the thread, its runs and its checkpoints; running runs are told to stop."""
     svc = current_services()
     tid = checked_thread_id(thread_id)
-    running = svc.store.delete_thread(tid, principal().user_id)
-    for run_id in running:
-        svc.redis.set(svc.runs._keys.cancel(run_id), "interrupt", ex=3600)
+    svc.runs.delete_thread(owner=principal().user_id, thread_id=tid)
     svc.state.delete_thread(tid)
     return Response(status=204)
 

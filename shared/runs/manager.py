@@ -81,6 +81,11 @@ class RunManager:
             self._dispatch(next_run)
         return outcome
 
+    def delete_thread(self, *, owner: str, thread_id: str) -> None:
+        """Delete a thread and its runs; runs still executing are told to stop."""
+        for run_id in self.store.delete_thread(thread_id, owner):
+            self._signal_cancel(run_id, "interrupt")
+
     def is_terminal(self, run_id: str) -> bool:
         """Whether the run has a committed terminal status (or no longer exists)."""
         status = self.store.run_status(run_id)

@@ -568,6 +568,21 @@ class RunStore:
         with self._pool.connection() as conn:
             return conn.execute(RUNNING_RUNS_SQL, {"min_age_s": min_age_s}).fetchall()
 
+    def requeue(self, run_id: str, epoch: int, reason: str) -> bool:
+        """Give a running run back as pending for another attempt (R7 hand-back); fenced."""
+        with self._pool.connection() as conn, conn.transaction():
+            row = conn.execute(REQUEUE_EXPIRED_SQL, {"run_id": run_id, "epoch": epoch}).fetchone()
+            if row is None:
+                return False
+            self._lifecycle(
+                conn, run_id, str(row["thread_id"]), "requeued", {"reason": reason, "epoch": epoch}
+            )
+            return True
+
+    def close(self) -> None:
+        """Close the pool."""
+        self._pool.close()
+
     def requeue_expired(
         self, run_id: str, epoch: int, attempt: int, max_attempts: int, reason: str
     ) -> tuple[str, str | None]:
@@ -575,28 +590,24 @@ class RunStore:
 
         Returns ('requeued', run_id) / ('failed', next run to dispatch) / ('skipped', None).
         """
+        if attempt < max_attempts:
+            return (
+                ("requeued", run_id) if self.requeue(run_id, epoch, reason) else ("skipped", None)
+            )
         with self._pool.connection() as conn, conn.transaction():
-            if attempt >= max_attempts:
-                row = conn.execute(
-                    FINISH_SQL,
-                    {
-                        "run_id": run_id,
-                        "epoch": epoch,
-                        "status": "error",
-                        "error": _json({"error": "MaxAttemptsExceeded", "message": reason}),
-                    },
-                ).fetchone()
-                if row is None:
-                    return "skipped", None
-                thread_id = str(row["thread_id"])
-                self._lifecycle(
-                    conn, run_id, thread_id, "error", {"reason": reason, "attempt": attempt}
-                )
-                return "failed", self._settle_thread(conn, thread_id, "error")
-            row = conn.execute(REQUEUE_EXPIRED_SQL, {"run_id": run_id, "epoch": epoch}).fetchone()
+            row = conn.execute(
+                FINISH_SQL,
+                {
+                    "run_id": run_id,
+                    "epoch": epoch,
+                    "status": "error",
+                    "error": _json({"error": "MaxAttemptsExceeded", "message": reason}),
+                },
+            ).fetchone()
             if row is None:
                 return "skipped", None
+            thread_id = str(row["thread_id"])
             self._lifecycle(
-                conn, run_id, str(row["thread_id"]), "requeued", {"reason": reason, "epoch": epoch}
+                conn, run_id, thread_id, "error", {"reason": reason, "attempt": attempt}
             )
-            return "requeued", run_id
+            return "failed", self._settle_thread(conn, thread_id, "error")
