@@ -124,6 +124,7 @@ class ChatPrinter:
     incomplete: bool = False
     printed: bool = False
     status: str | None = None
+    message_id: str | None = None
 
     def marker(self, text: str) -> None:
         if self.printed:
@@ -137,6 +138,9 @@ class ChatPrinter:
         if isinstance(item, StreamEvent):
             delta = message_delta(item)
             if delta is not None:
+                if self.printed and delta[0] != self.message_id:
+                    self.out.write("\n")  # a new assistant message (e.g. after a tool call)
+                self.message_id = delta[0]
                 self.out.write(delta[1])
                 self.out.flush()
                 self.printed = True

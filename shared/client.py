@@ -31,7 +31,6 @@ an in-memory fake in the unit tests).
 
 from __future__ import annotations
 
-import contextlib
 import random
 import re
 import time
@@ -345,9 +344,9 @@ class RunRecovery:
     def on_event(self, event: StreamEvent) -> EventDecision:
         """A live event arrived."""
         if event.id:
-            if not is_after(event.id, self.last_event_id):
-                return Skip()
-            self.last_event_id = event.id
+            if not is_after(event.id, self.last_event_id) and event.event != "end":
+                return Skip()  # (`end` again, e.g. a join with the end's own id, still ends)
+            self.last_event_id = later_id(self.last_event_id, event.id)
         self.failures = 0
         self.consecutive_gaps = 0
         self._gaps.clear()
@@ -1143,7 +1142,11 @@ class ThreadrunClient:
         stream_mode: str | Sequence[str] = DEFAULT_STREAM_MODE,
         **fields: Any,
     ) -> RunStream:
-        """Create a run and stream it; `fields` are further RunCreate fields (metadata, …)."""
+        """Create a run and stream it; `fields` are further RunCreate fields (metadata, …).
+
+        Keep the default `on_disconnect="continue"`: with "cancel" the server cancels the run
+        when the connection drops, before the client can resume it (R6).
+        """
         body = self._run_payload(assistant_id, input, config, stream_mode, fields)
         return self._stream(thread_id, create=body)
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
 import pytest
 import redis
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pydantic import SecretStr
 
 from shared.settings import Settings
 
@@ -118,6 +120,33 @@ def rclient(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+@contextmanager
+def private_settings(base: Settings, redis_url: str) -> Iterator[Settings]:
+    """A fresh migrated database and key prefix, dropped afterwards.
+
+    Every extra cluster a test starts needs its own: a reaper recovers every run of its
+    database whose lease it cannot see under its own prefix, so two clusters sharing a
+    database but not a prefix would take each other's runs.
+    """
+    from shared.db.migrate import migrate
+
+    tag = uuid.uuid4().hex[:10]
+    name = f"threadrun_t_{tag}"
+    dsn = create_database(name)
+    prefix = f"trt:{tag}:"
+    try:
+        s = base.model_copy(update={"database_url": SecretStr(dsn), "redis_prefix": prefix})
+        migrate(s)
+        yield s
+    finally:
+        drop_database(name)
+        client = redis.Redis.from_url(redis_url)
+        try:
+            delete_prefix(client, prefix)
+        finally:
+            client.close()
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -10,7 +10,9 @@ from typing import Any
 from shared.errors import StreamCursorInvalid
 
 END_EVENT = "end"
-START_CURSORS = frozenset({"", "-1", "0", "-", "0-0"})
+START_CURSORS = frozenset({"", "-1", "0", "-"})
+BEFORE_FIRST = "0-0"
+"""A checked "from the very first event" cursor: a gap if anything was ever trimmed."""
 _ID_RE = re.compile(r"^\d{1,19}-\d{1,19}$")
 
 
@@ -53,7 +55,11 @@ StreamItem = Event | Heartbeat | Gap
 
 
 def parse_cursor(last_event_id: str | None) -> str:
-    """'' for "from the start of what is retained", else a validated stream id (B4)."""
+    """'' for "from the start of what is retained" (-1, 0, -), else a validated stream id (B4).
+
+    `0-0` is a real cursor ("before the first event"): unlike -1 it reports a gap when
+    the start of the stream was trimmed, for a client that dropped before its first event.
+    """
     if last_event_id is None:
         return ""
     value = last_event_id.strip()
@@ -98,6 +104,8 @@ def classify_read(cursor: str, meta: StreamMeta) -> ReadKind:
         return ReadKind.MISSING
     if not cursor:
         return ReadKind.OK
+    if cursor == BEFORE_FIRST:
+        return ReadKind.GAP if meta.trimmed is not None else ReadKind.OK
     c = id_key(cursor)
     if meta.last is not None and c > id_key(meta.last):
         return ReadKind.BEYOND

@@ -59,6 +59,7 @@ class Snapshot:
     meta: StreamMeta
     entries: list[Any]
     first_id: str | None
+    last_event: str | None  # the newest entry's event name
 
 
 class StreamSubscriber:
@@ -90,7 +91,8 @@ class StreamSubscriber:
         pipe.hmget(k.stream_meta(run_id), ["n", "o", "l", "t"])
         pipe.xrange(k.stream(run_id), min=f"({cursor}" if cursor else "-", count=self.batch)
         pipe.xrange(k.stream(run_id), count=1)
-        exists, (n, origin, last, trimmed), entries, first = pipe.execute()
+        pipe.xrevrange(k.stream(run_id), count=1)
+        exists, (n, origin, last, trimmed), entries, first, newest = pipe.execute()
         meta = StreamMeta(
             exists=bool(exists),
             count=int(n or 0),
@@ -99,7 +101,8 @@ class StreamSubscriber:
             trimmed=trimmed.decode() if trimmed else None,
         )
         first_id = first[0][0].decode() if first else None
-        return Snapshot(classify_read(cursor, meta), meta, entries, first_id)
+        last_event = _decode_entry(newest[0])[1] if newest else None
+        return Snapshot(classify_read(cursor, meta), meta, entries, first_id, last_event)
 
     def check_cursor(self, run_id: str, last_event_id: str | None) -> str:
         """Validate a client cursor before any bytes are sent (400 instead of a broken stream)."""
@@ -174,6 +177,8 @@ class StreamSubscriber:
                     cursor, last_n = eid, n
                 if out:
                     yield out
+                if not snap.entries and cursor == snap.meta.last and snap.last_event == END_EVENT:
+                    return  # the cursor is the `end` event itself: nothing follows (B7)
                 if last_n is None and cursor:
                     last_n = snap.meta.count  # the cursor is the newest entry
                 if len(snap.entries) < self.batch:

@@ -19,7 +19,7 @@ import pytest
 from shared.db import make_pool
 from shared.runs.store import TERMINAL, RunStore
 from shared.settings import Settings
-from tests.conftest import settings_env
+from tests.conftest import private_settings, settings_env
 from tests.e2e.conftest import ALICE, API_KEYS, Cluster
 
 pytestmark = pytest.mark.e2e
@@ -34,19 +34,21 @@ FAST = {
 
 
 @pytest.fixture(scope="module")
-def fast(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Web + two workers with short leases on their own Redis prefix."""
-    s = settings.model_copy(update={"redis_prefix": f"{settings.redis_prefix}rec:"})
-    env = {**os.environ, **settings_env(s), "THREADRUN_API_KEYS": API_KEYS, **FAST}
-    env.pop("THREADRUN_CONFIG", None)
-    c = Cluster(s, env, tmp_path_factory.mktemp("recovery-logs"))
-    try:
-        c.start_web()
-        c.start_worker("w1")
-        c.start_worker("w2")
-        yield c
-    finally:
-        c.stop()
+def fast(
+    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """Web + two workers with short leases on their own database and Redis prefix."""
+    with private_settings(settings, redis_url) as s:
+        env = {**os.environ, **settings_env(s), "THREADRUN_API_KEYS": API_KEYS, **FAST}
+        env.pop("THREADRUN_CONFIG", None)
+        c = Cluster(s, env, tmp_path_factory.mktemp("recovery-logs"))
+        try:
+            c.start_web()
+            c.start_worker("w1")
+            c.start_worker("w2")
+            yield c
+        finally:
+            c.stop()
 
 
 @pytest.fixture(scope="module")

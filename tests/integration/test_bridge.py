@@ -364,3 +364,27 @@ def test_b1_hub_serves_many_subscribers_exactly(
         assert hub.followed == 0
     finally:
         hub.close()
+
+
+def test_b7_joining_at_the_end_event_closes_at_once(bridge: Bridge) -> None:
+    """B7: a cursor equal to the `end` event's id has nothing after it: the subscription ends."""
+    run = str(uuid.uuid4())
+    value = bridge.lease(run, 1)
+    bridge.publish(run, value, [ev(0)])
+    end_id = bridge.publish(run, value, [(END_EVENT, b"{}")], end=True)[0]
+    items = list(bridge.subscriber().subscribe(run, end_id, is_terminal=lambda: True))
+    assert items == []
+
+
+def test_b5_before_first_cursor_reports_a_trimmed_start(
+    settings: Settings, rclient: redis.Redis
+) -> None:
+    """B5: 0-0 (before the first event) replays everything, or a gap once the start is gone."""
+    b = make_bridge(settings, rclient, stream_maxlen=5)
+    run = str(uuid.uuid4())
+    value = b.lease(run, 1)
+    b.publish(run, value, [ev(0), ev(1)])
+    assert len(b.read_all(run, "0-0", terminal=False)) == 2
+    b.publish(run, value, [ev(i) for i in range(2, 30)])
+    got = b.read_all(run, "0-0", terminal=False)
+    assert len(got) == 1 and isinstance(got[0], Gap)

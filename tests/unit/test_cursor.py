@@ -10,13 +10,13 @@ from shared.bridge.base import Gap, parse_cursor
 from shared.errors import StreamCursorInvalid
 
 
-@pytest.mark.parametrize("value", [None, "", "-1", "0", "-", "0-0", " -1 "])
+@pytest.mark.parametrize("value", [None, "", "-1", "0", "-", " -1 "])
 def test_b4_start_cursors_mean_from_the_start(value: str | None) -> None:
     """B4: -1, 0 and - (and no header) mean "from the start of what is retained"."""
     assert parse_cursor(value) == ""
 
 
-@pytest.mark.parametrize("value", ["1700000000000-0", "5-3"])
+@pytest.mark.parametrize("value", ["1700000000000-0", "5-3", "0-0"])
 def test_b4_stream_ids_pass(value: str) -> None:
     """B4: a stream id is kept as is."""
     assert parse_cursor(value) == value
@@ -90,3 +90,9 @@ def test_b5_classify_missing_start_and_old_incarnation() -> None:
     assert classify_read("", meta(10, 5)) is ReadKind.OK
     reborn = StreamMeta(True, 3, "100-0", "102-0", None)
     assert classify_read("50-0", reborn) is ReadKind.GAP
+
+
+def test_b5_before_first_cursor_is_checked() -> None:
+    """B4/B5: 0-0 means "before the first event": a gap once the start was trimmed."""
+    assert classify_read("0-0", meta(10, 1)) is ReadKind.OK
+    assert classify_read("0-0", meta(10, 4)) is ReadKind.GAP
