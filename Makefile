@@ -23,7 +23,7 @@ TEST_DB ?= threadrun_test
 TEST_REDIS_DB ?= 1
 DEVSERVICES_ENV := $(PY) -m shared.devservices env --db-name $(TEST_DB) --redis-db $(TEST_REDIS_DB)
 
-.PHONY: help venv install run test test-unit test-integration test-e2e lint fmt bench clean migrate services-env services-stop
+.PHONY: chromium help venv install run test test-unit test-integration test-e2e lint fmt bench clean migrate services-env services-stop
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -68,7 +68,7 @@ define run_pytest
 	exit $$rc
 endef
 
-test: install ## the whole suite: tests/unit, tests/integration, tests/e2e
+test: install chromium ## the whole suite: tests/unit, tests/integration, tests/e2e
 	$(call run_pytest,tests/unit tests/integration tests/e2e)
 
 test-unit: install ## tests/unit only
@@ -77,7 +77,7 @@ test-unit: install ## tests/unit only
 test-integration: install ## tests/integration only
 	$(call run_pytest,tests/integration)
 
-test-e2e: install ## tests/e2e only (real web and worker processes)
+test-e2e: install chromium ## tests/e2e only (real web and worker processes)
 	$(call run_pytest,tests/e2e)
 
 lint: install ## ruff check, ruff format --check, mypy on shared
@@ -112,3 +112,17 @@ clean: ## stop embedded daemons and remove .threadrun data and caches (keeps .ve
 	  THREADRUN_DATA_DIR=$(DATA_DIR) $(PY) -m shared.devservices stop || true; \
 	fi
 	rm -rf $(DATA_DIR) .pytest_cache .ruff_cache .mypy_cache
+
+# Browser tests (tests/e2e/test_browser.py) drive the system Chromium through the `playwright`
+# package; Playwright's own browser download is never used.
+CHROMIUM := /usr/bin/chromium
+
+chromium: ## install /usr/bin/chromium for the browser tests (apt-get, only when root)
+	@if [ -x $(CHROMIUM) ]; then exit 0; fi; \
+	if [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium for tests/e2e/test_browser.py (apt-get)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else \
+	  echo "warning: no $(CHROMIUM) and no root apt-get: tests/e2e/test_browser.py will fail until chromium is installed" >&2; \
+	fi
