@@ -15,8 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from shared.db import make_pool
+from shared.redis_keys import Keys
 from shared.runs.store import TERMINAL, RunStore
 from shared.settings import Settings
 from tests.conftest import private_settings, settings_env
@@ -99,6 +101,16 @@ def sse_events(client: httpx.Client, tid: str, run_id: str) -> list[tuple[str, s
     return out
 
 
+def wait_published(c: Cluster, run_id: str, n: int = 3) -> None:
+    """Wait until the first attempt has published `n` events (its metadata among them)."""
+    client = redis.Redis.from_url(c.settings.redis_url)
+    try:
+        key = Keys(c.settings.redis_prefix).stream(run_id)
+        wait_for(lambda: client.xlen(key) >= n, 20, "the first events")
+    finally:
+        client.close()
+
+
 def owner_pid(store: RunStore, run_id: str) -> int:
     row = store.get_run_by_id(run_id)
     assert row is not None and row["owner"]
@@ -134,7 +146,7 @@ def test_l4_l5_killed_owner_run_resumes_on_another_worker(fast: Cluster, store: 
         tid = client.post("/threads", json={}).json()["thread_id"]
         run_id = slow_run(client, tid)
         wait_for(lambda: store.run_status(run_id) == "running", 15, "the run to start")
-        time.sleep(0.8)  # some tokens out
+        wait_published(fast, run_id)
         pid = owner_pid(store, run_id)
         victim = next(p for p in fast.procs if p.popen.pid == pid)
         t_kill = time.monotonic()
@@ -172,7 +184,7 @@ def test_l2_frozen_owner_is_fenced_when_it_wakes(fast: Cluster, store: RunStore)
         tid = client.post("/threads", json={}).json()["thread_id"]
         run_id = slow_run(client, tid, tokens=200, delay_ms=20)
         wait_for(lambda: store.run_status(run_id) == "running", 15, "the run to start")
-        time.sleep(0.5)
+        wait_published(fast, run_id)
         pid = owner_pid(store, run_id)
         os.kill(pid, signal.SIGSTOP)
         try:
