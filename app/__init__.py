@@ -12,8 +12,9 @@ from shared.settings import Settings
 def create_app(settings: Settings | None = None) -> Flask:
     """The application factory."""
     from app import errors
-    from app.api import assistants, meta, runs, state, threads
+    from app.api import assistants, meta, runs, state, threads, ui
     from app.services import Services
+    from app.streaming import ws
 
     settings = settings or Settings()
     app = Flask(__name__)
@@ -21,7 +22,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["threadrun"] = Services.build(settings)
     errors.register(app)
-    for bp in (meta.bp, assistants.bp, threads.bp, state.bp, runs.bp):
+    for bp in (meta.bp, assistants.bp, threads.bp, state.bp, runs.bp, ui.bp):
         app.register_blueprint(bp)
+    ws.init_app(app)  # flask-sock: /ws and /threads/<thread_id>/ws (A2)
     logging.getLogger(__name__).info("threadrun web ready")
     return app

@@ -28,13 +28,17 @@ def _presented_key() -> str | None:
     return None
 
 
-def authenticate() -> Principal:
-    """The caller, or 401 when keys are configured and none matches."""
+def authenticate(extra_key: str | None = None) -> Principal:
+    """The caller, or 401 when keys are configured and none matches.
+
+    `extra_key` is a key presented some other way (the WebSocket `?api_key=`, since
+    browsers cannot set headers on a socket).
+    """
     settings = current_services().settings
     keys = settings.api_key_map
     if not keys:
         return Principal(settings.local_user)
-    presented = _presented_key()
+    presented = _presented_key() or extra_key
     if presented:
         for key, user in keys.items():
             if hmac.compare_digest(key.encode(), presented.encode()):

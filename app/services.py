@@ -35,8 +35,15 @@ class Services:
     def build(cls, settings: Settings) -> Services:
         """Open pools and clients for this process."""
         pool = make_pool(settings, name="web")
+        # Blocking reads (XREAD BLOCK for one heartbeat) must never hit the socket timeout
+        # (redis-py's default is 5 s, equal to the default heartbeat): give them a margin.
         client = redis.Redis.from_url(
-            settings.redis_url, health_check_interval=30, max_connections=None
+            settings.redis_url,
+            health_check_interval=30,
+            max_connections=None,
+            socket_timeout=settings.stream_heartbeat_s + 10,
+            socket_connect_timeout=5,
+            socket_keepalive=True,
         )
         keys = Keys(settings.redis_prefix)
         registry = GraphRegistry.from_config(settings.config)

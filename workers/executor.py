@@ -80,18 +80,20 @@ async def execute_run(rt: WorkerRuntime, run_id: str) -> str:
     attempt = await claim(rt, run_id)
     if attempt is None:
         return "not_claimed"
+    # The attempt stays registered until finalization is over, so a graceful shutdown
+    # waits for it and the keeper keeps its lease alive meanwhile.
     rt.active[run_id] = attempt
     ensure_lease_keeper(rt)
     try:
         outcome = await execute(rt, attempt)
+        if attempt.stop_reason is StopReason.LEASE_LOST:
+            log.warning("lease lost; skipping finalization", extra={"run_id": run_id})
+            return "lease_lost"
+        if attempt.stop_reason is StopReason.SHUTDOWN:
+            return await hand_back(rt, attempt)
+        return await finalize(rt, attempt, *outcome)
     finally:
         rt.active.pop(run_id, None)
-    if attempt.stop_reason is StopReason.LEASE_LOST:
-        log.warning("lease lost; skipping finalization", extra={"run_id": run_id})
-        return "lease_lost"
-    if attempt.stop_reason is StopReason.SHUTDOWN:
-        return await hand_back(rt, attempt)
-    return await finalize(rt, attempt, *outcome)
 
 
 # --- claim ---------------------------------------------------------------------------------
@@ -209,6 +211,7 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
     )
     sink = attempt.sink
     sink.emit("metadata", serde.dumps({"run_id": attempt.run_id, "attempt": run["attempt"]}))
+    await asyncio.sleep(0)  # let the batcher send it before the synchronous set-up below
     config = run_config(run)
     graph = rt.graph(run["graph_id"], rt.next_slot())
     kwargs = run.get("kwargs") or {}

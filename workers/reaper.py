@@ -10,6 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from shared import serde
+from shared.bridge.base import END_EVENT
+from shared.bridge.publisher import PublishCall
+from shared.leases import lease_value
 from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -34,23 +38,48 @@ async def reap_once(rt: WorkerRuntime) -> dict[str, int]:
         await asyncio.to_thread(rt.dispatcher.dispatch_run, run_id)
         counts["redispatched"] += 1
     for run in await asyncio.to_thread(rt.store.running_runs, s.lease_ttl_s):
-        if await rt.leases.is_held(run["run_id"]):
+        run_id, epoch, attempt = run["run_id"], int(run["owner_epoch"]), int(run["attempt"])
+        if await rt.leases.is_held(run_id):
             continue
-        outcome, to_dispatch = await asyncio.to_thread(
-            rt.store.requeue_expired,
-            run["run_id"],
-            int(run["owner_epoch"]),
-            int(run["attempt"]),
-            s.max_attempts,
-            f"owner lease expired after attempt {run['attempt']}",
-        )
-        if outcome == "requeued":
-            counts["requeued"] += 1
-        elif outcome == "failed":
+        reason = f"owner lease expired after attempt {attempt}"
+        if attempt < s.max_attempts:
+            if await asyncio.to_thread(rt.store.requeue, run_id, epoch, reason):
+                counts["requeued"] += 1
+                await asyncio.to_thread(rt.dispatcher.dispatch_run, run_id)
+            continue
+        if await fail_run(rt, run_id, epoch, reason):
             counts["failed"] += 1
-        if to_dispatch:
-            await asyncio.to_thread(rt.dispatcher.dispatch_run, to_dispatch)
     return counts
+
+
+async def fail_run(rt: WorkerRuntime, run_id: str, epoch: int, reason: str) -> bool:
+    """L5: end the run `error`, then, as its new owner, publish `error` and `end` (A1, G4)
+    so that every stream, join and wait on it finishes."""
+    expired = await asyncio.to_thread(rt.store.fail_expired, run_id, epoch, rt.worker_id, reason)
+    if expired is None:
+        return False
+    if expired.next_run_id:
+        await asyncio.to_thread(rt.dispatcher.dispatch_run, expired.next_run_id)
+    value = lease_value(expired.epoch, rt.worker_id)
+    if await rt.leases.acquire(run_id, expired.epoch, rt.worker_id):
+        try:
+            await rt.publisher.publish(
+                PublishCall(
+                    run_id,
+                    value,
+                    1,
+                    [
+                        ("error", serde.dumps(expired.error)),
+                        (END_EVENT, serde.dumps({"run_id": run_id, "status": "error"})),
+                    ],
+                    end=True,
+                )
+            )
+        except Exception:  # noqa: BLE001 - subscribers still see the terminal status
+            log.exception("publishing the reaped run's end failed", extra={"run_id": run_id})
+        finally:
+            await rt.leases.release(run_id, value)
+    return True
 
 
 async def reaper_loop(rt: WorkerRuntime) -> None:

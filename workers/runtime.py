@@ -79,6 +79,11 @@ class WorkerRuntime:
         self.publisher = StreamPublisher(self.redis, self.keys, s)
         self.batcher = PublishBatcher(self.publisher)
         self.leases = LeaseManager(self.redis, self.keys, ttl_s=s.lease_ttl_s)
+        # Bind every graph to every saver now: the first copy of a graph costs ~150 ms,
+        # which would otherwise sit between a claim and the run's first event.
+        for graph_id in self.registry.ids():
+            for slot in range(len(self.savers)):
+                self.graph(graph_id, slot)
 
     def graph(self, graph_id: str, slot: int = 0) -> Pregel:
         """The graph bound to checkpoint saver `slot` of this process (cached)."""

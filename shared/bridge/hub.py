@@ -90,6 +90,7 @@ class SubscriptionHub:
 
     def detach(self, sub: Subscription) -> None:
         """Stop following (idempotent)."""
+        removed = False
         with self._lock:
             subs = self._streams.get(sub.key)
             if subs is not None:
@@ -97,6 +98,9 @@ class SubscriptionHub:
                 if not subs:
                     del self._streams[sub.key]
                     self._positions.pop(sub.key, None)
+                    removed = True
+        if removed:
+            self._wake()  # stop following it now, not after the block timeout
 
     @property
     def followed(self) -> int:

@@ -49,6 +49,7 @@ class _Follow:
 
     cursor: str
     last_n: int | None
+    idle: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,11 @@ class StreamSubscriber:
         self._heartbeat_ms = int(settings.stream_heartbeat_s * 1000)
         self._hub = hub
         self.batch = 500
+
+    @property
+    def hub(self) -> SubscriptionHub | None:
+        """The process's subscription hub, if followers share one."""
+        return self._hub
 
     def snapshot(self, run_id: str, cursor: str) -> Snapshot:
         """Bounds and entries read in one MULTI/EXEC, so a trim in between cannot hide a gap.
@@ -138,7 +144,7 @@ class StreamSubscriber:
         last_event_id: str | None = None,
         *,
         is_terminal: Callable[[], bool],
-    ) -> Iterator[list[StreamItem]]:
+    ) -> Generator[list[StreamItem], None, None]:
         """Like `subscribe`, one list per Redis read (so a relay can write them in one go).
 
         `is_terminal` answers whether the run has ended durably; it is consulted only when
@@ -200,11 +206,12 @@ class StreamSubscriber:
                 {key: st.cursor or "0-0"}, count=self.batch, block=self._heartbeat_ms
             )
             if not got:
-                if not self._client.exists(key) and is_terminal():
+                if self._ended_silently(key, st, is_terminal):
                     yield [self._gap(run_id, st.cursor)]
                     return True
                 yield [Heartbeat()]
                 continue
+            st.idle = 0
             batch, done = self._accept(run_id, st, got[0][1])
             yield batch
             if done:
@@ -221,11 +228,12 @@ class StreamSubscriber:
                 try:
                     entries = sub.take(self._heartbeat_s)
                 except queue.Empty:
-                    if not self._client.exists(key) and is_terminal():
+                    if self._ended_silently(key, st, is_terminal):
                         yield [self._gap(run_id, st.cursor)]
                         return True
                     yield [Heartbeat()]
                     continue
+                st.idle = 0
                 if entries is None:
                     return False  # overflowed: catch up from our own cursor
                 batch, done = self._accept(run_id, st, entries)
@@ -235,6 +243,20 @@ class StreamSubscriber:
                     return True
         finally:
             self._hub.detach(sub)
+
+    def _ended_silently(self, key: str, st: _Follow, is_terminal: Callable[[], bool]) -> bool:
+        """After an idle heartbeat: did the run end without an `end` we can still get?
+
+        True when the stream is gone and the run is terminal, or when the run has been
+        terminal for two idle heartbeats in a row (its `end` was lost, e.g. a publisher
+        that gave up during a Redis outage). Two, because the terminal status is committed
+        a moment before `end` is published. The subscriber then ends with a gap, so the
+        client reloads durable state instead of waiting for ever.
+        """
+        st.idle += 1
+        if not self._client.exists(key):
+            return is_terminal()
+        return st.idle >= 2 and is_terminal()
 
     def _accept(
         self, run_id: str, st: _Follow, entries: list[Any]

@@ -67,11 +67,15 @@ LIMIT %(limit)s
 """
 INSERT_RUN_SQL = """
 INSERT INTO runs (run_id, thread_id, assistant_id, graph_id, status, input, command, config,
-                  context, metadata, kwargs, multitask_strategy, on_disconnect, dispatched_at)
+                  context, metadata, kwargs, multitask_strategy, on_disconnect, dispatched_at,
+                  created_at, updated_at)
 VALUES (%(run_id)s, %(thread_id)s, %(assistant_id)s, %(graph_id)s, 'pending', %(input)s,
         %(command)s, %(config)s, %(context)s, %(metadata)s, %(kwargs)s,
         %(multitask_strategy)s, %(on_disconnect)s,
-        CASE WHEN %(dispatch)s THEN now() END)
+        CASE WHEN %(dispatch)s THEN now() END,
+        -- clock_timestamp(), not now(): taken after the thread lock, so created_at
+        -- follows admission (= execution) order, not transaction start order.
+        clock_timestamp(), clock_timestamp())
 RETURNING *
 """
 MARK_THREAD_BUSY_SQL = """
@@ -101,7 +105,7 @@ LIST_RUNS_SQL = """
 SELECT r.* FROM runs r JOIN threads t USING (thread_id)
 WHERE r.thread_id = %(thread_id)s AND t.owner = %(owner)s
   AND (%(status)s::text IS NULL OR r.status = %(status)s)
-ORDER BY r.created_at DESC, r.seq DESC
+ORDER BY r.seq DESC
 LIMIT %(limit)s OFFSET %(offset)s
 """
 DELETE_RUN_SQL = """
@@ -165,6 +169,12 @@ RUNNING_RUNS_SQL = """
 SELECT run_id::text, thread_id::text, owner_epoch, attempt FROM runs
 WHERE status = 'running' AND updated_at < now() - make_interval(secs => %(min_age_s)s)
 """
+FAIL_EXPIRED_SQL = """
+UPDATE runs SET status = 'error', error = %(error)s, ended_at = now(), updated_at = now(),
+       owner = %(owner)s, owner_epoch = owner_epoch + 1
+WHERE run_id = %(run_id)s AND owner_epoch = %(epoch)s AND status = 'running'
+RETURNING thread_id, owner_epoch
+"""
 REQUEUE_EXPIRED_SQL = """
 UPDATE runs SET status = 'pending', owner = NULL, dispatched_at = now(), updated_at = now()
 WHERE run_id = %(run_id)s AND status = 'running' AND owner_epoch = %(epoch)s
@@ -205,6 +215,15 @@ class Admission:
     run: dict[str, Any] | None
     dispatch: list[str]
     cancel_running: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """A run the reaper ended: its new epoch (now the reaper's), the error, the next run."""
+
+    epoch: int
+    error: dict[str, Any]
+    next_run_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -583,31 +602,18 @@ class RunStore:
         """Close the pool."""
         self._pool.close()
 
-    def requeue_expired(
-        self, run_id: str, epoch: int, attempt: int, max_attempts: int, reason: str
-    ) -> tuple[str, str | None]:
-        """Hand a run whose owner vanished to a new attempt, or end it `error` after max (L4, L5).
-
-        Returns ('requeued', run_id) / ('failed', next run to dispatch) / ('skipped', None).
-        """
-        if attempt < max_attempts:
-            return (
-                ("requeued", run_id) if self.requeue(run_id, epoch, reason) else ("skipped", None)
-            )
+    def fail_expired(self, run_id: str, epoch: int, owner: str, reason: str) -> Expired | None:
+        """End a run whose owners kept dying as `error` (L5), taking ownership (epoch + 1) so
+        the caller may publish the run's `error` and `end` under a lease of its own."""
+        error = {"error": "MaxAttemptsExceeded", "message": reason}
         with self._pool.connection() as conn, conn.transaction():
             row = conn.execute(
-                FINISH_SQL,
-                {
-                    "run_id": run_id,
-                    "epoch": epoch,
-                    "status": "error",
-                    "error": _json({"error": "MaxAttemptsExceeded", "message": reason}),
-                },
+                FAIL_EXPIRED_SQL,
+                {"run_id": run_id, "epoch": epoch, "owner": owner, "error": _json(error)},
             ).fetchone()
             if row is None:
-                return "skipped", None
+                return None
             thread_id = str(row["thread_id"])
-            self._lifecycle(
-                conn, run_id, thread_id, "error", {"reason": reason, "attempt": attempt}
-            )
-            return "failed", self._settle_thread(conn, thread_id, "error")
+            self._lifecycle(conn, run_id, thread_id, "error", {"reason": reason, "epoch": epoch})
+            nxt = self._settle_thread(conn, thread_id, "error")
+        return Expired(int(row["owner_epoch"]), error, nxt)

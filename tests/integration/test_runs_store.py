@@ -132,9 +132,7 @@ def test_l2_stale_epoch_cannot_finish(store: RunStore) -> None:
     tid = new_thread(store)
     run_id = str(admit(store, tid).run["run_id"])
     old = store.claim(run_id, "old").run
-    assert store.requeue_expired(
-        run_id, old["owner_epoch"], old["attempt"], 3, "lease expired"
-    ) == ("requeued", run_id)
+    assert store.requeue(run_id, old["owner_epoch"], "lease expired")
     new = store.claim(run_id, "new").run
     assert new["owner_epoch"] == old["owner_epoch"] + 1 and new["attempt"] == 2
     assert store.finish(
@@ -158,13 +156,13 @@ def test_l5_max_attempts_ends_in_error(store: RunStore) -> None:
     run_id = str(admit(store, tid).run["run_id"])
     run = store.claim(run_id, "w").run
     for _ in range(2):
-        store.requeue_expired(run_id, run["owner_epoch"], run["attempt"], 3, "lease expired")
+        assert store.requeue(run_id, run["owner_epoch"], "lease expired")
         run = store.claim(run_id, "w").run
     assert run["attempt"] == 3
-    outcome, _ = store.requeue_expired(
-        run_id, run["owner_epoch"], run["attempt"], 3, "lease expired"
-    )
-    assert outcome == "failed"
+    expired = store.fail_expired(run_id, run["owner_epoch"], "reaper", "lease expired")
+    assert expired is not None and expired.epoch == run["owner_epoch"] + 1
+    # The dead owner is fenced from now on; a second reaper pass changes nothing.
+    assert store.fail_expired(run_id, run["owner_epoch"], "reaper", "lease expired") is None
     row = store.get_run(tid, run_id, OWNER)
     assert row["status"] == "error" and "lease expired" in row["error"]["message"]
 

@@ -1,0 +1,68 @@
+"""The web chat page: GET /ui (and / redirecting to it) plus its static files.
+
+Plain HTML/JS/CSS from `app/static/` with no build step. The page holds no data of its
+own: it calls the HTTP API with `x-api-key` and the WebSocket (A2) with `?api_key=`, so
+serving it needs no authentication. It is sent with a strict Content-Security-Policy (no
+inline script, connections only to this origin) and `Referrer-Policy: no-referrer`, since
+the page URL may carry `?api_key=`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flask import Blueprint, Response, redirect, request, send_from_directory
+from werkzeug.exceptions import NotFound
+
+bp = Blueprint("ui", __name__)
+STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
+_STATIC_FILES = frozenset({"index.html", "chat.js", "chat.css"})
+
+
+def _csp() -> str:
+    host = request.host
+    return "; ".join(
+        [
+            "default-src 'self'",
+            "script-src 'self'",
+            "style-src 'self'",
+            "img-src 'self' data:",
+            f"connect-src 'self' ws://{host} wss://{host}",
+            "object-src 'none'",
+            "base-uri 'none'",
+            "form-action 'self'",
+            "frame-ancestors 'none'",
+        ]
+    )
+
+
+def _harden(resp: Response) -> Response:
+    resp.headers["X-Content-Type-Options"] = "nosniff"
+    resp.headers["Referrer-Policy"] = "no-referrer"
+    resp.headers["Cache-Control"] = "no-cache"  # no build step, no hashed names: revalidate
+    return resp
+
+
+@bp.get("/")
+def root() -> Response:
+    """The chat page lives at /ui (the query string, e.g. `?api_key=`, is kept)."""
+    query = request.query_string.decode("latin-1")
+    return redirect("/ui" + (f"?{query}" if query else ""), code=302)  # type: ignore[return-value]
+
+
+@bp.get("/ui")
+@bp.get("/ui/")
+def page() -> Response:
+    """The chat page."""
+    resp = send_from_directory(STATIC_DIR, "index.html", max_age=0)
+    resp.headers["Content-Security-Policy"] = _csp()
+    resp.headers["X-Frame-Options"] = "DENY"
+    return _harden(resp)
+
+
+@bp.get("/ui/static/<path:filename>")
+def static_file(filename: str) -> Response:
+    """chat.js, chat.css (only the page's own files; anything else is 404)."""
+    if filename not in _STATIC_FILES:
+        raise NotFound(f"no static file {filename[:64]!r}")
+    return _harden(send_from_directory(STATIC_DIR, filename, max_age=0))

@@ -1,0 +1,1175 @@
+/*
+ * threadrun chat page (plain JS, no build step).
+ *
+ * Transport: the WebSocket protocol of SPEC A2 (`/ws?api_key=`; frames run.create, run.join,
+ * run.cancel, ping; server frames event, gap, heartbeat, end, error). If the socket cannot
+ * open at all (or `?transport=sse`), runs are created over HTTP and followed with SSE read
+ * through fetch + ReadableStream, with `Last-Event-ID` on every rejoin.
+ *
+ * Recovery (SPEC B4, B5, B9):
+ *   - the page keeps the id of the last event it applied;
+ *   - a dropped socket -> "reconnecting…", exponential back-off, then run.join with
+ *     last_event_id: the server replays exactly the events after it (B4);
+ *   - a `gap` (events after our cursor were trimmed, B5) -> drop the transient UI state
+ *     (partial assistant text, the optimistic user message), reload GET /threads/{id}/state,
+ *     re-render the transcript from it, show "view incomplete — reloaded", then rejoin after
+ *     latest_available_event_id;
+ *   - 3 consecutive gaps -> "error"; the run keeps going on the server, the page stays usable
+ *     and reloads the transcript when the run ends (it waits on GET …/join);
+ *   - after `end`, the transcript is rendered once more from GET /threads/{id}/state, so what
+ *     the page shows is the durable state.
+ *
+ * Debug query parameters: `?tokens=60&delay=20` send config.configurable {tokens,
+ * token_delay_ms} (knobs of the built-in model), `?transport=sse` forces SSE,
+ * `?api_key=` sets (and remembers) the key. `window.threadrunTest` is a small hook for
+ * the browser tests (tests/e2e/test_browser.py).
+ */
+"use strict";
+
+(() => {
+  const KEY_STORE = "threadrun.api_key";
+  const MAX_CONSECUTIVE_GAPS = 3;
+  const SILENT_SOCKET_MS = 15000; // 3 heartbeat intervals without any frame: the socket is dead
+  const BACKOFF_BASE_MS = 250;
+  const BACKOFF_MAX_MS = 8000;
+  const STREAM_MODES = ["messages-tuple", "updates", "values"];
+  const TERMINAL = new Set(["success", "error", "timeout", "interrupted"]);
+  const INFLIGHT = new Set(["pending", "running"]);
+  const INCOMPLETE_DETAIL =
+    "Some live events were missed (the stream had moved on); the transcript was reloaded from the saved state.";
+  const LABELS = {
+    idle: "ready",
+    streaming: "streaming",
+    reconnecting: "reconnecting…",
+    incomplete: "view incomplete — reloaded",
+    cancelled: "cancelled",
+    error: "error",
+    done: "done",
+  };
+
+  // ---------------------------------------------------------------- configuration -------
+  const params = new URLSearchParams(location.search);
+  let apiKey = localStorage.getItem(KEY_STORE) || "";
+  if (params.has("api_key")) {
+    apiKey = params.get("api_key") || "";
+    localStorage.setItem(KEY_STORE, apiKey);
+    params.delete("api_key"); // keep the key out of the address bar and history
+    const rest = params.toString();
+    history.replaceState(null, "", location.pathname + (rest ? `?${rest}` : "") + location.hash);
+  }
+  const configurable = {};
+  if (params.get("tokens")) configurable.tokens = Number(params.get("tokens"));
+  if (params.get("delay")) configurable.token_delay_ms = Number(params.get("delay"));
+  let transport = params.get("transport") === "sse" ? "sse" : "ws";
+
+  // ---------------------------------------------------------------- page state ----------
+  const S = {
+    threads: [],
+    threadId: null,
+    durable: [], // messages as the server knows them (state, `values`, `updates`)
+    live: new Map(), // message id -> {text, toolCalls}: assistant text still streaming
+    optimistic: null, // the user's message before the server echoes it
+    artifacts: [], // from values.artifacts, if the graph has the channel
+    run: null, // the run this page follows (see newRun)
+    status: "idle",
+    detail: "",
+  };
+  // What the browser test reads (window.threadrunTest).
+  const T = {
+    eventIds: [],
+    duplicates: [],
+    chunks: [], // {eventId, messageId, content} of every AIMessageChunk applied
+    statuses: [],
+    joins: 0,
+    opens: 0,
+    gaps: 0,
+    holdRejoinMs: 0,
+  };
+
+  const $ = (id) => document.getElementById(id);
+  const el = {};
+
+  // ---------------------------------------------------------------- HTTP ----------------
+  class ApiError extends Error {
+    constructor(status, code, message) {
+      super(message);
+      this.status = status;
+      this.code = code;
+    }
+  }
+
+  function authHeaders() {
+    return apiKey ? { "x-api-key": apiKey } : {};
+  }
+
+  async function api(method, path, body) {
+    const init = { method, headers: { ...authHeaders() } };
+    if (body !== undefined) {
+      init.headers["content-type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const resp = await fetch(path, init);
+    const text = await resp.text();
+    let data = null;
+    try {
+      data = text.trim() ? JSON.parse(text) : null;
+    } catch (_e) {
+      data = null;
+    }
+    if (!resp.ok) {
+      const message = (data && (data.message || data.detail)) || `${resp.status} ${resp.statusText}`;
+      if (resp.status === 401) showBanner("The server wants an API key: enter it at the top right.");
+      throw new ApiError(resp.status, (data && data.error) || "http_error", message);
+    }
+    return data;
+  }
+
+  // ---------------------------------------------------------------- helpers -------------
+  function textOf(content) {
+    if (typeof content === "string") return content;
+    if (Array.isArray(content)) {
+      return content
+        .map((b) => (typeof b === "string" ? b : b && b.type === "text" ? b.text || "" : ""))
+        .join("");
+    }
+    return content == null ? "" : String(content);
+  }
+
+  function msgType(m) {
+    const t = m.type || m.role || "";
+    if (t === "human" || t === "user") return "human";
+    if (t === "ai" || t === "assistant" || t === "AIMessageChunk") return "ai";
+    if (t === "tool") return "tool";
+    return t;
+  }
+
+  function isShown(m) {
+    const t = msgType(m);
+    if (t !== "human" && t !== "ai" && t !== "tool") return false; // system, remove, …
+    const extra = m.additional_kwargs || {};
+    return !(extra.hidden || extra.lc_hidden);
+  }
+
+  /** Redis Stream ids "ms-seq": -1, 0, 1 like a comparator. */
+  function compareIds(a, b) {
+    const [am, as] = String(a).split("-").map(Number);
+    const [bm, bs] = String(b).split("-").map(Number);
+    return am !== bm ? Math.sign(am - bm) : Math.sign((as || 0) - (bs || 0));
+  }
+
+  function sleep(ms) {
+    return new Promise((resolve) => setTimeout(resolve, ms));
+  }
+
+  function shortId(id) {
+    return id ? id.slice(0, 8) : "";
+  }
+
+  function ago(iso) {
+    const t = Date.parse(iso);
+    if (!t) return "";
+    const s = Math.max(0, (Date.now() - t) / 1000);
+    if (s < 60) return "just now";
+    if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+    if (s < 86400) return `${Math.floor(s / 3600)} h ago`;
+    return new Date(t).toLocaleDateString();
+  }
+
+  function node(tag, cls, text) {
+    const n = document.createElement(tag);
+    if (cls) n.className = cls;
+    if (text !== undefined) n.textContent = text;
+    return n;
+  }
+
+  // ---------------------------------------------------------------- status --------------
+  function setStatus(state, detail = "") {
+    S.status = state;
+    S.detail = detail;
+    if (T.statuses[T.statuses.length - 1] !== state) T.statuses.push(state);
+    el.status.dataset.state = state;
+    el.status.textContent = LABELS[state] || state;
+    el.detail.textContent = detail;
+    el.detail.hidden = !detail;
+    updateControls();
+  }
+
+  function showBanner(text) {
+    el.banner.textContent = text;
+    el.banner.hidden = !text;
+  }
+
+  function updateControls() {
+    const r = S.run;
+    const busy = Boolean(r && !r.ended && !r.abandoned);
+    el.send.disabled = busy || !S.threadId;
+    el.input.disabled = !S.threadId;
+    el.stop.hidden = !busy;
+    el.stop.disabled = Boolean(r && r.stopping) || !(r && r.runId);
+    el.stop.textContent = r && r.stopping ? "Stopping…" : "Stop";
+    const parts = [`transport: ${transport === "ws" ? "WebSocket" : "SSE"}`];
+    if (r && r.runId) parts.push(`run ${shortId(r.runId)}`);
+    if (r && r.lastEventId) parts.push(`last event ${r.lastEventId}`);
+    if (r && r.attempt > 1) parts.push(`attempt ${r.attempt}`);
+    if (Object.keys(configurable).length) parts.push(`debug ${JSON.stringify(configurable)}`);
+    el.footer.textContent = parts.join(" · ");
+  }
+
+  // ---------------------------------------------------------------- transcript ----------
+  let renderQueued = false;
+
+  function scheduleRender() {
+    if (renderQueued) return;
+    renderQueued = true;
+    const flush = () => {
+      if (renderQueued) render();
+    };
+    requestAnimationFrame(flush);
+    setTimeout(flush, 60); // also when the tab is hidden (no animation frames)
+  }
+
+  function toolCallLabel(tc) {
+    const args = tc.args && typeof tc.args === "object" ? tc.args : {};
+    const hint = args.filename || args.path || args.query || "";
+    return `calls ${tc.name}${hint ? ` · ${hint}` : ""}`;
+  }
+
+  function artifactOf(m) {
+    if (msgType(m) !== "tool" || m.status === "error") return null;
+    try {
+      const info = JSON.parse(textOf(m.content));
+      if (info && typeof info.path === "string") return info;
+    } catch (_e) {
+      /* not an artifact result */
+    }
+    return null;
+  }
+
+  function messageNode(m, { live = false, optimistic = false } = {}) {
+    const type = msgType(m);
+    const li = node("li", `msg msg-${type}`);
+    if (live) li.classList.add("live");
+    if (optimistic) li.classList.add("optimistic");
+    li.dataset.id = m.id || "";
+    li.dataset.type = type;
+    if (live) li.dataset.live = "1";
+    const role = type === "human" ? "You" : type === "ai" ? "Assistant" : `tool · ${m.name || "?"}`;
+    li.append(node("div", "role", role));
+    li.append(node("div", "body", live ? m.text : textOf(m.content)));
+    const calls = (live ? m.toolCalls : m.tool_calls) || [];
+    if (calls.length) {
+      const box = node("div", "tool-calls");
+      for (const tc of calls) box.append(node("span", "tool-call", toolCallLabel(tc)));
+      li.append(box);
+    }
+    if (type === "tool") {
+      if (m.status === "error") li.classList.add("tool-error");
+      const art = artifactOf(m);
+      if (art) {
+        const size = Number.isFinite(art.size) ? ` (${art.size} bytes)` : "";
+        li.append(node("div", "artifact-card", `artifact saved: ${art.path}${size}`));
+      }
+    }
+    return li;
+  }
+
+  function render() {
+    renderQueued = false;
+    const atBottom =
+      el.transcript.scrollHeight - el.transcript.scrollTop - el.transcript.clientHeight < 80;
+    const frag = document.createDocumentFragment();
+    const known = new Set();
+    for (const m of S.durable) {
+      if (m.id) known.add(m.id);
+      if (isShown(m)) frag.append(messageNode(m, { optimistic: Boolean(m._optimistic) }));
+    }
+    if (S.optimistic) frag.append(messageNode(S.optimistic, { optimistic: true }));
+    for (const [id, part] of S.live) {
+      if (known.has(id)) continue;
+      const shown = part.afterGap ? { ...part, text: part.text.trimStart() } : part;
+      const li = messageNode({ id, type: "ai", ...shown }, { live: true });
+      if (part.afterGap) li.classList.add("after-gap"); // its beginning was missed
+      frag.append(li);
+    }
+    el.transcript.replaceChildren(frag);
+    if (atBottom) el.transcript.scrollTop = el.transcript.scrollHeight;
+    renderArtifacts();
+    updateControls();
+  }
+
+  function renderArtifacts() {
+    const items = [];
+    const seen = new Set();
+    const add = (path, extra) => {
+      if (!path || seen.has(path)) return;
+      seen.add(path);
+      items.push(extra ? `${path} ${extra}` : path);
+    };
+    for (const a of S.artifacts) add(typeof a === "string" ? a : a && (a.path || a.filename));
+    for (const m of S.durable) {
+      const art = artifactOf(m);
+      if (art) add(art.path, Number.isFinite(art.size) ? `(${art.size} bytes)` : "");
+    }
+    el.artifactList.replaceChildren(...items.map((t) => node("li", "", t)));
+    el.artifacts.hidden = items.length === 0;
+  }
+
+  function setDurable(values) {
+    if (!values || typeof values !== "object") return;
+    if (Array.isArray(values.messages)) {
+      S.durable = values.messages.slice();
+      S.optimistic = null;
+      for (const m of S.durable) if (m.id) S.live.delete(m.id);
+    }
+    if (Array.isArray(values.artifacts)) S.artifacts = values.artifacts.slice();
+  }
+
+  function materializeOptimistic() {
+    if (S.optimistic) {
+      S.durable.push({ ...S.optimistic, _optimistic: true });
+      S.optimistic = null;
+    }
+  }
+
+  function upsertDurable(m) {
+    if (!m || typeof m !== "object") return;
+    if (m.type === "remove") {
+      if (m.id === "__remove_all__") S.durable = [];
+      else S.durable = S.durable.filter((x) => x.id !== m.id);
+      return;
+    }
+    materializeOptimistic();
+    const i = m.id ? S.durable.findIndex((x) => x.id === m.id) : -1;
+    if (i >= 0) S.durable[i] = m;
+    else S.durable.push(m);
+    if (m.id) S.live.delete(m.id);
+  }
+
+  async function reloadState(threadId) {
+    const state = await api("GET", `/threads/${threadId}/state`);
+    if (S.threadId !== threadId) return;
+    S.durable = [];
+    S.artifacts = [];
+    S.live.clear();
+    S.optimistic = null;
+    setDurable(state && state.values);
+    render();
+  }
+
+  // ---------------------------------------------------------------- threads -------------
+  async function loadThreads() {
+    try {
+      S.threads = await api("POST", "/threads/search", {
+        limit: 50,
+        sort_by: "updated_at",
+        sort_order: "desc",
+      });
+      showBanner("");
+    } catch (e) {
+      if (e.status !== 401) showBanner(`Could not list threads: ${e.message}`);
+      S.threads = [];
+    }
+    renderThreads();
+  }
+
+  function threadTitle(t) {
+    const title = t.metadata && t.metadata.title;
+    return typeof title === "string" && title ? title : `Thread ${shortId(t.thread_id)}`;
+  }
+
+  function renderThreads() {
+    const items = S.threads.map((t) => {
+      const li = node("li");
+      li.dataset.threadId = t.thread_id;
+      if (t.thread_id === S.threadId) li.classList.add("active");
+      li.append(node("span", "t-title", threadTitle(t)));
+      const meta = node("span", "t-meta");
+      meta.append(node("span", t.status === "busy" ? "t-busy" : "", t.status));
+      meta.append(node("span", "", ago(t.updated_at)));
+      li.append(meta);
+      li.addEventListener("click", () => selectThread(t.thread_id));
+      return li;
+    });
+    el.threadList.replaceChildren(...items);
+    el.threadEmpty.hidden = items.length > 0;
+    const current = S.threads.find((t) => t.thread_id === S.threadId);
+    el.title.textContent = current ? threadTitle(current) : S.threadId ? `Thread ${shortId(S.threadId)}` : "No thread selected";
+  }
+
+  async function newThread() {
+    try {
+      const t = await api("POST", "/threads", { metadata: { source: "web-ui" } });
+      S.threads.unshift(t);
+      await selectThread(t.thread_id);
+      el.input.focus();
+    } catch (e) {
+      showBanner(`Could not create a thread: ${e.message}`);
+    }
+  }
+
+  async function selectThread(threadId) {
+    if (threadId === S.threadId && S.run && isCurrent(S.run)) return; // already following it
+    if (S.run && S.run.threadId !== threadId) stopFollowing();
+    S.threadId = threadId;
+    history.replaceState(null, "", `${location.pathname}${location.search}#thread=${threadId}`);
+    S.durable = [];
+    S.live.clear();
+    S.optimistic = null;
+    S.artifacts = [];
+    renderThreads();
+    render();
+    setStatus("idle");
+    try {
+      await reloadState(threadId);
+      // A run still going on this thread (another tab, a page reload): follow it.
+      const runs = await api("GET", `/threads/${threadId}/runs?limit=10`);
+      const inflight = (runs || []).filter((r) => INFLIGHT.has(r.status));
+      if (inflight.length && S.threadId === threadId && !S.run) {
+        const r = inflight.find((x) => x.status === "running") || inflight[inflight.length - 1];
+        S.run = newRun(r.run_id, threadId);
+        join(null); // from the start of what is retained: rebuilds the partial message
+      }
+    } catch (e) {
+      if (S.threadId === threadId) setStatus("error", `Could not load the thread: ${e.message}`);
+    }
+  }
+
+  // ---------------------------------------------------------------- runs ----------------
+  function newRun(runId, threadId) {
+    return {
+      runId,
+      threadId,
+      lastEventId: null,
+      gaps: 0, // consecutive gaps (reset by any event)
+      incomplete: false, // a gap happened: the live view misses events until the final render
+      ended: false,
+      abandoned: false, // gave up after MAX_CONSECUTIVE_GAPS
+      stopping: false,
+      reconnectAttempt: 0,
+      holdUntil: 0,
+      attempt: 1,
+      error: null,
+      reconnectTimer: null,
+      pollAt: 0,
+    };
+  }
+
+  function isCurrent(run) {
+    return S.run === run && !run.ended && !run.abandoned;
+  }
+
+  async function send(text) {
+    if (!S.threadId || (S.run && !S.run.ended && !S.run.abandoned)) return;
+    const threadId = S.threadId;
+    const firstMessage = !S.durable.some((m) => msgType(m) === "human");
+    S.optimistic = { id: "optimistic", type: "human", content: text };
+    S.live.clear();
+    showBanner("");
+    render();
+    const body = {
+      assistant_id: el.assistant.value || "lead_agent",
+      input: { messages: [{ role: "user", content: text }] },
+      stream_mode: STREAM_MODES,
+      on_disconnect: "continue",
+    };
+    if (Object.keys(configurable).length) body.config = { configurable };
+    if (firstMessage) {
+      api("PATCH", `/threads/${threadId}`, { metadata: { title: text.slice(0, 60) } })
+        .then(loadThreads)
+        .catch(() => {});
+    }
+    S.run = newRun(null, threadId);
+    setStatus("streaming");
+    try {
+      if (transport === "ws") await wsCreate(S.run, body);
+      else await sseCreate(S.run, body);
+    } catch (e) {
+      const run = S.run;
+      if (!run || run.runId !== null) return;
+      S.run = null;
+      if (!e.code && S.threadId === threadId) {
+        // The connection closed before run.created: the run may exist. Reload the thread,
+        // which follows an inflight run if there is one.
+        await selectThread(threadId);
+        if (S.run) return;
+      }
+      S.optimistic = null;
+      el.input.value = el.input.value || text;
+      render();
+      setStatus("error", `Could not start the run: ${e.message}`);
+    }
+  }
+
+  function stop() {
+    const r = S.run;
+    if (!r || !r.runId || r.ended || r.stopping) return;
+    r.stopping = true;
+    updateControls();
+    const viaSocket = transport === "ws" && sock && sock.readyState === WebSocket.OPEN;
+    if (viaSocket) {
+      sockSend({ type: "run.cancel", thread_id: r.threadId, run_id: r.runId, action: "interrupt" });
+    } else {
+      api("POST", `/threads/${r.threadId}/runs/${r.runId}/cancel?action=interrupt`).catch((e) => {
+        r.stopping = false;
+        setStatus("error", `Could not stop the run: ${e.message}`);
+      });
+    }
+  }
+
+  function onEvent(run, id, event, data) {
+    if (!isCurrent(run)) return;
+    if (id) {
+      if (run.lastEventId && compareIds(id, run.lastEventId) <= 0) {
+        T.duplicates.push(id); // never applied twice (B4 says it never happens)
+        return;
+      }
+      run.lastEventId = id;
+      T.eventIds.push(id);
+    }
+    run.gaps = 0;
+    const base = String(event).split("|")[0];
+    if (base === "messages") {
+      const [msg] = Array.isArray(data) ? data : [data];
+      if (msg && msg.type === "AIMessageChunk") {
+        const content = textOf(msg.content);
+        T.chunks.push({ eventId: id, messageId: msg.id, content });
+        if (!S.durable.some((m) => m.id === msg.id)) {
+          const part = S.live.get(msg.id) || { text: "", toolCalls: [], afterGap: run.incomplete };
+          part.text += content;
+          for (const tc of msg.tool_calls || []) {
+            if (tc.name && !part.toolCalls.some((x) => x.id === tc.id)) part.toolCalls.push(tc);
+          }
+          S.live.set(msg.id, part);
+        }
+      } else if (msg && msg.type && msg.type !== "AIMessageChunk") {
+        upsertDurable(msg); // a whole message, e.g. a tool result
+      }
+    } else if (base === "values") {
+      setDurable(data);
+    } else if (base === "updates") {
+      // {node: update} where an update may also be a list (several writes of one node).
+      const updates = Object.values(data || {}).flatMap((u) => (Array.isArray(u) ? u : [u]));
+      for (const update of updates) {
+        const list = update && update.messages;
+        if (Array.isArray(list)) list.forEach(upsertDurable);
+        else if (list && typeof list === "object") upsertDurable(list);
+        if (update && Array.isArray(update.artifacts)) {
+          for (const a of update.artifacts) if (!S.artifacts.includes(a)) S.artifacts.push(a);
+        }
+      }
+    } else if (base === "metadata") {
+      if (data && data.attempt) run.attempt = data.attempt;
+    } else if (base === "error") {
+      run.error = (data && (data.message || data.error)) || "the run failed";
+    }
+    scheduleRender();
+  }
+
+  async function onEnd(run, id, status) {
+    if (!isCurrent(run)) return;
+    if (id) run.lastEventId = id;
+    run.ended = true;
+    closeSse(run);
+    await finish(run, status);
+  }
+
+  /** The final render from durable state, then the terminal label. */
+  async function finish(run, status) {
+    run.ended = true;
+    try {
+      await reloadState(run.threadId);
+    } catch (e) {
+      if (S.run === run) setStatus("error", `The run ended (${status}) but its state did not load: ${e.message}`);
+      return;
+    }
+    if (S.run !== run) return;
+    S.run = null;
+    if (status === "success") setStatus("done");
+    else if (status === "interrupted") {
+      setStatus("cancelled", "The run was stopped. The transcript shows what it had saved before that.");
+    }
+    else setStatus("error", run.error || `The run ended with status ${status}.`);
+    loadThreads();
+  }
+
+  async function onGap(run, gap) {
+    if (!isCurrent(run)) return;
+    run.gaps += 1;
+    run.incomplete = true;
+    T.gaps += 1;
+    closeSse(run);
+    // B9: drop transient UI state, reload durable state, re-render, then rejoin.
+    S.live.clear();
+    S.optimistic = null;
+    try {
+      await reloadState(run.threadId);
+    } catch (e) {
+      setStatus("error", `Events were missed and the state did not reload: ${e.message}`);
+      return;
+    }
+    if (!isCurrent(run)) return;
+    setStatus("incomplete", INCOMPLETE_DETAIL);
+    if (run.gaps >= MAX_CONSECUTIVE_GAPS) {
+      abandon(run);
+      return;
+    }
+    if (!gap.latest_available_event_id) {
+      // Nothing retained: the stream expired (the run ended long ago) or is not there yet.
+      let info = null;
+      try {
+        info = await api("GET", `/threads/${run.threadId}/runs/${run.runId}`);
+      } catch (_e) {
+        info = null;
+      }
+      if (!isCurrent(run)) return;
+      if (info && TERMINAL.has(info.status)) {
+        await finish(run, info.status);
+        return;
+      }
+    }
+    run.lastEventId = gap.latest_available_event_id || null;
+    updateControls();
+    if (T.holdRejoinMs) await sleep(T.holdRejoinMs);
+    if (isCurrent(run)) join(run.lastEventId);
+  }
+
+  function abandon(run) {
+    run.abandoned = true;
+    closeSse(run);
+    setStatus(
+      "error",
+      `The live view lost events ${MAX_CONSECUTIVE_GAPS} times in a row (stream_replay_gap). ` +
+        "The run keeps going on the server; the transcript reloads when it ends."
+    );
+    // Wait for the end without the live stream, then show the durable result.
+    fetch(`/threads/${run.threadId}/runs/${run.runId}/join`, { headers: authHeaders() })
+      .then((r) => r.text())
+      .then(() => api("GET", `/threads/${run.threadId}/runs/${run.runId}`))
+      .then(async (info) => {
+        if (S.run !== run || S.threadId !== run.threadId) return;
+        await reloadState(run.threadId);
+        S.run = null;
+        setStatus(
+          "error",
+          `The live view was lost (${MAX_CONSECUTIVE_GAPS} consecutive gaps); the run ended with status ` +
+            `${info.status} and the transcript was reloaded from the saved state.`
+        );
+        loadThreads();
+      })
+      .catch(() => {});
+  }
+
+  function stopFollowing() {
+    const r = S.run;
+    S.run = null;
+    if (r) {
+      r.ended = true;
+      closeSse(r);
+    }
+    if (sock) closeSocket(true); // a socket cannot leave a run: close it, open another later
+  }
+
+  function join(cursor) {
+    const run = S.run;
+    if (!run || !isCurrent(run)) return;
+    T.joins += 1;
+    setStatus(run.incomplete ? "incomplete" : "streaming", run.incomplete ? INCOMPLETE_DETAIL : "");
+    if (transport === "ws") wsJoin(run, cursor);
+    else sseFollow(run, cursor);
+  }
+
+  function scheduleReconnect(run) {
+    if (!isCurrent(run) || run.reconnectTimer) return;
+    setStatus("reconnecting", "The connection dropped; resuming from the last event received.");
+    run.reconnectAttempt += 1;
+    const backoff = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** (run.reconnectAttempt - 1));
+    const delay = Math.max(backoff + Math.random() * 100, run.holdUntil - Date.now());
+    run.reconnectTimer = setTimeout(() => {
+      run.reconnectTimer = null;
+      if (!isCurrent(run)) return;
+      if (transport === "ws") {
+        openSocket()
+          .then(() => join(run.lastEventId))
+          .catch(() => scheduleReconnect(run));
+      } else {
+        join(run.lastEventId);
+      }
+    }, delay);
+  }
+
+  /** While following: the server should heartbeat; if it is silent for long, poll the run. */
+  function pollIfQuiet(run) {
+    if (!isCurrent(run) || !run.runId || Date.now() < run.pollAt) return;
+    run.pollAt = Date.now() + 15000;
+    api("GET", `/threads/${run.threadId}/runs/${run.runId}`)
+      .then((info) => {
+        if (isCurrent(run) && TERMINAL.has(info.status) && Date.now() - lastEventAt > 10000) {
+          finish(run, info.status);
+        }
+      })
+      .catch(() => {});
+  }
+
+  // ---------------------------------------------------------------- WebSocket -----------
+  let sock = null;
+  let sockOpening = null;
+  let everOpened = false;
+  let openFailures = 0;
+  let lastFrameAt = 0;
+  let lastEventAt = 0;
+  let requestSeq = 0;
+  const pending = new Map(); // request_id -> {resolve, reject, run, kind, cursor}
+
+  function wsUrl() {
+    const proto = location.protocol === "https:" ? "wss" : "ws";
+    const q = apiKey ? `?api_key=${encodeURIComponent(apiKey)}` : "";
+    return `${proto}://${location.host}/ws${q}`;
+  }
+
+  function openSocket() {
+    if (sock && sock.readyState === WebSocket.OPEN) return Promise.resolve(sock);
+    if (sockOpening) return sockOpening;
+    sockOpening = new Promise((resolve, reject) => {
+      let opened = false;
+      const s = new WebSocket(wsUrl());
+      s._intentional = false;
+      s.onopen = () => {
+        opened = true;
+        everOpened = true;
+        openFailures = 0;
+        sock = s;
+        sockOpening = null;
+        lastFrameAt = Date.now();
+        T.opens += 1;
+        resolve(s);
+      };
+      s.onmessage = (ev) => {
+        lastFrameAt = Date.now();
+        let frame;
+        try {
+          frame = JSON.parse(ev.data);
+        } catch (_e) {
+          return;
+        }
+        onFrame(frame);
+      };
+      s.onclose = () => {
+        if (!opened) {
+          sockOpening = null;
+          openFailures += 1;
+          if (!everOpened && openFailures >= 2) {
+            transport = "sse"; // the socket never opened on this page: fall back to SSE
+            updateControls();
+          }
+          reject(new Error("the WebSocket did not open"));
+          return;
+        }
+        if (sock === s) sock = null;
+        rejectPending(s);
+        const run = S.run;
+        if (!s._intentional && run && isCurrent(run) && run.runId) scheduleReconnect(run);
+      };
+    });
+    return sockOpening;
+  }
+
+  function rejectPending(s) {
+    for (const [rid, p] of pending) {
+      if (p.sock === s) {
+        pending.delete(rid);
+        p.reject(new Error("the connection closed"));
+      }
+    }
+  }
+
+  function closeSocket(intentional) {
+    const s = sock;
+    sock = null;
+    if (!s) return;
+    s._intentional = true; // its onclose does nothing more: we handle what follows here
+    try {
+      s.close(intentional ? 1000 : 4000, intentional ? "leaving" : "dropped");
+    } catch (_e) {
+      /* already closed */
+    }
+    rejectPending(s);
+  }
+
+  /** The live connection is dead (or the test says so): reconnect without waiting for onclose. */
+  function dropConnection() {
+    const run = S.run;
+    closeSocket(false);
+    if (run && isCurrent(run) && run.runId) scheduleReconnect(run);
+  }
+
+  function sockSend(frame) {
+    if (!sock || sock.readyState !== WebSocket.OPEN) return false;
+    sock.send(JSON.stringify(frame));
+    return true;
+  }
+
+  function request(frame, meta) {
+    const request_id = `r${++requestSeq}`;
+    return new Promise((resolve, reject) => {
+      pending.set(request_id, { resolve, reject, sock, ...meta });
+      if (!sockSend({ ...frame, request_id })) {
+        pending.delete(request_id);
+        reject(new Error("the connection is not open"));
+      }
+    });
+  }
+
+  async function wsCreate(run, body) {
+    try {
+      await openSocket();
+    } catch (_e) {
+      try {
+        await openSocket(); // one more try before falling back
+      } catch (e) {
+        if (transport === "sse") return sseCreate(run, body);
+        throw e;
+      }
+    }
+    const created = await request(
+      { type: "run.create", thread_id: run.threadId, ...body },
+      { kind: "create", run }
+    );
+    if (S.run !== run) return;
+    run.runId = created.run.run_id;
+    lastEventAt = Date.now();
+    updateControls();
+    loadThreads(); // the thread is busy now
+  }
+
+  function wsJoin(run, cursor, retry = 0) {
+    if (!isCurrent(run)) return;
+    const frame = { type: "run.join", thread_id: run.threadId, run_id: run.runId, last_event_id: cursor };
+    if (!sock || sock.readyState !== WebSocket.OPEN) {
+      openSocket()
+        .then(() => wsJoin(run, cursor, retry))
+        .catch(() => scheduleReconnect(run));
+      return;
+    }
+    request(frame, { kind: "join", run }).catch((e) => {
+      if (!isCurrent(run)) return;
+      if (e.code === "already_subscribed" && retry < 20) {
+        // The previous subscription (ended by a gap) is still winding down on the server.
+        setTimeout(() => wsJoin(run, run.lastEventId, retry + 1), 100);
+      } else if (e.code) {
+        setStatus("error", `Could not follow the run: ${e.message}`);
+      } /* else: the socket closed; onclose reconnects */
+    });
+    // run.join has no acknowledgement: the first frame of the run settles it (settleJoin).
+  }
+
+  function settleJoin(run) {
+    for (const [rid, p] of pending) {
+      if (p.kind === "join" && p.run === run) {
+        pending.delete(rid);
+        p.resolve();
+      }
+    }
+  }
+
+  function onFrame(f) {
+    const run = S.run;
+    switch (f.type) {
+      case "run.created": {
+        const p = pending.get(f.request_id);
+        if (p) {
+          pending.delete(f.request_id);
+          p.resolve(f);
+        }
+        return;
+      }
+      case "event":
+      case "gap":
+      case "end":
+      case "heartbeat": {
+        if (!run || f.run_id !== run.runId) return;
+        settleJoin(run);
+        if (run.reconnectAttempt && f.type !== "heartbeat") run.reconnectAttempt = 0;
+        if (f.type === "event") {
+          lastEventAt = Date.now();
+          onEvent(run, f.id, f.event, f.data);
+        } else if (f.type === "gap") {
+          onGap(run, f);
+        } else if (f.type === "end") {
+          onEnd(run, f.id, f.status);
+        } else if (Date.now() - lastEventAt > 15000) {
+          pollIfQuiet(run);
+        }
+        return;
+      }
+      case "error": {
+        const p = f.request_id != null ? pending.get(f.request_id) : null;
+        const err = new ApiError(0, f.code, f.message);
+        if (p) {
+          pending.delete(f.request_id);
+          p.reject(err);
+        } else if (run && f.run_id && f.run_id === run.runId && isCurrent(run)) {
+          setStatus("error", `${f.code}: ${f.message}`);
+        }
+        return;
+      }
+      case "run.cancel.accepted":
+      case "pong":
+      default:
+        return;
+    }
+  }
+
+  setInterval(() => {
+    const run = S.run;
+    if (transport !== "ws" || !run || !isCurrent(run) || !run.runId) return;
+    if (sock && sock.readyState === WebSocket.OPEN && Date.now() - lastFrameAt > SILENT_SOCKET_MS) {
+      dropConnection(); // silent for three heartbeat intervals: treat it as dropped
+    }
+  }, 1000);
+
+  // ---------------------------------------------------------------- SSE fallback --------
+  async function sseCreate(run, body) {
+    const created = await api("POST", `/threads/${run.threadId}/runs`, body);
+    if (S.run !== run) return;
+    run.runId = created.run_id;
+    updateControls();
+    loadThreads(); // the thread is busy now
+    sseFollow(run, null);
+  }
+
+  function closeSse(run) {
+    if (run && run.sse) {
+      run.sse._intentional = true;
+      run.sse.abort();
+      run.sse = null;
+    }
+  }
+
+  async function sseFollow(run, cursor) {
+    if (!isCurrent(run)) return;
+    closeSse(run);
+    const ctl = new AbortController();
+    run.sse = ctl;
+    let finished = false;
+    try {
+      const resp = await fetch(`/threads/${run.threadId}/runs/${run.runId}/stream`, {
+        headers: { ...authHeaders(), accept: "text/event-stream", "Last-Event-ID": cursor || "-1" },
+        signal: ctl.signal,
+      });
+      if (!resp.ok) {
+        const text = await resp.text();
+        let msg = `${resp.status}`;
+        try {
+          msg = JSON.parse(text).message || msg;
+        } catch (_e) {
+          /* keep the status */
+        }
+        if (resp.status >= 400 && resp.status < 500) {
+          setStatus("error", `Could not follow the run: ${msg}`);
+          return;
+        }
+        throw new Error(msg);
+      }
+      T.opens += 1;
+      lastFrameAt = Date.now();
+      const reader = resp.body.getReader();
+      const decoder = new TextDecoder();
+      let buf = "";
+      let ev = { id: null, event: "message", data: [] };
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += decoder.decode(value, { stream: true });
+        let nl;
+        while ((nl = buf.indexOf("\n")) >= 0) {
+          const line = buf.slice(0, nl).replace(/\r$/, "");
+          buf = buf.slice(nl + 1);
+          if (line === "") {
+            if (ev.data.length) {
+              const data = JSON.parse(ev.data.join("\n"));
+              run.reconnectAttempt = 0;
+              if (ev.event === "end") {
+                finished = true;
+                await onEnd(run, ev.id, data && data.status);
+                return;
+              }
+              if (ev.event === "gap") {
+                finished = true;
+                onGap(run, data);
+                return;
+              }
+              lastEventAt = Date.now();
+              onEvent(run, ev.id, ev.event, data);
+            }
+            ev = { id: null, event: "message", data: [] };
+          } else if (line.startsWith(":")) {
+            lastFrameAt = Date.now(); // heartbeat comment
+          } else {
+            const i = line.indexOf(":");
+            const field = i < 0 ? line : line.slice(0, i);
+            const val = i < 0 ? "" : line.slice(i + 1).replace(/^ /, "");
+            if (field === "id") ev.id = val;
+            else if (field === "event") ev.event = val;
+            else if (field === "data") ev.data.push(val);
+          }
+        }
+      }
+    } catch (e) {
+      if (ctl._intentional) return;
+    } finally {
+      if (run.sse === ctl) run.sse = null;
+    }
+    if (!finished && !ctl._intentional && isCurrent(run)) scheduleReconnect(run);
+  }
+
+  // ---------------------------------------------------------------- test hook -----------
+  function transcript() {
+    if (renderQueued) render();
+    return Array.from(el.transcript.querySelectorAll("li.msg")).map((li) => ({
+      id: li.dataset.id,
+      type: li.dataset.type,
+      content: li.querySelector(".body").textContent,
+      live: li.dataset.live === "1",
+      toolCalls: Array.from(li.querySelectorAll(".tool-call")).map((x) => x.textContent),
+    }));
+  }
+
+  window.threadrunTest = {
+    /** Drop the live connection as a network failure would; `holdMs` delays the reconnect. */
+    dropSocket({ holdMs = 0 } = {}) {
+      const run = S.run;
+      if (run) run.holdUntil = Date.now() + holdMs;
+      if (transport === "ws") {
+        if (!sock) return false;
+        dropConnection();
+        return true;
+      }
+      if (run && run.sse) {
+        run.sse.abort(); // not intentional: sseFollow schedules the reconnect
+        return true;
+      }
+      return false;
+    },
+    /** Wait this long before every rejoin after a gap (to provoke consecutive gaps). */
+    holdRejoins(ms) {
+      T.holdRejoinMs = ms;
+    },
+    /** The first thread list has loaded and the initial thread (if any) is selected. */
+    ready: () => booted,
+    lastEventId: () => (S.run ? S.run.lastEventId : null),
+    runId: () => (S.run ? S.run.runId : null),
+    threadId: () => S.threadId,
+    following: () => Boolean(S.run && isCurrent(S.run)),
+    transport: () => transport,
+    status: () => ({ state: S.status, label: el.status.textContent, detail: S.detail }),
+    transcript,
+    /** Raw concatenation of the AIMessageChunk contents applied, per message id. */
+    streamed() {
+      const out = {};
+      for (const c of T.chunks) out[c.messageId] = (out[c.messageId] || "") + c.content;
+      return out;
+    },
+    stats: () => ({
+      eventIds: T.eventIds.slice(),
+      duplicates: T.duplicates.slice(),
+      statuses: T.statuses.slice(),
+      joins: T.joins,
+      opens: T.opens,
+      gaps: T.gaps,
+      chunks: T.chunks.length,
+    }),
+  };
+
+  // ---------------------------------------------------------------- boot ----------------
+  async function loadAssistants() {
+    try {
+      const items = await api("POST", "/assistants/search", { limit: 100 });
+      if (!items || !items.length) return;
+      const current = el.assistant.value;
+      el.assistant.replaceChildren(
+        ...items.map((a) => {
+          const o = node("option", "", a.name || a.graph_id);
+          o.value = a.graph_id || a.assistant_id;
+          return o;
+        })
+      );
+      if (items.some((a) => (a.graph_id || a.assistant_id) === current)) el.assistant.value = current;
+    } catch (_e) {
+      /* keep the default */
+    }
+  }
+
+  let booted = false;
+
+  function boot() {
+    Object.assign(el, {
+      status: $("run-status"),
+      detail: $("status-detail"),
+      banner: $("banner"),
+      transcript: $("transcript"),
+      artifacts: $("artifacts"),
+      artifactList: $("artifact-list"),
+      threadList: $("thread-list"),
+      threadEmpty: $("thread-empty"),
+      title: $("thread-title"),
+      input: $("input"),
+      send: $("send"),
+      stop: $("stop"),
+      assistant: $("assistant"),
+      footer: $("footer"),
+      apiKey: $("api-key"),
+    });
+    el.apiKey.value = apiKey;
+    $("key-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      apiKey = el.apiKey.value.trim();
+      localStorage.setItem(KEY_STORE, apiKey);
+      showBanner("");
+      closeSocket(true);
+      loadAssistants();
+      loadThreads();
+    });
+    $("new-thread").addEventListener("click", newThread);
+    $("composer").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const text = el.input.value.trim();
+      if (!text || el.send.disabled) return;
+      el.input.value = "";
+      send(text);
+    });
+    el.input.addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
+        ev.preventDefault();
+        $("composer").requestSubmit();
+      }
+    });
+    el.stop.addEventListener("click", stop);
+    window.addEventListener("online", () => {
+      // Back online: do not sit out the rest of a long back-off.
+      const run = S.run;
+      if (run && isCurrent(run) && run.reconnectTimer) {
+        clearTimeout(run.reconnectTimer);
+        run.reconnectTimer = null;
+        run.reconnectAttempt = 0;
+        run.holdUntil = 0;
+        scheduleReconnect(run);
+      }
+    });
+    setStatus("idle");
+    loadAssistants();
+    loadThreads()
+      .then(() => {
+        if (S.threadId) return null; // the user already picked or created one
+        const m = /thread=([0-9a-f-]{36})/i.exec(location.hash);
+        if (m) return selectThread(m[1]);
+        if (S.threads.length) return selectThread(S.threads[0].thread_id);
+        return null;
+      })
+      .finally(() => {
+        booted = true;
+      });
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", boot);
+  else boot();
+})();

@@ -1,0 +1,581 @@
+"""WebSocket chat protocol (A2): `run.create`, `run.join`, `run.cancel`, `ping` over one socket.
+
+One JSON object per text frame, both ways (docs/websocket.md is the reference). The upgrade
+is authenticated like HTTP (A4) plus `?api_key=`, and refused with a 401 JSON body before
+the socket is accepted. Each followed run has its own subscription thread reading the
+run's Redis Stream through the web's StreamSubscriber and subscription hub (same replay,
+gap and end semantics as SSE: B4-B7); the threads share one send lock, and closing the
+socket stops all of them. A slow client only delays its
+own socket: runs publish to Redis independently, and a reader that falls behind the
+retained window gets a `gap` frame (B5).
+
+Malformed input never kills the handler: non-JSON or binary frames close the socket with
+1007; anything else wrong with a frame is answered with an `error` frame and the socket
+keeps serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from flask import Blueprint, Flask, g, request
+from flask_sock import Sock
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
+from simple_websocket import ConnectionClosed, Server
+from werkzeug.exceptions import HTTPException
+
+from app.api.runs import admit_run, run_json
+from app.api.threads import checked_thread_id
+from app.auth import authenticate, principal
+from app.http import validate
+from app.schemas import STREAM_MODES, RunCreate
+from app.services import Services, current_services
+from app.streaming.sse import event_filter
+from shared import serde
+from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat
+from shared.bridge.redis import StreamSubscriber
+from shared.errors import RunNotFound, StreamCursorInvalid, ThreadrunError, ValidationFailed
+from shared.redis_keys import Keys
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("ws", __name__)
+sock = Sock()
+
+# Close codes (RFC 6455): 1007 = a frame that is not JSON text, 1009 = a frame above
+# max_body_bytes (sent by simple-websocket), 1011 = the handler itself failed.
+CLOSE_INVALID_PAYLOAD = 1007
+CLOSE_INTERNAL_ERROR = 1011
+MAX_SUBSCRIPTIONS = 16  # runs one socket may follow at once
+MAX_POLL_S = 1.0  # a subscription thread notices a closed socket within this
+RECEIVE_POLL_S = 1.0
+CLOSE_WAIT_S = 2.0  # how long the peer gets to answer our close frame
+PING_INTERVAL_S = 25  # protocol-level pings detect dead peers (a leaked handler otherwise)
+MAX_REQUEST_ID = 256
+
+
+def init_app(app: Flask) -> None:
+    """Register the WebSocket routes on `app` (after Services are built)."""
+    settings = app.extensions["threadrun"].settings
+    app.config.setdefault(
+        "SOCK_SERVER_OPTIONS",
+        {"max_message_size": settings.max_body_bytes, "ping_interval": PING_INTERVAL_S},
+    )
+    sock.init_app(app)
+    app.register_blueprint(bp)
+
+
+# --- the upgrade: authenticate before accepting --------------------------------------------
+
+
+@bp.before_request
+def _authenticate_upgrade() -> None:
+    """A4 before the socket exists: an unauthenticated upgrade gets a 401 JSON response.
+
+    Browsers cannot set headers on a WebSocket, so `?api_key=` is accepted as well (it ends up
+    in access logs; prefer the header where the client can send one).
+    """
+    g.principal = authenticate(extra_key=request.args.get("api_key"))
+
+
+@sock.route("/ws", bp=bp)
+def ws_root(ws: Server) -> None:
+    """A socket whose frames name their `thread_id`."""
+    _serve(ws, None)
+
+
+@sock.route("/threads/<thread_id>/ws", bp=bp)
+def ws_thread(ws: Server, thread_id: str) -> None:
+    """A socket whose frames default to this thread."""
+    _serve(ws, thread_id)
+
+
+def _serve(ws: Server, default_thread_id: str | None) -> None:
+    # Nothing may escape: after the upgrade an exception would become an HTTP 500 written
+    # onto the WebSocket.
+    session = None
+    try:
+        session = _Session(ws, current_services(), principal().user_id, default_thread_id)
+        session.serve()
+    except Exception:  # noqa: BLE001 - last resort; the frame loop handles its own errors
+        log.exception("websocket handler failed")
+        if session is not None:
+            session.close(CLOSE_INTERNAL_ERROR, "internal error")
+    finally:
+        _release(ws)
+
+
+def _release(ws: Server) -> None:
+    """Let simple-websocket's reader thread finish before gunicorn closes the socket.
+
+    With `ping_interval` that (non-daemon) thread waits in select() on the socket; once gunicorn
+    closes the fd it would only wake at its next ping, up to PING_INTERVAL_S later, and hold
+    up a worker's shutdown meanwhile. The peer normally answers our close at once; if not,
+    shutting the socket down wakes the thread.
+    """
+    with contextlib.suppress(Exception):  # already closed (by the peer or by us)
+        ws.close()
+    reader = getattr(ws, "thread", None)
+    if reader is None:
+        return
+    reader.join(timeout=CLOSE_WAIT_S)
+    if reader.is_alive():
+        with contextlib.suppress(OSError):
+            ws.sock.shutdown(socket.SHUT_RDWR)
+        reader.join(timeout=1)
+
+
+# --- frames -----------------------------------------------------------------------------------
+
+RequestId = StrictStr | StrictInt | None
+
+
+class _Frame(BaseModel):
+    """Fields every client frame may carry besides its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str
+    request_id: RequestId = None
+    thread_id: str | None = None
+
+
+class JoinFrame(_Frame):
+    """`run.join`: follow a run from after `last_event_id` (B4)."""
+
+    run_id: str
+    last_event_id: StrictStr | StrictInt | None = None
+    stream_mode: list[str] | str | None = None
+    cancel_on_disconnect: bool = False
+
+
+class CancelFrame(_Frame):
+    """`run.cancel` (R5); rollback is refused for now, as over HTTP."""
+
+    run_id: str
+    action: Literal["interrupt", "rollback"] = "interrupt"
+
+
+class _FrameError(Exception):
+    """A protocol-level refusal that has no place in shared.errors."""
+
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.field = field
+
+
+def _request_id(data: dict[str, Any]) -> Any:
+    rid = data.get("request_id")
+    ok = rid is None or (isinstance(rid, int) and not isinstance(rid, bool))
+    ok = ok or (isinstance(rid, str) and len(rid) <= MAX_REQUEST_ID)
+    if not ok:
+        raise ValidationFailed(
+            f"request_id must be a string of at most {MAX_REQUEST_ID} characters or an integer",
+            field="request_id",
+        )
+    return rid
+
+
+def _run_uuid(run_id: str) -> str:
+    try:
+        return str(uuid.UUID(run_id))
+    except ValueError as exc:
+        raise RunNotFound(f"run {run_id[:64]} not found") from exc
+
+
+def _modes(value: list[str] | str | None) -> list[str] | None:
+    if value is None:
+        return None
+    modes = [value] if isinstance(value, str) else value
+    for mode in modes:
+        if mode not in STREAM_MODES:
+            raise ValidationFailed(
+                f"stream_mode: unsupported stream mode {mode!r}; supported: "
+                + ", ".join(sorted(STREAM_MODES)),
+                field="stream_mode",
+            )
+    return modes or None
+
+
+def _dump(obj: Any) -> str:
+    return serde.dumps_str(obj)
+
+
+def _event_frame(run_id: str, item: Event) -> str:
+    # `item.data` is JSON the publisher encoded: splice it in instead of parse + re-encode.
+    return (
+        f'{{"type":"event","run_id":{_dump(run_id)},"id":{_dump(item.id)},'
+        f'"event":{_dump(item.event)},"data":{item.data or "null"}}}'
+    )
+
+
+def _end_frame(run_id: str, item: Event) -> str:
+    try:
+        data = serde.loads(item.data)
+    except ValueError:
+        data = None
+    status = data.get("status") if isinstance(data, dict) else None
+    return _dump({"type": "end", "run_id": run_id, "id": item.id, "status": status})
+
+
+def _poll_subscriber(svc: Services) -> tuple[StreamSubscriber, float]:
+    """A subscriber whose waits last at most MAX_POLL_S, so a thread stops promptly.
+
+    It shares the process's subscription hub (one XREAD follows every stream) when the
+    web's subscriber has one. Returned with the heartbeat interval the client should see
+    (settings.stream_heartbeat_s); the thread sends a heartbeat after that much silence.
+    """
+    beat = svc.settings.stream_heartbeat_s
+    poll = beat / max(1, math.ceil(beat / MAX_POLL_S))
+    settings = svc.settings.model_copy(update={"stream_heartbeat_s": poll})
+    hub = svc.subscriber.hub
+    keys = Keys(svc.settings.redis_prefix)
+    return StreamSubscriber(svc.redis, keys, settings, hub=hub), beat
+
+
+# --- one socket ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Subscription:
+    """One followed run on one socket."""
+
+    run_id: str
+    thread_id: str
+    cursor: str
+    request_id: Any
+    cancel_on_disconnect: bool
+    modes: list[str] | None
+    stop: threading.Event = field(default_factory=threading.Event)
+    ended: bool = False
+    thread: threading.Thread | None = None
+
+
+class _Session:
+    """The frame loop of one socket and the subscription threads it owns."""
+
+    def __init__(
+        self, ws: Server, svc: Services, owner: str, default_thread_id: str | None
+    ) -> None:
+        self.ws = ws
+        self.svc = svc
+        self.owner = owner
+        self.default_thread_id = default_thread_id
+        self.closed = threading.Event()
+        self._send_lock = threading.Lock()
+        self._subs_lock = threading.Lock()
+        self._subs: dict[str, _Subscription] = {}
+        self._subscriber, self._heartbeat_s = _poll_subscriber(svc)
+        self._handlers: dict[str, Callable[[dict[str, Any], Any], None]] = {
+            "run.create": self._create,
+            "run.join": self._join,
+            "run.cancel": self._cancel,
+            "ping": self._ping,
+        }
+
+    # -- sending (any thread) ----------------------------------------------------------------
+    def send(self, frames: list[str]) -> bool:
+        """Send frames in order under the socket's lock; False once the socket is gone."""
+        with self._send_lock:
+            if self.closed.is_set():
+                return False
+            try:
+                for frame in frames:
+                    self.ws.send(frame)
+            except Exception:  # noqa: BLE001 - ConnectionClosed, OSError, wsproto state errors
+                self.closed.set()
+                return False
+        return True
+
+    def send_obj(self, obj: dict[str, Any]) -> bool:
+        return self.send([_dump(obj)])
+
+    def error(
+        self,
+        code: str,
+        message: str,
+        request_id: Any = None,
+        *,
+        field: str | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        frame: dict[str, Any] = {
+            "type": "error",
+            "code": code,
+            "message": message,
+            "request_id": request_id,
+        }
+        if field:
+            frame["field"] = field
+        if run_id:
+            frame["run_id"] = run_id
+        self.send_obj(frame)
+
+    def close(self, code: int, reason: str) -> None:
+        """Close the socket with `code` (the frame loop then ends)."""
+        got = self._send_lock.acquire(timeout=5)  # a send blocked on a stalled peer: go anyway
+        try:
+            if not self.closed.is_set():
+                self.closed.set()
+                with contextlib.suppress(Exception):  # already closed by the peer
+                    self.ws.close(reason=code, message=reason)
+        finally:
+            if got:
+                self._send_lock.release()
+
+    # -- the frame loop (the upgrade request's thread; its request context is active) ---------
+    def serve(self) -> None:
+        try:
+            while not self.closed.is_set():
+                try:
+                    msg = self.ws.receive(timeout=RECEIVE_POLL_S)
+                except ConnectionClosed:
+                    break
+                if msg is None:
+                    continue
+                if not isinstance(msg, str):
+                    self.close(CLOSE_INVALID_PAYLOAD, "binary frames are not supported")
+                    break
+                try:
+                    data = serde.loads(msg)
+                except ValueError:
+                    self.close(CLOSE_INVALID_PAYLOAD, "a frame must be one JSON object")
+                    break
+                self.handle(data)
+        finally:
+            self.shutdown()
+
+    def handle(self, data: Any) -> None:
+        """Answer one decoded frame; every failure becomes an `error` frame."""
+        request_id = None
+        try:
+            if not isinstance(data, dict):
+                raise ValidationFailed("a frame must be a JSON object", field="frame")
+            request_id = _request_id(data)
+            kind = data.get("type")
+            if not isinstance(kind, str) or not kind:
+                raise ValidationFailed("type: a frame needs a string `type`", field="type")
+            handler = self._handlers.get(kind)
+            if handler is None:
+                raise _FrameError(
+                    "unknown_type",
+                    f"unknown frame type {kind[:64]!r}; expected one of: "
+                    + ", ".join(self._handlers),
+                    "type",
+                )
+            handler(data, request_id)
+        except StreamCursorInvalid as exc:
+            self.error(exc.code, str(exc), request_id, field="last_event_id")
+        except ValidationFailed as exc:
+            self.error(exc.code, str(exc), request_id, field=exc.field)
+        except _FrameError as exc:
+            self.error(exc.code, str(exc), request_id, field=exc.field)
+        except ThreadrunError as exc:
+            if exc.code == "internal_error":
+                log.exception("websocket frame failed")
+                self.error("internal_error", "internal error", request_id)
+            else:
+                self.error(exc.code, str(exc), request_id)
+        except HTTPException as exc:
+            code = (exc.name or "error").lower().replace(" ", "_")
+            self.error(code, exc.description or exc.name, request_id)
+        except Exception:  # noqa: BLE001 - a bad frame never kills the socket
+            kind = data.get("type") if isinstance(data, dict) else None
+            log.exception("websocket frame failed", extra={"frame_type": str(kind)[:64]})
+            self.error("internal_error", "internal error", request_id)
+
+    def _thread_id(self, value: Any) -> str:
+        tid = value if value is not None else self.default_thread_id
+        if tid is None:
+            raise ValidationFailed(
+                "thread_id: required on /ws (or connect to /threads/{thread_id}/ws)",
+                field="thread_id",
+            )
+        if not isinstance(tid, str):
+            raise ValidationFailed("thread_id: must be a string", field="thread_id")
+        return checked_thread_id(tid)
+
+    # -- frame handlers --------------------------------------------------------------------------
+    def _create(self, data: dict[str, Any], request_id: Any) -> None:
+        body = {k: v for k, v in data.items() if k not in ("type", "request_id", "thread_id")}
+        tid = self._thread_id(data.get("thread_id"))
+        spec = validate(RunCreate, body)
+        self._check_capacity()
+        row = admit_run(tid, spec)  # principal() still works: this is the upgrade's context
+        run = run_json(row)
+        self.send_obj({"type": "run.created", "request_id": request_id, "run": run})
+        self._follow(
+            _Subscription(
+                run_id=run["run_id"],
+                thread_id=run["thread_id"],
+                cursor="",
+                request_id=request_id,
+                cancel_on_disconnect=spec.on_disconnect == "cancel",
+                modes=None,
+            )
+        )
+
+    def _join(self, data: dict[str, Any], request_id: Any) -> None:
+        frame = validate(JoinFrame, data)
+        tid = self._thread_id(frame.thread_id)
+        row = self.svc.store.get_run(tid, _run_uuid(frame.run_id), self.owner)
+        run_id = str(row["run_id"])
+        last = None if frame.last_event_id is None else str(frame.last_event_id)
+        cursor = self._subscriber.check_cursor(run_id, last)
+        if cursor:
+            # Joining at the `end` event itself: answer `end` now (the subscriber would stop
+            # without an item, leaving the client without any answer).
+            newest = self._subscriber.last_event(run_id)
+            if newest is not None and newest.id == cursor and newest.event == END_EVENT:
+                self.send([_end_frame(run_id, newest)])
+                return
+        self._follow(
+            _Subscription(
+                run_id=run_id,
+                thread_id=str(row["thread_id"]),
+                cursor=cursor,
+                request_id=request_id,
+                cancel_on_disconnect=frame.cancel_on_disconnect,
+                modes=_modes(frame.stream_mode),
+            )
+        )
+
+    def _cancel(self, data: dict[str, Any], request_id: Any) -> None:
+        frame = validate(CancelFrame, data)
+        if frame.action == "rollback":
+            raise ValidationFailed(
+                "action: 'rollback' is not supported yet; use interrupt", field="action"
+            )
+        tid = self._thread_id(frame.thread_id)
+        run_id = _run_uuid(frame.run_id)
+        outcome = self.svc.runs.cancel(
+            owner=self.owner, thread_id=tid, run_id=run_id, action=frame.action
+        )
+        self.send_obj(
+            {
+                "type": "run.cancel.accepted",
+                "request_id": request_id,
+                "run_id": run_id,
+                "outcome": outcome.value,
+            }
+        )
+
+    def _ping(self, data: dict[str, Any], request_id: Any) -> None:
+        pong: dict[str, Any] = {"type": "pong"}
+        if request_id is not None:
+            pong["request_id"] = request_id
+        self.send_obj(pong)
+
+    # -- subscriptions ---------------------------------------------------------------------------
+    def _refusal(self, run_id: str | None) -> _FrameError | None:
+        """Why this socket cannot follow one more run (call with the subs lock held)."""
+        if run_id is not None and run_id in self._subs:
+            return _FrameError(
+                "already_subscribed", f"this socket already follows run {run_id}", "run_id"
+            )
+        if len(self._subs) >= MAX_SUBSCRIPTIONS:
+            return _FrameError(
+                "too_many_subscriptions", f"a socket follows at most {MAX_SUBSCRIPTIONS} runs"
+            )
+        return None
+
+    def _check_capacity(self) -> None:
+        with self._subs_lock:
+            refusal = self._refusal(None)
+        if refusal is not None:
+            raise refusal
+
+    def _follow(self, sub: _Subscription) -> None:
+        with self._subs_lock:
+            refusal = self._refusal(sub.run_id)
+            if refusal is None:
+                self._subs[sub.run_id] = sub
+        if refusal is not None:
+            raise refusal
+        sub.thread = threading.Thread(
+            target=self._pump, args=(sub,), name=f"ws-sub-{sub.run_id}", daemon=True
+        )
+        sub.thread.start()
+
+    def _pump(self, sub: _Subscription) -> None:
+        """Relay one run's stream to the socket until end, gap, stop or a dead socket."""
+        run_id, runs = sub.run_id, self.svc.runs
+        keep = event_filter(sub.modes)
+        # A generator: closed below so nothing outlives the thread.
+        batches = self._subscriber.subscribe_batches(
+            run_id, sub.cursor, is_terminal=lambda: runs.is_terminal(run_id)
+        )
+        last_sent = time.monotonic()
+        try:
+            for batch in batches:
+                if sub.stop.is_set() or self.closed.is_set():
+                    break
+                frames: list[str] = []
+                for item in batch:
+                    if isinstance(item, Heartbeat):
+                        if time.monotonic() - last_sent >= self._heartbeat_s - 0.05:
+                            frames.append(_dump({"type": "heartbeat", "run_id": run_id}))
+                    elif isinstance(item, Gap):
+                        sub.ended = True
+                        frames.append(_dump({"type": "gap", **item.payload()}))
+                    elif item.event == END_EVENT:
+                        sub.ended = True
+                        frames.append(_end_frame(run_id, item))
+                    elif keep(item):
+                        frames.append(_event_frame(run_id, item))
+                if frames:
+                    if not self.send(frames):
+                        break
+                    last_sent = time.monotonic()
+                if sub.ended:
+                    break
+        except StreamCursorInvalid as exc:
+            self.error(exc.code, str(exc), sub.request_id, field="last_event_id", run_id=run_id)
+        except Exception:  # noqa: BLE001 - report, keep the socket and the other runs
+            log.exception("websocket subscription failed", extra={"run_id": run_id})
+            self.error("internal_error", "the subscription failed", sub.request_id, run_id=run_id)
+        finally:
+            batches.close()  # detaches from the hub; nothing of this subscription outlives it
+            with self._subs_lock:
+                if self._subs.get(run_id) is sub:
+                    del self._subs[run_id]
+            # Decided here, not in shutdown(): a failed send may end this thread first.
+            if sub.cancel_on_disconnect and not sub.ended and self.closed.is_set():
+                self._cancel_on_disconnect(sub)
+
+    def _cancel_on_disconnect(self, sub: _Subscription) -> None:
+        """The socket went away before the run's end: cancel it, as SSE does (R6)."""
+        log.info(
+            "websocket closed; cancelling (on_disconnect=cancel)",
+            extra={"run_id": sub.run_id, "thread_id": sub.thread_id},
+        )
+        try:
+            self.svc.runs.cancel(
+                owner=self.owner, thread_id=sub.thread_id, run_id=sub.run_id, action="interrupt"
+            )
+        except Exception:  # noqa: BLE001 - logged; the run ends by itself eventually
+            log.exception("cancel on disconnect failed", extra={"run_id": sub.run_id})
+
+    def shutdown(self) -> None:
+        """The socket is gone: stop every subscription thread (each cancels its run if it was
+        created with on_disconnect=cancel and has not ended, R6) and wait for them."""
+        self.closed.set()
+        with self._subs_lock:
+            subs = list(self._subs.values())
+        for sub in subs:
+            sub.stop.set()
+        for sub in subs:
+            if sub.thread is not None:
+                sub.thread.join(timeout=MAX_POLL_S + 5)
+                if sub.thread.is_alive():
+                    log.warning("websocket subscription did not stop", extra={"run_id": sub.run_id})
