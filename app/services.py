@@ -11,6 +11,7 @@ from shared.agent.graphs import GraphRegistry
 from shared.bridge.hub import SubscriptionHub
 from shared.bridge.redis import StreamSubscriber
 from shared.db import make_pool
+from shared.journal import RunEventStore
 from shared.redis_keys import Keys
 from shared.runs.manager import RunManager
 from shared.runs.store import RunStore
@@ -30,6 +31,7 @@ class Services:
     subscriber: StreamSubscriber
     state: CheckpointStateAccessor
     redis: redis.Redis
+    events: RunEventStore
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -57,6 +59,12 @@ class Services:
             subscriber=StreamSubscriber(client, keys, settings, hub=SubscriptionHub(client)),
             state=CheckpointStateAccessor(pool, registry),
             redis=client,
+            events=RunEventStore(
+                pool,
+                max_payload_bytes=settings.event_payload_max_bytes,
+                page_size=settings.event_page_size,
+                page_size_max=settings.event_page_size_max,
+            ),
         )
 
 

@@ -87,6 +87,22 @@ class Settings(BaseSettings):
     stream_ttl_after_end_s: int = Field(default=3600, ge=1)
     stream_heartbeat_s: float = Field(default=5.0, gt=0)
 
+    # --- journal and event store (J) --------------------------------------------------
+    journal_enabled: bool = Field(default=True, description="Record the audit journal (J1).")
+    journal_flush_size: int = Field(
+        default=20, ge=1, description="Buffered audit events per write."
+    )
+    journal_snapshot_interval_s: float = Field(
+        default=5.0, gt=0, description="Progress snapshot cadence."
+    )
+    event_payload_max_bytes: int = Field(
+        default=65536, ge=256, description="Larger payloads are truncated."
+    )
+    event_page_size: int = Field(default=100, ge=1)
+    event_page_size_max: int = Field(default=500, ge=1)
+    delivery_receipt_attempts: int = Field(default=3, ge=1)
+    delivery_receipt_backoff_s: float = Field(default=0.1, ge=0)
+
     # --- database -----------------------------------------------------------------
     checkpoint_savers: int = Field(
         default=8,

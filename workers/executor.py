@@ -24,6 +24,7 @@ from langgraph.types import Command
 from shared import serde
 from shared.bridge.publisher import EventSink
 from shared.errors import LeaseLost
+from shared.journal import RunJournal, settle_delivery, write_delivery_receipt
 from shared.leases import RenewOutcome, lease_value
 from shared.runs.store import ClaimOutcome
 from workers.runtime import WorkerRuntime
@@ -48,6 +49,7 @@ class RunAttempt:
     run: dict[str, Any]
     lease: str
     sink: EventSink | None = None
+    journal: RunJournal | None = None
     task: asyncio.Task[None] | None = None
     stop_reason: StopReason | None = None
     started: float = field(default_factory=time.monotonic)
@@ -213,6 +215,15 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
     sink.emit("metadata", serde.dumps({"run_id": attempt.run_id, "attempt": run["attempt"]}))
     await asyncio.sleep(0)  # let the batcher send it before the synchronous set-up below
     config = run_config(run)
+    if rt.settings.journal_enabled:
+        attempt.journal = RunJournal(
+            rt.events,
+            run_id=attempt.run_id,
+            thread_id=attempt.thread_id,
+            flush_size=rt.settings.journal_flush_size,
+            snapshot_interval_s=rt.settings.journal_snapshot_interval_s,
+        )
+        config["callbacks"] = [attempt.journal]
     graph = rt.graph(run["graph_id"], rt.next_slot())
     kwargs = run.get("kwargs") or {}
     modes = [STREAM_MODE_ALIASES.get(m, m) for m in kwargs.get("stream_mode") or ["values"]]
@@ -280,11 +291,15 @@ async def finalize(
     error: dict[str, Any] | None,
     thread_status: str,
 ) -> str:
-    """Flush the stream, write the terminal status while owning the run, then publish `end`."""
+    """J5, in order: flush the journal -> delivery receipt -> terminal status (fenced) -> `end`."""
     sink = attempt.sink
     assert sink is not None
-    # (1) journal flush and (2) delivery receipt belong here (SPEC J5, issue 6); the
-    # stream must be drained first so every event precedes the terminal status.
+    # (1) journal flush (fails open) and (2) the idempotent delivery receipt.
+    status, error, usage, demoted = await settle_journal(rt, attempt, status, error)
+    if demoted:
+        thread_status = "error"
+        sink.emit("error", serde.dumps(error))  # G4: the client learns why
+    # The stream is drained before the terminal status, so every event precedes it.
     try:
         await sink.drain()
     except LeaseLost:
@@ -300,6 +315,7 @@ async def finalize(
         status=status,
         error=error,
         thread_status=thread_status,
+        usage=usage,
     )
     if fin.fenced:
         log.warning("terminal write fenced: a newer owner exists", extra={"run_id": attempt.run_id})
@@ -316,8 +332,53 @@ async def finalize(
     return status
 
 
+async def settle_journal(
+    rt: WorkerRuntime, attempt: RunAttempt, status: str, error: dict[str, Any] | None
+) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None, bool]:
+    """J5 (1) flush the journal, failing open; (2) write the delivery receipt.
+
+    Returns (status, error, usage, demoted): a success that produced output becomes
+    `error` when its receipt cannot be written after bounded retries.
+    """
+    ids = {"run_id": attempt.run_id, "thread_id": attempt.thread_id}
+    journal = attempt.journal
+    if journal is None:
+        return status, error, None, False
+    flushed = True
+    try:
+        await journal.flush()
+    except Exception:  # noqa: BLE001 - G3: the journal fails open, finalization goes on
+        flushed = False
+        log.exception("journal flush failed; finalizing anyway", extra=ids)
+    outcome = await asyncio.to_thread(
+        write_delivery_receipt,
+        rt.events,
+        attempt.run_id,
+        attempt.thread_id,
+        int(attempt.run["attempt"]),
+        journal.produced_output,
+        journal.artifact_paths(),
+        rt.settings.workspace_dir,
+        attempts=rt.settings.delivery_receipt_attempts,
+        backoff_s=rt.settings.delivery_receipt_backoff_s,
+    )
+    new_status, new_error = settle_delivery(status, error, journal.produced_output, outcome)
+    usage = journal.usage()
+    if flushed:
+        try:  # every attempt's usage, not just this one's
+            usage = await asyncio.to_thread(rt.events.run_usage, attempt.run_id)
+        except Exception:  # noqa: BLE001 - the attempt's own figures stand in
+            log.exception("run usage query failed", extra=ids)
+    return new_status, new_error, usage, new_status != status
+
+
 async def hand_back(rt: WorkerRuntime, attempt: RunAttempt) -> str:
     """Graceful shutdown (R7): give the run back as pending for another worker to resume."""
+    if attempt.journal is not None:
+        try:
+            await attempt.journal.flush()
+        except Exception:  # noqa: BLE001 - the journal fails open
+            log.exception("journal flush before hand-back failed", extra={"run_id": attempt.run_id})
     if attempt.sink is not None:
         try:
             await attempt.sink.drain()

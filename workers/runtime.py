@@ -25,6 +25,7 @@ from langgraph.pregel import Pregel
 from shared.agent.graphs import GraphRegistry
 from shared.bridge.publisher import PublishBatcher, StreamPublisher
 from shared.db import make_async_pool, make_pool
+from shared.journal.event_store import RunEventStore
 from shared.leases import LeaseManager
 from shared.redis_keys import Keys
 from shared.runs.store import RunStore
@@ -43,8 +44,16 @@ class WorkerRuntime:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.keys = Keys(settings.redis_prefix)
         self.registry = GraphRegistry.from_config(settings.config)
-        self.store = RunStore(
-            make_pool(settings, name="worker-store", max_size=settings.worker_concurrency + 2)
+        # Doubled: a run's background journal write may hold a connection beside its store calls.
+        pool = make_pool(
+            settings, name="worker-store", max_size=2 * settings.worker_concurrency + 2
+        )
+        self.store = RunStore(pool)
+        self.events = RunEventStore(
+            pool,
+            max_payload_bytes=settings.event_payload_max_bytes,
+            page_size=settings.event_page_size,
+            page_size_max=settings.event_page_size_max,
         )
         self.dispatcher = Dispatcher(make_celery(settings))
         self.active: dict[str, Any] = {}  # run_id -> executor.RunAttempt

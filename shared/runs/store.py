@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 from shared import serde
 from shared.db import DictPool
 from shared.errors import Conflict, RunNotFound, ThreadExists, ThreadNotFound
+from shared.journal.event_store import APPEND_EVENT_SQL
 from shared.runs.admission import AdmissionDecision, AdmissionOutcome, Inflight, decide
 
 TERMINAL = frozenset({"success", "error", "timeout", "interrupted"})
@@ -131,7 +132,8 @@ WHERE run_id = %(run_id)s AND owner_epoch = %(epoch)s AND status = 'running'
   AND pre_run_checkpoint_id IS NULL
 """
 FINISH_SQL = """
-UPDATE runs SET status = %(status)s, error = %(error)s, ended_at = now(), updated_at = now()
+UPDATE runs SET status = %(status)s, error = %(error)s, ended_at = now(), updated_at = now(),
+       usage = coalesce(%(usage)s, usage)
 WHERE run_id = %(run_id)s AND owner_epoch = %(epoch)s AND status = 'running'
 RETURNING thread_id
 """
@@ -143,11 +145,6 @@ RETURNING run_id::text
 """
 SETTLE_THREAD_SQL = """
 UPDATE threads SET status = %(status)s, updated_at = now() WHERE thread_id = %(thread_id)s
-"""
-APPEND_LIFECYCLE_SQL = """
-INSERT INTO run_events (run_id, seq, thread_id, category, type, payload)
-SELECT %(run_id)s, coalesce(max(seq), 0) + 1, %(thread_id)s, 'lifecycle', %(type)s, %(payload)s
-FROM run_events WHERE run_id = %(run_id)s
 """
 LIST_RUN_EVENTS_SQL = """
 SELECT seq, category, type, payload, created_at FROM run_events
@@ -460,7 +457,7 @@ class RunStore:
             if thread is None:
                 raise RunNotFound(f"run {run_id} not found")
             run = conn.execute(
-                GET_RUN_SQL + " FOR UPDATE OF r",
+                GET_RUN_SQL + " FOR NO KEY UPDATE OF r",
                 {"thread_id": thread_id, "run_id": run_id, "owner": owner},
             ).fetchone()
             if run is None:
@@ -527,13 +524,20 @@ class RunStore:
         status: str,
         error: dict[str, Any] | None,
         thread_status: str,
+        usage: dict[str, Any] | None = None,
     ) -> Finish:
         """Write the terminal status only while we own the run (L2), then settle the thread."""
         with self._pool.connection() as conn, conn.transaction():
             conn.execute(LOCK_THREAD_BY_ID_SQL, {"thread_id": thread_id})
             row = conn.execute(
                 FINISH_SQL,
-                {"run_id": run_id, "epoch": epoch, "status": status, "error": _json(error)},
+                {
+                    "run_id": run_id,
+                    "epoch": epoch,
+                    "status": status,
+                    "error": _json(error),
+                    "usage": _json(usage),
+                },
             ).fetchone()
             if row is None:
                 self._lifecycle(
@@ -564,9 +568,18 @@ class RunStore:
         kind: str,
         payload: dict[str, Any],
     ) -> None:
+        """Append a `lifecycle` audit event in the caller's transaction (same seq counter as
+        the journal, so concurrent appenders never collide)."""
         conn.execute(
-            APPEND_LIFECYCLE_SQL,
-            {"run_id": run_id, "thread_id": thread_id, "type": kind, "payload": _json(payload)},
+            APPEND_EVENT_SQL,
+            {
+                "run_id": run_id,
+                "thread_id": thread_id,
+                "category": "lifecycle",
+                "type": kind,
+                "payload": _json(payload),
+                "created_at": None,
+            },
         )
 
     def run_events(self, run_id: str) -> list[dict[str, Any]]:

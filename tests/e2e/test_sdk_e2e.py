@@ -417,3 +417,60 @@ def test_a1_interrupt_before_then_resume(cluster: Cluster) -> None:
         assert (await c.threads.get(tid))["status"] == "idle"
 
     run(scenario, cluster.url)
+
+
+def test_j1_j5_audit_trail_of_a_run(cluster: Cluster) -> None:
+    """J1/J2/J4/J5: a run's audit trail lists the model calls with usage, the tool call that
+    wrote the artifact, the artifact, and the delivery receipt; usage is summed into the run
+    and the thread; another user sees none of it."""
+
+    async def scenario(c: LangGraphClient) -> tuple[str, str]:
+        tid = (await c.threads.create())["thread_id"]
+        await c.runs.wait(tid, "lead_agent", input=human("please write a report"), config=knobs())
+        run = (await c.runs.list(tid))[0]
+        assert run["status"] == "success"
+        assert run["usage"]["total"]["total_tokens"] > 0
+        return tid, run["run_id"]
+
+    tid, run_id = run(scenario, cluster.url)
+    with httpx.Client(base_url=cluster.url, headers={"x-api-key": ALICE}, timeout=10) as c:
+        events = c.get(f"/threads/{tid}/runs/{run_id}/events", params={"limit": 500}).json()[
+            "events"
+        ]
+        kinds = [(e["category"], e["type"]) for e in events]
+        seqs = [e["seq"] for e in events]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        assert kinds.count(("model", "model.end")) == 2
+        ends = [e for e in events if e["type"] == "model.end"]
+        assert all(e["payload"]["usage"]["total_tokens"] > 0 for e in ends)
+        calls = [e for e in events if e["category"] == "tool" and e["type"] == "tool.call"]
+        assert [e["payload"]["name"] for e in calls] == ["write_artifact"]
+        assert any(e["category"] == "artifact" for e in events)
+        # J5 order: the receipt precedes the terminal lifecycle event.
+        order = [e["type"] for e in events if e["type"] in ("run.delivery", "success")]
+        assert order == ["run.delivery", "success"]
+        receipt = c.get(f"/threads/{tid}/runs/{run_id}/delivery").json()
+        coverage = receipt["payload"]["coverage"]
+        assert (
+            receipt["payload"]["produced_output"]
+            and coverage
+            and all(x["exists"] for x in coverage)
+        )
+        tools = c.get(f"/threads/{tid}/runs/{run_id}/events", params={"category": "tool"}).json()
+        assert {e["category"] for e in tools["events"]} == {"tool"}
+        usage = c.get(f"/threads/{tid}/token-usage").json()
+        assert usage["total"]["total_tokens"] > 0 and "lead_agent" in usage["by_tag"]
+        assert c.get(f"/threads/{tid}/messages/page").status_code == 200
+        assert (
+            c.get(f"/threads/{tid}/runs/{run_id}/events", params={"category": "nope"}).status_code
+            == 422
+        )
+    with httpx.Client(base_url=cluster.url, headers={"x-api-key": BOB}, timeout=10) as bob:
+        for path in (
+            f"/threads/{tid}/runs/{run_id}/events",
+            f"/threads/{tid}/events",
+            f"/threads/{tid}/messages/page",
+            f"/threads/{tid}/token-usage",
+            f"/threads/{tid}/runs/{run_id}/delivery",
+        ):
+            assert bob.get(path).status_code == 404, path

@@ -1,0 +1,446 @@
+"""J1-J5 on real PostgreSQL: seq allocation under concurrency, pages, receipts, the journal end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import multiprocessing as mp
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from shared.agent.lead_agent import build_lead_agent
+from shared.db import make_pool
+from shared.errors import RunNotFound
+from shared.journal import (
+    APPEND_EVENT_SQL,
+    DeliveryOutcome,
+    EventStore,
+    MemoryEventStore,
+    RunEvent,
+    RunEventStore,
+    RunJournal,
+    write_delivery_receipt,
+)
+from shared.journal.event_store import parse_thread_cursor
+from shared.runs.store import RunStore
+from shared.settings import Settings
+
+OWNER = "journal-tests"
+
+
+@pytest.fixture(scope="module")
+def pool(settings: Settings) -> Iterator[ConnectionPool]:
+    p = make_pool(settings, name="test-events", max_size=8)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def runs(pool: ConnectionPool) -> RunStore:
+    return RunStore(pool)
+
+
+@pytest.fixture
+def events(pool: ConnectionPool) -> RunEventStore:
+    return RunEventStore(pool, page_size=4, page_size_max=6, max_payload_bytes=2048)
+
+
+def new_run(runs: RunStore, thread_id: str | None = None) -> tuple[str, str]:
+    """A thread (new unless given) and an admitted run on it; the run has `created` at seq 1."""
+    tid = thread_id or str(runs.create_thread(None, OWNER, {}, "raise")["thread_id"])
+    run_id = str(uuid.uuid4())
+    runs.admit(
+        thread_id=tid,
+        owner=OWNER,
+        run={"run_id": run_id, "assistant_id": "lead_agent", "graph_id": "lead_agent"},
+        strategy="enqueue",
+        create_thread=False,
+    )
+    return tid, run_id
+
+
+def ev(run_id: str, tid: str, category: str = "tool", **payload: Any) -> RunEvent:
+    return RunEvent(run_id, tid, category, f"{category}.test", payload)
+
+
+# --- J4: seq allocation -------------------------------------------------------------------------
+def _append_in_child(args: tuple[str, str, str, int, int, int, Any]) -> list[int]:
+    dsn, run_id, tid, worker, batches, size, barrier = args
+    pool = make_pool(Settings(database_url=dsn), name="child", max_size=1)  # type: ignore[arg-type]
+    try:
+        store = RunEventStore(pool)
+        barrier.wait(timeout=30)
+        seqs: list[int] = []
+        for b in range(batches):
+            batch = [ev(run_id, tid, w=worker, b=b, i=i) for i in range(size)]
+            seqs += [e.seq or 0 for e in store.append_batch(batch)]
+        return seqs
+    finally:
+        pool.close()
+
+
+def test_j4_seq_strictly_increasing_under_concurrent_processes(
+    settings: Settings, runs: RunStore, events: RunEventStore
+) -> None:
+    """J4: 6 processes append batches to one run at once: seqs unique, gap-free, in append order."""
+    tid, run_id = new_run(runs)
+    n, batches, size = 6, 15, 7
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(n)
+        with ctx.Pool(n) as procs:
+            args = [(settings.dsn, run_id, tid, w, batches, size, barrier) for w in range(n)]
+            per_worker = procs.map(_append_in_child, args)
+    for seqs in per_worker:
+        assert seqs == sorted(seqs) and len(seqs) == batches * size
+    everything = sorted(s for seqs in per_worker for s in seqs)
+    assert everything == list(range(2, 2 + n * batches * size))  # seq 1 is `created`
+    # each writer's batches are contiguous, in its own order
+    stored = [e for e in events.list_run_events(run_id, categories=["tool"], limit=6).events]
+    assert [e.payload["i"] for e in stored] == list(range(6))
+
+
+def test_j4_seq_strictly_increasing_under_concurrent_threads_with_lifecycle_events(
+    runs: RunStore, events: RunEventStore, pool: ConnectionPool
+) -> None:
+    """J4: 8 threads append singles while RunStore-style lifecycle events use APPEND_EVENT_SQL."""
+    tid, run_id = new_run(runs)
+    barrier = threading.Barrier(9)
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def appender(w: int) -> None:
+        barrier.wait(timeout=30)
+        for i in range(25):
+            seq = events.append(ev(run_id, tid, w=w, i=i)).seq
+            with lock:
+                got.append(seq or 0)
+
+    def lifecycle() -> None:
+        barrier.wait(timeout=30)
+        for i in range(10):
+            with pool.connection() as conn, conn.transaction():
+                row = conn.execute(
+                    APPEND_EVENT_SQL,
+                    {
+                        "run_id": run_id,
+                        "thread_id": tid,
+                        "category": "lifecycle",
+                        "type": "tick",
+                        "payload": Jsonb({"i": i}),
+                        "created_at": None,
+                    },
+                ).fetchone()
+            with lock:
+                got.append(int(row["seq"]))
+
+    threads = [threading.Thread(target=appender, args=(w,)) for w in range(8)]
+    threads.append(threading.Thread(target=lifecycle))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(got) == list(range(2, 2 + 8 * 25 + 10))
+
+
+def test_j4_compatible_with_runstore_max_plus_one_lifecycle_events(
+    runs: RunStore, events: RunEventStore
+) -> None:
+    """J4: RunStore still appends lifecycle events with max(seq)+1; the counter never reuses a seq."""
+    tid, run_id = new_run(runs)  # created = 1
+    claim = runs.claim(run_id, "w1")  # claimed = 2
+    assert claim.run is not None
+    assert [e.seq for e in events.append_batch([ev(run_id, tid) for _ in range(3)])] == [3, 4, 5]
+    assert runs.requeue(run_id, claim.run["owner_epoch"], "test")  # requeued = 6
+    runs.claim(run_id, "w2")  # claimed = 7
+    assert [e.seq for e in events.append_batch([ev(run_id, tid) for _ in range(2)])] == [8, 9]
+    assert [e["seq"] for e in runs.run_events(run_id)] == list(range(1, 10))
+
+
+def test_j4_no_deadlock_with_a_transaction_that_locked_the_run_row(
+    runs: RunStore, events: RunEventStore, pool: ConnectionPool
+) -> None:
+    """J4: a journal append waits for a RunStore-style transaction (run row locked, then a
+    lifecycle event) instead of deadlocking with it: both lock the run row first."""
+    tid, run_id = new_run(runs)
+    events.append(ev(run_id, tid))  # the counter row exists: seq 2
+    done: list[int] = []
+    with pool.connection() as conn, conn.transaction():
+        conn.execute("SELECT 1 FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
+        appender = threading.Thread(
+            target=lambda: done.extend(e.seq or 0 for e in events.append_batch([ev(run_id, tid)]))
+        )
+        appender.start()
+        appender.join(timeout=0.5)
+        assert appender.is_alive()  # blocked on the run row, holding nothing we need
+        row = conn.execute(
+            APPEND_EVENT_SQL,
+            {
+                "run_id": run_id,
+                "thread_id": tid,
+                "category": "lifecycle",
+                "type": "cancel_requested",
+                "payload": Jsonb({}),
+                "created_at": None,
+            },
+        ).fetchone()
+        assert row is not None and row["seq"] == 3
+    appender.join(timeout=30)
+    assert done == [4]
+
+
+def test_j4_append_to_a_missing_run_is_run_not_found(events: RunEventStore) -> None:
+    """J4: events belong to a run; a missing one is RunNotFound, not a driver error."""
+    with pytest.raises(RunNotFound):
+        events.append(ev(str(uuid.uuid4()), str(uuid.uuid4())))
+
+
+# --- J4: pages ------------------------------------------------------------------------------------
+@pytest.fixture(params=["postgres", "memory"])
+def any_store(request: pytest.FixtureRequest, events: RunEventStore) -> EventStore:
+    """The conformance pair: the Postgres store and the in-process one, same settings."""
+    if request.param == "postgres":
+        return events
+    return MemoryEventStore(page_size=4, page_size_max=6, max_payload_bytes=2048)
+
+
+def test_j4_run_pages_both_directions_with_category_filter(
+    runs: RunStore, any_store: EventStore
+) -> None:
+    """J4: after_seq/before_seq, forward/backward, category filter, default and max page size."""
+    tid, run_id = new_run(runs)
+    cats = ["model", "tool", "message"]
+    stored = any_store.append_batch(
+        [ev(run_id, tid, cats[i % 3], i=i) for i in range(20)]
+    )  # the memory store starts at seq 1, Postgres at 2 (after `created`)
+    base = stored[0].seq or 0
+    seq = [e.seq for e in stored]
+
+    page = any_store.list_run_events(run_id, categories=["tool"])
+    assert [e.payload["i"] for e in page.events] == [1, 4, 7, 10] and page.has_more
+    page = any_store.list_run_events(run_id, categories=["tool"], after_seq=int(page.last or 0))
+    assert [e.payload["i"] for e in page.events] == [13, 16, 19] and not page.has_more
+    page = any_store.list_run_events(run_id, categories=["tool", "model"], before_seq=seq[19])
+    assert [e.payload["i"] for e in page.events] == [13, 15, 16, 18] and page.has_more
+    page = any_store.list_run_events(
+        run_id, categories=["tool", "model"], before_seq=int(page.first or 0), limit=100
+    )
+    assert len(page.events) == 6 and page.events[-1].payload["i"] == 12  # clamped to max 6
+    page = any_store.list_run_events(run_id, after_seq=seq[2], before_seq=seq[9])
+    assert [e.seq for e in page.events] == seq[3:7] and page.has_more
+    page = any_store.list_run_events(run_id, direction="backward", limit=2)
+    assert [e.seq for e in page.events] == [base + 18, base + 19] and page.has_more
+
+
+def test_j4_thread_pages_span_runs_in_admission_order(
+    runs: RunStore, any_store: EventStore
+) -> None:
+    """J4: a thread's events come run by run (admission order), each by seq; cursors both ways."""
+    tid, first = new_run(runs)
+    _, second = new_run(runs, tid)
+    # the second run writes first: order still follows the runs, not the clock
+    any_store.append_batch([ev(first, tid, "model", i=i) for i in range(3)])
+    any_store.append_batch([ev(second, tid, "model", i=10 + i) for i in range(3)])
+    any_store.append_batch([ev(first, tid, "tool", i=3)])
+    page = any_store.list_thread_events(tid, categories=["model", "tool"], limit=5)
+    assert [e.payload["i"] for e in page.events] == [0, 1, 2, 3, 10] and page.has_more
+    nxt = any_store.list_thread_events(
+        tid, categories=["model", "tool"], after=parse_thread_cursor(page.last or "")
+    )
+    assert [e.payload["i"] for e in nxt.events] == [11, 12] and not nxt.has_more
+    back = any_store.list_thread_events(
+        tid, categories=["model", "tool"], before=parse_thread_cursor(nxt.first or ""), limit=2
+    )
+    assert [e.payload["i"] for e in back.events] == [3, 10] and back.has_more
+    assert {e.run_id for e in page.events} == {first, second}
+
+
+def test_j4_truncation_and_nul_in_postgres(runs: RunStore, events: RunEventStore) -> None:
+    """J4: a payload past max bytes is stored as the marker; NUL characters do not break jsonb."""
+    tid, run_id = new_run(runs)
+    big = {"content": "y" * 10_000}
+    stored = events.append_batch([ev(run_id, tid, text="a\x00b"), ev(run_id, tid, **big)])
+    page = events.list_run_events(run_id, categories=["tool"])
+    assert page.events[0].payload == {"text": "a\ufffdb"}
+    marker = page.events[1].payload
+    assert marker["_truncated"] is True and marker["original_bytes"] > 10_000
+    assert marker["preview"].startswith('{"content":"yyy')
+    assert [e.seq for e in page.events] == [e.seq for e in stored]
+
+
+# --- J5: receipts -----------------------------------------------------------------------------------
+def test_j5_receipt_is_written_once_per_attempt(
+    runs: RunStore, events: RunEventStore, tmp_path: Path
+) -> None:
+    """J5: a retried receipt write finds the first; a conflict leaves no seq gap; attempts differ."""
+    tid, run_id = new_run(runs)
+    (tmp_path / tid / "outputs").mkdir(parents=True)
+    (tmp_path / tid / "outputs" / "a.md").write_text("A")
+    args = (events, run_id, tid, 1, True, ["outputs/a.md"], tmp_path)
+    assert write_delivery_receipt(*args) is DeliveryOutcome.WRITTEN
+    assert write_delivery_receipt(*args) is DeliveryOutcome.ALREADY_WRITTEN
+    assert events.append(ev(run_id, tid)).seq == 3  # created=1, receipt=2: no gap
+    assert write_delivery_receipt(events, run_id, tid, 2, False, [], tmp_path) is (
+        DeliveryOutcome.WRITTEN
+    )
+    receipts = events.list_run_events(run_id, categories=["delivery"]).events
+    assert [(r.type, r.payload["attempt"]) for r in receipts] == [
+        ("run.delivery", 1),
+        ("run.delivery", 2),
+    ]
+    first = events.get_receipt(run_id, 1)
+    assert first is not None and first.payload["coverage"] == [
+        {
+            "path": "outputs/a.md",
+            "exists": True,
+            "size": 1,
+            "sha256": hashlib.sha256(b"A").hexdigest(),
+        }
+    ]
+    latest = events.get_receipt(run_id)
+    assert latest is not None and latest.payload["attempt"] == 2
+
+
+def test_j5_concurrent_receipt_writers_write_one(
+    runs: RunStore, events: RunEventStore, tmp_path: Path
+) -> None:
+    """J5: 6 writers race on the same (run, attempt): exactly one receipt exists."""
+    tid, run_id = new_run(runs)
+    barrier = threading.Barrier(6)
+    outcomes: list[DeliveryOutcome] = []
+
+    def write() -> None:
+        barrier.wait(timeout=30)
+        outcomes.append(write_delivery_receipt(events, run_id, tid, 1, True, [], tmp_path))
+
+    threads = [threading.Thread(target=write) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(o.value for o in outcomes) == ["already_written"] * 5 + ["written"]
+    assert len(events.list_run_events(run_id, categories=["delivery"]).events) == 1
+    assert events.append(ev(run_id, tid)).seq == 3
+
+
+# --- J1/J2: the lead agent, journaled into Postgres --------------------------------------------------
+def test_j1_j2_lead_agent_audit_trail(runs: RunStore, pool: ConnectionPool, tmp_path: Path) -> None:
+    """J1/J2/J5: a real lead_agent run lists its model calls with usage, the tool call, the artifact."""
+    store = RunEventStore(pool)
+    tid, run_id = new_run(runs)
+    journal = RunJournal(store, run_id=run_id, thread_id=tid)
+    graph = build_lead_agent().copy(update={"checkpointer": InMemorySaver()})
+    config: dict[str, Any] = {
+        "configurable": {"thread_id": tid, "workspace_dir": Path(tmp_path)},
+        "callbacks": [journal],
+    }
+
+    async def run() -> None:
+        inp = {"messages": [{"role": "user", "content": "please write a report"}]}
+        async for _ in graph.astream(inp, config, stream_mode="values"):  # type: ignore[arg-type]
+            pass
+        await journal.flush()
+
+    asyncio.run(run())
+    trail = store.list_run_events(run_id, limit=500).events
+    kinds = [(e.category, e.type) for e in trail]
+    assert kinds == [
+        ("lifecycle", "created"),
+        ("message", "message.input"),
+        ("model", "model.start"),
+        ("model", "model.end"),
+        ("message", "message.ai"),
+        ("tool", "tool.call"),
+        ("tool", "tool.result"),
+        ("artifact", "artifact.written"),
+        ("model", "model.start"),
+        ("model", "model.end"),
+        ("message", "message.ai"),
+    ]
+    assert [e.seq for e in trail] == list(range(1, len(trail) + 1))
+    ends = [e.payload for e in trail if e.type == "model.end"]
+    assert [p["usage"] for p in ends] == [
+        {"input_tokens": 68, "output_tokens": 24, "total_tokens": 92},
+        {"input_tokens": 96, "output_tokens": 24, "total_tokens": 120},
+    ]
+    assert {p["tag"] for p in ends} == {"lead_agent"}
+    call = next(e.payload for e in trail if e.type == "tool.call")
+    assert call["name"] == "write_artifact" and call["args"]["filename"] == "report.md"
+    artifact = next(e.payload for e in trail if e.category == "artifact")
+    written = tmp_path / tid / "outputs" / "report.md"
+    digest = hashlib.sha256(written.read_bytes()).hexdigest()
+    assert artifact["path"] == "outputs/report.md" and artifact["sha256"] == digest
+    assert artifact["size"] == written.stat().st_size
+
+    total = {"input_tokens": 164, "output_tokens": 48, "total_tokens": 212}
+    assert journal.usage() == {"total": total, "by_tag": {"lead_agent": total}}
+    assert store.run_usage(run_id) == journal.usage()
+    assert store.thread_usage(tid) == {**journal.usage(), "by_run": {run_id: total}}
+
+    outcome = write_delivery_receipt(
+        store, run_id, tid, 1, journal.produced_output, journal.artifact_paths(), tmp_path
+    )
+    assert outcome is DeliveryOutcome.WRITTEN
+    receipt = store.get_receipt(run_id, 1)
+    assert receipt is not None
+    assert receipt.payload["coverage"][0]["sha256"] == digest
+
+
+def test_migration_0002_schema(pool: ConnectionPool) -> None:
+    """J4/J5: the counter table and the receipt index exist after migrating."""
+    with pool.connection() as conn:
+        tables = {r["tablename"] for r in conn.execute("SELECT tablename FROM pg_tables")}
+        indexes = {r["indexname"] for r in conn.execute("SELECT indexname FROM pg_indexes")}
+    assert "run_event_seqs" in tables
+    assert {"run_events_delivery_once", "runs_thread_seq"} <= indexes
+
+
+def test_migration_0002_backfills_existing_events(settings: Settings) -> None:
+    """J4: on a database with events from before 0002, the counter is seeded from them."""
+    from shared.db.migrate import VERSION_TABLE_SQL, migrate, migrations
+    from tests.conftest import create_database, drop_database
+
+    name = f"threadrun_t_m2_{uuid.uuid4().hex[:8]}"
+    dsn = create_database(name)
+    try:
+        first = migrations()[0]
+        with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
+            conn.execute(VERSION_TABLE_SQL)
+            conn.execute(first.sql)
+            conn.execute(
+                "INSERT INTO threadrun_schema_version (version, name) VALUES (%s, %s)",
+                (first.version, first.name),
+            )
+            tid, run_id = str(uuid.uuid4()), str(uuid.uuid4())
+            conn.execute("INSERT INTO threads (thread_id, owner) VALUES (%s, 'o')", (tid,))
+            conn.execute(
+                "INSERT INTO runs (run_id, thread_id, assistant_id, graph_id, multitask_strategy)"
+                " VALUES (%s, %s, 'a', 'a', 'enqueue')",
+                (run_id, tid),
+            )
+            for seq in (1, 2, 3):
+                conn.execute(
+                    "INSERT INTO run_events (run_id, seq, thread_id, category, type)"
+                    " VALUES (%s, %s, %s, 'lifecycle', 'x')",
+                    (run_id, seq, tid),
+                )
+        assert 2 in migrate(Settings(database_url=dsn))  # type: ignore[arg-type]
+        pool = make_pool(Settings(database_url=dsn), name="m2", max_size=1)  # type: ignore[arg-type]
+        try:
+            store = RunEventStore(pool)
+            assert store.append(ev(run_id, tid)).seq == 4
+            page = store.list_thread_events(tid)
+            assert [e.seq for e in page.events] == [1, 2, 3, 4]
+        finally:
+            pool.close()
+    finally:
+        drop_database(name)
