@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
+import redis
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.pregel import Pregel
 from langgraph.types import Command
@@ -40,6 +42,11 @@ class StopReason(enum.Enum):
     CANCEL_INTERRUPT = "interrupt"
     LEASE_LOST = "lease_lost"
     SHUTDOWN = "shutdown"
+    INFRASTRUCTURE = "infrastructure"  # Postgres or Redis went away under the run
+
+
+TRANSIENT_ERRORS = (psycopg.OperationalError, redis.ConnectionError, redis.TimeoutError)
+"""Failures of our own services, not of the graph: the run is retried, not failed."""
 
 
 @dataclass
@@ -92,7 +99,12 @@ async def execute_run(rt: WorkerRuntime, run_id: str) -> str:
             log.warning("lease lost; skipping finalization", extra={"run_id": run_id})
             return "lease_lost"
         if attempt.stop_reason is StopReason.SHUTDOWN:
-            return await hand_back(rt, attempt)
+            return await hand_back(rt, attempt, "worker shutdown")
+        if (
+            attempt.stop_reason is StopReason.INFRASTRUCTURE
+            and int(attempt.run["attempt"]) < rt.settings.max_attempts
+        ):
+            return await hand_back(rt, attempt, f"service failure: {outcome[1]}")
         return await finalize(rt, attempt, *outcome)
     finally:
         rt.active.pop(run_id, None)
@@ -264,6 +276,15 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
     except LeaseLost:
         attempt.stop(StopReason.LEASE_LOST)
         return "error", None, "error"
+    except TRANSIENT_ERRORS as exc:
+        # A service restart is not the graph's fault: hand the run to a new attempt that
+        # resumes from the last checkpoint (L5) instead of failing it.
+        log.warning(
+            "run interrupted by a service failure: %s", exc, extra={"run_id": attempt.run_id}
+        )
+        attempt.stop_reason = StopReason.INFRASTRUCTURE
+        error = {"error": type(exc).__name__, "message": str(exc)[:2000]}
+        return "error", error, "error"
     except Exception as exc:  # noqa: BLE001 - every graph failure becomes an `error` event (G4)
         log.exception(
             "run failed", extra={"run_id": attempt.run_id, "thread_id": attempt.thread_id}
@@ -372,8 +393,10 @@ async def settle_journal(
     return new_status, new_error, usage, new_status != status
 
 
-async def hand_back(rt: WorkerRuntime, attempt: RunAttempt) -> str:
-    """Graceful shutdown (R7): give the run back as pending for another worker to resume."""
+async def hand_back(rt: WorkerRuntime, attempt: RunAttempt, reason: str) -> str:
+    """Give the run back as pending for another attempt to resume (R7 shutdown, a service
+    failure). If even that cannot be written, the lease is left to expire and the reaper
+    re-queues the run (L4)."""
     if attempt.journal is not None:
         try:
             await attempt.journal.flush()
@@ -384,9 +407,11 @@ async def hand_back(rt: WorkerRuntime, attempt: RunAttempt) -> str:
             await attempt.sink.drain()
         except Exception:  # noqa: BLE001
             log.exception("drain before hand-back failed", extra={"run_id": attempt.run_id})
-    requeued = await asyncio.to_thread(
-        rt.store.requeue, attempt.run_id, attempt.epoch, "worker shutdown"
-    )
+    try:
+        requeued = await asyncio.to_thread(rt.store.requeue, attempt.run_id, attempt.epoch, reason)
+    except TRANSIENT_ERRORS:
+        log.warning("hand-back failed; the lease will expire", extra={"run_id": attempt.run_id})
+        return "hand_back_deferred"
     await rt.leases.release(attempt.run_id, attempt.lease)
     if requeued:
         await asyncio.to_thread(_dispatch_quietly, rt, attempt.run_id)

@@ -477,7 +477,8 @@ def test_postgres_restart_mid_run_never_false_success(
                 brow = run_row(dsn, brid)
                 outcomes.append((bstatus, brow["attempt"], (brow["error"] or {}).get("error")))
                 bstate = client.get(f"/threads/{btid}/state").json()
-                bkinds = [m["type"] for m in bstate["values"]["messages"]]
+                # A run that failed before its first checkpoint leaves the thread empty.
+                bkinds = [m["type"] for m in bstate["values"].get("messages", [])]
                 if bstatus == "success":
                     assert bkinds == ["human", "ai", "tool", "ai"], (bkinds, brow)
                 else:
