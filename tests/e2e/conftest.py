@@ -19,6 +19,14 @@ from shared.settings import Settings
 from tests.conftest import settings_env
 
 API_KEYS = "key-alice:alice,key-bob:bob"
+FAST_LEASES = {
+    "THREADRUN_LEASE_TTL_S": "3",
+    "THREADRUN_LEASE_RENEW_S": "1",
+    "THREADRUN_CANCEL_POLL_S": "0.25",
+    "THREADRUN_REAPER_INTERVAL_S": "0.5",
+    "THREADRUN_DISPATCH_STALE_S": "1",
+}
+"""Short leases and a fast reaper, for clusters whose tests kill or freeze owners."""
 ALICE, BOB = "key-alice", "key-bob"
 
 

@@ -36,19 +36,12 @@ from shared.db.migrate import migrate
 from shared.runs.store import TERMINAL
 from shared.settings import Settings
 from tests.conftest import create_database, drop_database, settings_env
-from tests.e2e.conftest import ALICE, API_KEYS, Cluster
+from tests.e2e.conftest import ALICE, API_KEYS, FAST_LEASES, Cluster
 from tests.e2e.faults import PrivatePostgres, PrivateRedis, private_servers
 
 pytestmark = pytest.mark.e2e
 
-FAST = {
-    "THREADRUN_LEASE_TTL_S": "3",
-    "THREADRUN_LEASE_RENEW_S": "1",
-    "THREADRUN_CANCEL_POLL_S": "0.25",
-    "THREADRUN_REAPER_INTERVAL_S": "0.5",
-    "THREADRUN_DISPATCH_STALE_S": "1",
-    "THREADRUN_SHUTDOWN_GRACE_S": "1",
-}
+FAST = {**FAST_LEASES, "THREADRUN_SHUTDOWN_GRACE_S": "1"}
 STREAM_MODES = ["messages-tuple", "values"]
 
 # --------------------------------------------------------------------------------------

@@ -22,17 +22,11 @@ from shared.redis_keys import Keys
 from shared.runs.store import TERMINAL, RunStore
 from shared.settings import Settings
 from tests.conftest import private_settings, settings_env
-from tests.e2e.conftest import ALICE, API_KEYS, Cluster
+from tests.e2e.conftest import ALICE, API_KEYS, FAST_LEASES, Cluster
 
 pytestmark = pytest.mark.e2e
 
-FAST = {
-    "THREADRUN_LEASE_TTL_S": "3",
-    "THREADRUN_LEASE_RENEW_S": "1",
-    "THREADRUN_CANCEL_POLL_S": "0.25",
-    "THREADRUN_REAPER_INTERVAL_S": "0.5",
-    "THREADRUN_DISPATCH_STALE_S": "1",
-}
+FAST = FAST_LEASES
 
 
 @pytest.fixture(scope="module")
