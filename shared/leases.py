@@ -76,6 +76,13 @@ class LeaseManager:
         """Drop the lease if it is still ours."""
         return bool(await self._release(keys=[self._keys.lease(run_id)], args=[value]))
 
+    async def holds(self, run_id: str, value: str) -> bool:
+        """Whether `value` is the run's current lease."""
+        current = await self._client.get(self._keys.lease(run_id))
+        if isinstance(current, bytes):
+            current = current.decode()
+        return current == value
+
     async def is_held(self, run_id: str) -> bool:
         """Whether any live lease exists for the run."""
         return bool(await self._client.exists(self._keys.lease(run_id)))

@@ -29,6 +29,7 @@ from shared.errors import LeaseLost
 from shared.journal import RunJournal, settle_delivery, write_delivery_receipt
 from shared.leases import RenewOutcome, lease_value
 from shared.runs.store import ClaimOutcome
+from shared.state.fenced_saver import LEASE_KEY, RUN_KEY
 from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -227,6 +228,9 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
     sink.emit("metadata", serde.dumps({"run_id": attempt.run_id, "attempt": run["attempt"]}))
     await asyncio.sleep(0)  # let the batcher send it before the synchronous set-up below
     config = run_config(run)
+    # L2 for checkpoints: the saver refuses writes once this lease is not current.
+    config["configurable"][RUN_KEY] = attempt.run_id
+    config["configurable"][LEASE_KEY] = attempt.lease
     if rt.settings.journal_enabled:
         attempt.journal = RunJournal(
             rt.events,

@@ -19,7 +19,6 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import redis.asyncio as aredis
-from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.pregel import Pregel
 
 from shared.agent.graphs import GraphRegistry
@@ -30,6 +29,7 @@ from shared.leases import LeaseManager
 from shared.redis_keys import Keys
 from shared.runs.store import RunStore
 from shared.settings import Settings
+from shared.state.fenced_saver import FencedPostgresSaver
 from shared.taskqueue import Dispatcher, make_celery
 
 log = logging.getLogger(__name__)
@@ -83,11 +83,13 @@ class WorkerRuntime:
         # lock (needed for a single shared connection, not for a pool): with one saver,
         # 16 concurrent checkpoint writes took 16x one write in `make bench`. A few
         # savers on the same pool let runs checkpoint in parallel.
-        self.savers = [AsyncPostgresSaver(self.apool) for _ in range(s.checkpoint_savers)]  # type: ignore[arg-type]
+        self.leases = LeaseManager(self.redis, self.keys, ttl_s=s.lease_ttl_s)
+        self.savers = [
+            FencedPostgresSaver(self.apool, self.leases) for _ in range(s.checkpoint_savers)
+        ]
         self.saver = self.savers[0]
         self.publisher = StreamPublisher(self.redis, self.keys, s)
         self.batcher = PublishBatcher(self.publisher)
-        self.leases = LeaseManager(self.redis, self.keys, ttl_s=s.lease_ttl_s)
         # Bind every graph to every saver now: the first copy of a graph costs ~150 ms,
         # which would otherwise sit between a claim and the run's first event.
         for graph_id in self.registry.ids():
