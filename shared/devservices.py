@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -313,7 +314,7 @@ class State:
             (run_dir / f"{name}.json").unlink()
 
 
-class EmbeddedServer:
+class EmbeddedServer(ABC):
     """A Redis or PostgreSQL server process started from a wheel's binary."""
 
     name = ""
@@ -359,17 +360,20 @@ class EmbeddedServer:
         """Create directories and data files before the first start."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
 
+    @abstractmethod
     def argv(self, port: int) -> list[str]:
         """The command line of the server."""
-        raise NotImplementedError
+        raise NotImplementedError  # abstract
 
+    @abstractmethod
     def url_for(self, port: int) -> str:
         """The URL of the server on ``port``."""
-        raise NotImplementedError
+        raise NotImplementedError  # abstract
 
+    @abstractmethod
     def probe(self) -> str | None:
         """None if the server answers, else why not."""
-        raise NotImplementedError
+        raise NotImplementedError  # abstract
 
     def popen_kwargs(self) -> dict[str, Any]:
         """Extra keyword arguments of Popen (the user to run as, for example)."""
