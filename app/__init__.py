@@ -12,7 +12,7 @@ from shared.settings import Settings
 def create_app(settings: Settings | None = None) -> Flask:
     """The application factory."""
     from app import errors
-    from app.api import assistants, events, meta, runs, state, threads, ui
+    from app.api import assistants, events, meta, openapi, runs, state, threads, ui
     from app.services import Services
     from app.streaming import ws
 
@@ -22,7 +22,16 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["threadrun"] = Services.build(settings)
     errors.register(app)
-    for bp in (meta.bp, assistants.bp, threads.bp, state.bp, runs.bp, events.bp, ui.bp):
+    for bp in (
+        meta.bp,
+        assistants.bp,
+        threads.bp,
+        state.bp,
+        runs.bp,
+        events.bp,
+        ui.bp,
+        openapi.bp,
+    ):
         app.register_blueprint(bp)
     ws.init_app(app)  # flask-sock: /ws and /threads/<thread_id>/ws (A2)
     logging.getLogger(__name__).info("threadrun web ready")

@@ -474,3 +474,20 @@ def test_j1_j5_audit_trail_of_a_run(cluster: Cluster) -> None:
             f"/threads/{tid}/runs/{run_id}/delivery",
         ):
             assert bob.get(path).status_code == 404, path
+
+
+def test_a5_openapi_document(cluster: Cluster) -> None:
+    """A5: /openapi.json lists the served routes with the request schemas that validate them."""
+    doc = httpx.get(f"{cluster.url}/openapi.json", timeout=10).json()
+    assert doc["openapi"].startswith("3.1")
+    stream = doc["paths"]["/threads/{thread_id}/runs/stream"]["post"]
+    assert stream["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/RunCreate"
+    }
+    assert "text/event-stream" in stream["responses"]["200"]["content"]
+    run_create = doc["components"]["schemas"]["RunCreate"]
+    assert "assistant_id" in run_create["required"] and run_create["additionalProperties"] is False
+    assert {"get"} <= set(doc["paths"]["/threads/{thread_id}/runs/{run_id}/events"])
+    cancel = doc["paths"]["/threads/{thread_id}/runs/{run_id}/cancel"]["post"]
+    assert {p["name"] for p in cancel["parameters"]} >= {"thread_id", "run_id", "wait", "action"}
+    assert "/ws" not in doc["paths"] and "/ui" not in doc["paths"]

@@ -1,0 +1,150 @@
+"""`GET /openapi.json` (A5): the routes of this app, with request schemas from the pydantic models.
+
+The document is built from what the app really serves (Flask's URL map) and from the same
+models that validate requests, so it cannot drift from either.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from typing import Any
+
+from flask import Blueprint, Flask, Response, current_app
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from app import schemas
+from app.api import events as events_api
+from app.api.meta import VERSION
+
+bp = Blueprint("openapi", __name__)
+
+# endpoint -> (request body model, query model)
+BODIES: dict[str, type[BaseModel]] = {
+    "threads.create": schemas.ThreadCreate,
+    "threads.patch": schemas.ThreadPatch,
+    "threads.search": schemas.ThreadSearch,
+    "threads.count": schemas.ThreadCount,
+    "state.update_state": schemas.StateUpdate,
+    "state.post_state_at": schemas.StateAtCheckpoint,
+    "state.post_history": schemas.HistoryRequest,
+    "assistants.search": schemas.AssistantSearch,
+    "runs.create": schemas.RunCreate,
+    "runs.create_stream": schemas.RunCreate,
+    "runs.create_wait": schemas.RunCreate,
+}
+QUERIES: dict[str, type[BaseModel]] = {
+    "runs.list_runs": schemas.RunListQuery,
+    "runs.cancel": schemas.CancelQuery,
+    "runs.join_stream": schemas.JoinStreamQuery,
+    "events.run_events": events_api.RunEventsQuery,
+    "events.thread_events": events_api.ThreadEventsQuery,
+    "events.message_page": events_api.ThreadEventsQuery,
+}
+STREAMING = {"runs.create_stream", "runs.join_stream"}
+_PARAM = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
+ERROR = {"$ref": "#/components/schemas/Error"}
+
+
+def _error_responses() -> dict[str, Any]:
+    content = {"application/json": {"schema": ERROR}}
+    return {
+        code: {"description": why, "content": content}
+        for code, why in (
+            ("400", "malformed request or cursor"),
+            ("401", "missing or invalid API key"),
+            ("404", "not found (or another user's)"),
+            ("409", "conflict (busy thread, existing thread)"),
+            ("413", "body too large"),
+            ("422", "invalid field (named in `field`)"),
+        )
+    }
+
+
+def build(app: Flask) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of `app`."""
+    models = {*BODIES.values(), *QUERIES.values()}
+    refs, defs = models_json_schema(
+        [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)],
+        ref_template="#/components/schemas/{model}",
+    )
+    components = dict(defs.get("$defs", {}))
+    components["Error"] = {
+        "type": "object",
+        "properties": {
+            "error": {"type": "string"},
+            "message": {"type": "string"},
+            "detail": {"type": "string"},
+            "field": {"type": "string"},
+        },
+        "required": ["error", "message"],
+    }
+    paths: dict[str, dict[str, Any]] = {}
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint in ("static",) or rule.endpoint.startswith(("ui.", "ws.", "openapi.")):
+            continue
+        path = _PARAM.sub(r"{\1}", rule.rule)
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            op: dict[str, Any] = {
+                "operationId": f"{rule.endpoint.replace('.', '_')}_{method.lower()}",
+                "tags": [rule.endpoint.split(".")[0]],
+                "parameters": [
+                    {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                    for name in rule.arguments
+                ],
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {
+                            (
+                                "text/event-stream"
+                                if rule.endpoint in STREAMING
+                                else "application/json"
+                            ): {}
+                        },
+                    },
+                    **_error_responses(),
+                },
+            }
+            if rule.endpoint in BODIES:
+                model = BODIES[rule.endpoint]
+                op["requestBody"] = {
+                    "required": model is schemas.RunCreate,
+                    "content": {"application/json": {"schema": refs[(model, "validation")]}},
+                }
+            if rule.endpoint in QUERIES:
+                schema = QUERIES[rule.endpoint].model_json_schema()
+                for name, prop in schema.get("properties", {}).items():
+                    op["parameters"].append(
+                        {
+                            "name": name,
+                            "in": "query",
+                            "required": name in schema.get("required", []),
+                            "schema": prop,
+                        }
+                    )
+            paths.setdefault(path, {})[method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "threadrun", "version": VERSION},
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
+        },
+        "security": [{"apiKey": []}],
+        "paths": dict(sorted(paths.items())),
+    }
+
+
+@cache
+def _document(app_id: int) -> bytes:  # noqa: ARG001 - keyed per app
+    from shared import serde
+
+    return serde.dumps(build(current_app._get_current_object()))  # type: ignore[attr-defined]
+
+
+@bp.get("/openapi.json")
+def openapi() -> Response:
+    """The OpenAPI document (A5)."""
+    return Response(_document(id(current_app._get_current_object())), mimetype="application/json")  # type: ignore[attr-defined]
