@@ -35,8 +35,12 @@ class Subscription:
     key: str
     cursor: str
     queue: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
+    pos: str = ""  # the newest id offered to it (starts at its cursor)
     size: int = 0
     overflowed: bool = False
+
+    def __post_init__(self) -> None:
+        self.pos = self.pos or self.cursor
 
     def offer(self, entries: list[Any]) -> None:
         """Hand entries to the subscriber unless it has fallen too far behind."""
@@ -161,18 +165,34 @@ class SubscriptionHub:
                 self._conn_id = None
                 self._stopped.wait(0.2)
                 continue
-            for raw_key, entries in got or []:
-                key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
-                if not entries:
+            self._deliver(streams, got or [])
+
+    def _deliver(self, read_from: dict[Any, Any], got: list[Any]) -> None:
+        """Fan one XREAD reply out, keeping every subscriber's view contiguous.
+
+        An `attach` may rewind a stream's position while the read was in flight. Then the
+        position is left where the attach put it (the next read fetches the earlier
+        entries), and a subscriber that needs entries before this batch does not get it:
+        handing it a batch that starts after a hole would look like a gap.
+        """
+        for raw_key, entries in got:
+            key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+            if not entries:
+                continue
+            start = read_from[key]
+            last = entries[-1][0].decode()
+            with self._lock:
+                if key not in self._positions:
                     continue
-                last = entries[-1][0].decode()
-                with self._lock:
-                    if key not in self._positions:
-                        continue
+                if self._positions[key] == start:
                     self._positions[key] = last
-                    subs = list(self._streams.get(key, ()))
-                for sub in subs:
-                    sub.offer(entries)
+                subs = list(self._streams.get(key, ()))
+            for sub in subs:
+                if _less(sub.pos, start):
+                    continue  # it needs earlier entries: the rewound read brings them
+                sub.offer(entries)
+                if _less(sub.pos, last):
+                    sub.pos = last
 
     def close(self) -> None:
         """Stop the reader thread."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
 import uuid
@@ -388,3 +389,30 @@ def test_b5_before_first_cursor_reports_a_trimmed_start(
     b.publish(run, value, [ev(i) for i in range(2, 30)])
     got = b.read_all(run, "0-0", terminal=False)
     assert len(got) == 1 and isinstance(got[0], Gap)
+
+
+def test_b5_hub_rewind_during_a_read_never_makes_a_false_gap(rclient: redis.Redis) -> None:
+    """B5: a subscriber attaching behind the hub while a read is in flight gets neither a
+    batch that starts after a hole (a false gap) nor a position that skips its entries."""
+    hub = SubscriptionHub(rclient, block_ms=200)
+    key = "trt:hubrace:stream"
+
+    def entry(i: int) -> tuple[bytes, dict[bytes, bytes]]:
+        return (f"{i}-0".encode(), {b"e": b"custom", b"d": b"{}", b"n": str(i).encode()})
+
+    try:
+        ahead = hub.attach(key, "5-0")
+        hub._deliver({key: "5-0"}, [])  # nothing read yet
+        behind = hub.attach(key, "2-0")  # rewinds the position while "a read from 5-0" is in flight
+        hub._deliver({key: "5-0"}, [(key.encode(), [entry(i) for i in range(6, 11)])])
+        assert hub._positions[key] == "2-0"  # the rewind is kept: the next read starts at 2
+        assert [e[0] for e in ahead.take(1)] == [f"{i}-0".encode() for i in range(6, 11)]
+        with pytest.raises(queue.Empty):
+            behind.take(0.05)  # it did not get a batch that starts after a hole
+        hub._deliver({key: "2-0"}, [(key.encode(), [entry(i) for i in range(3, 12)])])
+        assert [e[0] for e in behind.take(1)][0] == b"3-0"
+        assert hub._positions[key] == "11-0"
+        hub.detach(ahead)
+        hub.detach(behind)
+    finally:
+        hub.close()

@@ -1,0 +1,674 @@
+"""Streams benchmark: token latency and throughput to WebSocket/SSE clients, and many sockets.
+
+Run with `.venv/bin/python -m bench.streams [--threads 64] [--idle 1000] [--json PATH]`. It
+starts a private cluster with bench/chaos.py's helpers (one gunicorn gthread web process with
+`--threads` threads, one Celery runs worker) on a database `threadrun_streams_<hex>` and the
+Redis key prefix `trstreams:<hex>:`, and at the end stops every process it started, drops
+exactly that database and deletes exactly those keys, also on Ctrl-C, SIGTERM or a failure.
+
+Latency is end to end: a `messages` event's stream id carries Redis's clock (ms) at XADD;
+the client compares it with its own wall clock on receipt (same machine, same clock; the
+id has 1 ms resolution, so every figure carries up to 1 ms of truncation).
+
+1. Latency: `--rounds` runs of `lead_agent` (200 tokens, 10 ms apart), each followed live by
+   one WebSocket client (`run.join`) and one SSE client at once, beside a raw XADD (every
+   10 ms) -> XREAD BLOCK reader thread measured the same way at the same time. Each measured
+   run is queued (enqueue) behind a 1 s blocker run on its thread so both clients are
+   subscribed before its first event: nothing is replayed.
+2. Throughput: one run of 20,000 tokens without delay to one SSE client (events/s from its
+   first to its last token), beside pipelined XADD (100 per pipeline) of as many events of
+   the same size to one XREAD reader.
+3. Connections: 100 streaming WebSocket clients (each `run.join`s one of 5 long runs), then
+   `--idle` idle WebSocket clients (handshake only, then they stay open without frames),
+   opened 100 at a time with a 3 s handshake timeout. Reports how many connected and the
+   errors, the streaming clients' token latency before and while the idle ones are open,
+   and the web worker's RSS (/proc) -> memory per connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+from websockets.sync.client import ClientConnection, connect
+
+from bench.chaos import ChaosCluster, Proc, log, run_body, table
+from bench.internals import Sandbox, _raise_interrupt, percentile, signals_ignored
+from shared.settings import Settings
+
+LAT_TOKENS, LAT_DELAY_MS = 200, 10
+BLOCKER_TOKENS = 100  # x 10 ms: the measured run waits ~1 s behind it
+TPUT_TOKENS = 20000
+STREAMING_SOCKETS, STREAMING_RUNS = 100, 5
+OPEN_CONCURRENCY, OPEN_TIMEOUT_S, OPEN_DEADLINE_S = 100, 3.0, 45.0
+WINDOW_S = 4.0  # latency window before / while the idle sockets are open
+
+
+def id_ms(eid: str) -> int:
+    return int(str(eid).split("-")[0])
+
+
+def ms_stats(xs: Sequence[float]) -> dict[str, Any]:
+    return {
+        "n": len(xs),
+        "p50_ms": percentile(xs, 50) if xs else None,
+        "p99_ms": percentile(xs, 99) if xs else None,
+        "max_ms": max(xs) if xs else None,
+    }
+
+
+def f(v: float | None, fmt: str = ".2f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def web_worker_pid(web: Proc) -> int:
+    """gunicorn's (single) worker process: the master's child."""
+    master = web.popen.pid
+    kids = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    return int(kids[0]) if kids else master
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of a process, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def threads_of(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+# --- clients ------------------------------------------------------------------------------------------
+@dataclass
+class Tokens:
+    """Receipt of one client: (receive wall s, latency ms) per live `messages` event."""
+
+    samples: list[tuple[float, float]] = field(default_factory=list)
+    end: str = ""
+    error: str = ""
+    sample_bytes: int = 0
+
+    def lat(self, t0: float = 0.0, t1: float = float("inf")) -> list[float]:
+        return [ms for t, ms in self.samples if t0 <= t < t1]
+
+
+def ws_url(base: str, tid: str) -> str:
+    return base.replace("http://", "ws://") + f"/threads/{tid}/ws"
+
+
+def ws_follow(ws: ClientConnection, run_id: str, out: Tokens, deadline: float) -> None:
+    """Join `run_id` and record each live `messages` event until its end (or the deadline)."""
+    join_ms = time.time() * 1000.0
+    ws.send(
+        json.dumps(
+            {
+                "type": "run.join",
+                "run_id": run_id,
+                "last_event_id": "-1",
+                "stream_mode": ["messages-tuple"],
+            }
+        )
+    )
+    try:
+        while time.time() < deadline:
+            try:
+                raw = ws.recv(timeout=max(0.1, deadline - time.time()))
+            except TimeoutError:
+                break
+            now = time.time()
+            frame = json.loads(raw)
+            kind = frame.get("type")
+            if kind == "event" and frame.get("event") == "messages":
+                ms = id_ms(frame["id"])
+                if ms >= join_ms - 1:  # live, not replayed before we joined
+                    out.samples.append((now, now * 1000.0 - ms))
+            elif kind in ("end", "gap", "error"):
+                out.end = kind if kind != "end" else frame.get("status", "end")
+                if kind != "end":
+                    out.error = json.dumps(frame)[:200]
+                return
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        out.error = repr(exc)[:200]
+
+
+def sse_follow(base: str, tid: str, run_id: str, out: Tokens, deadline: float) -> None:
+    try:
+        timeout = httpx.Timeout(10, read=max(1.0, deadline - time.time()))
+        with (
+            httpx.Client(base_url=base, timeout=timeout) as client,
+            client.stream(
+                "GET",
+                f"/threads/{tid}/runs/{run_id}/stream",
+                params={"stream_mode": "messages-tuple"},
+                headers={"Last-Event-ID": "-1"},
+            ) as res,
+        ):
+            eid = event = ""
+            for line in res.iter_lines():
+                if line.startswith("id: "):
+                    eid = line[4:]
+                elif line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: "):
+                    now = time.time()
+                    if event == "messages":
+                        out.samples.append((now, now * 1000.0 - id_ms(eid)))
+                        out.sample_bytes = out.sample_bytes or len(line) - 6
+                    elif event in ("end", "gap"):
+                        out.end = event
+                        return
+                    eid = event = ""
+                if time.time() > deadline:
+                    out.error = "deadline"
+                    return
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        out.error = repr(exc)[:200]
+
+
+def raw_latency(r: redis.Redis, key: str, n: int, delay_ms: float, out: Tokens) -> None:
+    """XADD every `delay_ms` from this thread; a reader thread XREAD BLOCKs and timestamps."""
+    done = threading.Event()
+
+    def reader() -> None:
+        last = "$"
+        got = 0
+        while got < n and not done.is_set():
+            res = r.xread({key: last}, block=1000, count=100)
+            now = time.time()
+            for _, entries in res or []:
+                for eid, _ in entries:
+                    last = eid.decode()
+                    out.samples.append((now, now * 1000.0 - id_ms(last)))
+                    got += 1
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    time.sleep(0.05)
+    payload = "x" * 300
+    for _ in range(n):
+        r.xadd(key, {"d": payload})
+        time.sleep(delay_ms / 1000.0)
+    t.join(timeout=5)
+    done.set()
+    t.join(timeout=2)
+
+
+def raw_throughput(r: redis.Redis, key: str, n: int, size: int) -> tuple[float, int]:
+    """Pipelined XADD (100 per pipeline) -> one XREAD reader; events/s first send -> last read."""
+    got = [0]
+
+    def reader() -> None:
+        last = "0-0"
+        end = time.monotonic() + 60
+        while got[0] < n and time.monotonic() < end:
+            res = r.xread({key: last}, block=1000, count=1000)
+            for _, entries in res or []:
+                got[0] += len(entries)
+                last = entries[-1][0].decode()
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    payload = "x" * max(1, size)
+    t0 = time.perf_counter()
+    for i in range(0, n, 100):
+        with r.pipeline(transaction=False) as p:
+            for _ in range(min(100, n - i)):
+                p.xadd(key, {"d": payload})
+            p.execute()
+    t.join(timeout=60)
+    wall = time.perf_counter() - t0
+    return (got[0] / wall if wall else 0.0), got[0]
+
+
+# --- the cluster operations --------------------------------------------------------------------------
+def new_thread(client: httpx.Client) -> str:
+    return str(client.post("/threads", json={}).json()["thread_id"])
+
+
+def start_run(
+    client: httpx.Client, tid: str, tokens: int, delay_ms: float, text: str = "bench"
+) -> str:
+    res = client.post(
+        f"/threads/{tid}/runs",
+        json=run_body(text, tokens, delay_ms, multitask_strategy="enqueue"),
+    )
+    res.raise_for_status()
+    return str(res.json()["run_id"])
+
+
+def cancel(client: httpx.Client, tid: str, run_id: str) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        client.post(
+            f"/threads/{tid}/runs/{run_id}/cancel", params={"action": "interrupt"}, timeout=10
+        )
+
+
+def measure_latency(c: ChaosCluster, rounds: int) -> dict[str, Tokens]:
+    r = redis.Redis.from_url(c.settings.redis_url)
+    out = {"ws": Tokens(), "sse": Tokens(), "raw": Tokens()}
+    try:
+        with httpx.Client(base_url=c.url, timeout=30) as client:
+            for i in range(rounds):
+                log(f"streams: latency round {i + 1}/{rounds}")
+                tid = new_thread(client)
+                start_run(client, tid, BLOCKER_TOKENS, LAT_DELAY_MS, "blocker")
+                run_id = start_run(client, tid, LAT_TOKENS, LAT_DELAY_MS)
+                deadline = time.time() + 30
+                ws_out, sse_out, raw_out = Tokens(), Tokens(), Tokens()
+                with connect(ws_url(c.url, tid), open_timeout=10) as ws:
+                    tw = threading.Thread(target=ws_follow, args=(ws, run_id, ws_out, deadline))
+                    ts = threading.Thread(
+                        target=sse_follow, args=(c.url, tid, run_id, sse_out, deadline)
+                    )
+                    tw.start()
+                    ts.start()
+                    time.sleep(0.8)  # the blocker streams; the raw baseline overlaps the run
+                    key = f"{c.settings.redis_prefix}bench:raw-lat:{i}"
+                    raw_latency(r, key, LAT_TOKENS, LAT_DELAY_MS, raw_out)
+                    tw.join(timeout=max(0.1, deadline - time.time()))
+                    ts.join(timeout=max(0.1, deadline - time.time()))
+                for k, v in (("ws", ws_out), ("sse", sse_out), ("raw", raw_out)):
+                    out[k].samples += v.samples
+                    out[k].error = out[k].error or v.error
+                    out[k].end = v.end or out[k].end
+                out["sse"].sample_bytes = sse_out.sample_bytes or out["sse"].sample_bytes
+    finally:
+        r.close()
+    return out
+
+
+def measure_throughput(c: ChaosCluster, tokens: int, size: int) -> dict[str, Any]:
+    log(f"streams: throughput, {tokens} tokens")
+    with httpx.Client(base_url=c.url, timeout=30) as client:
+        tid = new_thread(client)
+        start_run(client, tid, BLOCKER_TOKENS, LAT_DELAY_MS, "blocker")
+        run_id = start_run(client, tid, tokens, 0)
+        out = Tokens()
+        sse_follow(c.url, tid, run_id, out, time.time() + 120)
+        if out.end != "end":
+            cancel(client, tid, run_id)
+    ts = [t for t, _ in out.samples]
+    span = (ts[-1] - ts[0]) if len(ts) > 1 else 0.0
+    r = redis.Redis.from_url(c.settings.redis_url)
+    try:
+        raw_rate, raw_n = raw_throughput(
+            r, f"{c.settings.redis_prefix}bench:raw-tput", tokens, size
+        )
+    finally:
+        r.close()
+    return {
+        "sse_events": len(ts),
+        "sse_end": out.end or out.error,
+        "sse_events_per_s": (len(ts) - 1) / span if span else 0.0,
+        "sse_lat": ms_stats(out.lat()),
+        "raw_events": raw_n,
+        "raw_events_per_s": raw_rate,
+        "event_bytes": size,
+    }
+
+
+def open_idle(url: str, n: int) -> tuple[list[ClientConnection], Counter[str], float]:
+    """Open up to `n` sockets, OPEN_CONCURRENCY at a time, each with a handshake timeout."""
+    conns: list[ClientConnection] = []
+    errors: Counter[str] = Counter()
+    lock = threading.Lock()
+    end = time.monotonic() + OPEN_DEADLINE_S
+
+    def one(_: int) -> None:
+        if time.monotonic() > end:
+            with lock:
+                errors["skipped (phase deadline)"] += 1
+            return
+        try:
+            ws = connect(url, open_timeout=OPEN_TIMEOUT_S, close_timeout=1, legacy=True)
+        except Exception as exc:  # noqa: BLE001 - counted by type
+            with lock:
+                errors[type(exc).__name__] += 1
+            return
+        with lock:
+            conns.append(ws)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(OPEN_CONCURRENCY) as pool:
+        list(pool.map(one, range(n)))
+    return conns, errors, time.perf_counter() - t0
+
+
+def measure_connections(
+    c: ChaosCluster, idle: int, web_pid: int, delay_ms: float
+) -> dict[str, Any]:
+    res: dict[str, Any] = {"idle_requested": idle, "streaming_requested": STREAMING_SOCKETS}
+    streams: list[ClientConnection] = []
+    idle_conns: list[ClientConnection] = []
+    followers: list[tuple[threading.Thread, Tokens]] = []
+    runs: list[tuple[str, str]] = []
+    with httpx.Client(base_url=c.url, timeout=30) as client:
+        try:
+            res["rss_mb_start"] = rss_mb(web_pid)
+            res["threads_start"] = threads_of(web_pid)
+            # long enough for the whole phase; cancelled at the end
+            tokens = int((2 * WINDOW_S + OPEN_DEADLINE_S + 30) * 1000 / delay_ms)
+            res["token_delay_ms"] = delay_ms
+            for i in range(STREAMING_RUNS):
+                tid = new_thread(client)
+                runs.append((tid, start_run(client, tid, tokens, delay_ms, f"long {i}")))
+            log(f"streams: {STREAMING_SOCKETS} streaming sockets on {STREAMING_RUNS} runs")
+            deadline = time.time() + 2 * WINDOW_S + OPEN_DEADLINE_S + 20
+            errs: Counter[str] = Counter()
+            lock = threading.Lock()
+
+            def open_streaming(i: int) -> None:
+                tid, run_id = runs[i % STREAMING_RUNS]
+                try:
+                    ws = connect(
+                        ws_url(c.url, tid),
+                        open_timeout=OPEN_TIMEOUT_S,
+                        close_timeout=1,
+                        legacy=True,
+                    )
+                except Exception as exc:  # noqa: BLE001 - counted by type
+                    with lock:
+                        errs[type(exc).__name__] += 1
+                    return
+                tok = Tokens()
+                th = threading.Thread(
+                    target=ws_follow, args=(ws, run_id, tok, deadline), daemon=True
+                )
+                th.start()
+                with lock:
+                    streams.append(ws)
+                    followers.append((th, tok))
+
+            with ThreadPoolExecutor(OPEN_CONCURRENCY) as pool:
+                list(pool.map(open_streaming, range(STREAMING_SOCKETS)))
+            res["streaming_connected"] = len(streams)
+            res["streaming_errors"] = dict(errs)
+            t_before = time.time()
+            pids = {"web": web_pid, "runs worker": c.workers()[0].popen.pid, "bench": os.getpid()}
+            cpu0 = {k: cpu_s(v) for k, v in pids.items()}
+            time.sleep(WINDOW_S)
+            res["cpu_pct_streaming"] = {
+                k: 100 * (cpu_s(v) - cpu0[k]) / (time.time() - t_before) for k, v in pids.items()
+            }
+            res["rss_mb_streaming"] = rss_mb(web_pid)
+            res["threads_streaming"] = threads_of(web_pid)
+            t_open = time.time()
+            log(f"streams: opening {idle} idle sockets")
+            idle_conns, ierrs, open_s = open_idle(ws_url(c.url, runs[0][0]), idle)
+            res["idle_connected"] = len(idle_conns)
+            res["idle_errors"] = dict(ierrs)
+            res["idle_open_s"] = open_s
+            t_idle = time.time()
+            time.sleep(WINDOW_S)
+            t_after = time.time()
+            res["rss_mb_idle"] = rss_mb(web_pid)
+            res["threads_idle"] = threads_of(web_pid)
+            toks = [tok for _, tok in followers]
+            res["lat_before"] = ms_stats([x for t in toks for x in t.lat(t_before, t_open)])
+            res["lat_opening"] = ms_stats([x for t in toks for x in t.lat(t_open, t_idle)])
+            res["lat_idle_open"] = ms_stats([x for t in toks for x in t.lat(t_idle, t_after)])
+            res["streaming_failed_midway"] = sum(1 for t in toks if t.error)
+            res["streaming_errors_midway"] = [t.error for t in toks if t.error][:3]
+        finally:
+            for ws in idle_conns + streams:
+                with contextlib.suppress(Exception):
+                    ws.close()
+            for th, _ in followers:
+                th.join(timeout=2)
+            for tid, run_id in runs:
+                cancel(client, tid, run_id)
+    s0, s1, s2 = (res.get(k) for k in ("rss_mb_start", "rss_mb_streaming", "rss_mb_idle"))
+    if s1 and res.get("streaming_connected"):
+        res["kb_per_streaming_socket"] = (s1 - s0) * 1024 / res["streaming_connected"]
+    if s2 and res.get("idle_connected"):
+        res["kb_per_idle_socket"] = (s2 - s1) * 1024 / res["idle_connected"]
+    return res
+
+
+# --- report -------------------------------------------------------------------------------------------
+def latency_table(lat: dict[str, Tokens]) -> str:
+    base = percentile(lat["raw"].lat(), 50) if lat["raw"].samples else None
+    rows = []
+    for key, label in (
+        ("ws", "WebSocket run.join"),
+        ("sse", "SSE GET .../stream"),
+        ("raw", "raw XADD -> XREAD BLOCK"),
+    ):
+        s = ms_stats(lat[key].lat())
+        ratio = s["p50_ms"] / base if base and s["p50_ms"] is not None else None
+        rows.append(
+            [
+                label,
+                str(s["n"]),
+                f(s["p50_ms"]),
+                f(s["p99_ms"]),
+                f(s["max_ms"]),
+                "-" if ratio is None else f"{ratio:.1f}x",
+                lat[key].error or "-",
+            ]
+        )
+    return table(
+        [
+            "publish -> client (id ms vs receipt)",
+            "n",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "p50 / raw",
+            "error",
+        ],
+        rows,
+    )
+
+
+def throughput_table(t: dict[str, Any]) -> str:
+    ratio = t["raw_events_per_s"] / t["sse_events_per_s"] if t["sse_events_per_s"] else None
+    return table(
+        ["sustained, one stream, one reader", "events", "events/s", "raw / this", "note"],
+        [
+            [
+                "lead_agent run -> SSE client",
+                str(t["sse_events"]),
+                f"{t['sse_events_per_s']:,.0f}",
+                "-" if ratio is None else f"{ratio:.1f}x",
+                f"ended: {t['sse_end']}; latency p50 {f(t['sse_lat']['p50_ms'], '.0f')} ms,"
+                f" p99 {f(t['sse_lat']['p99_ms'], '.0f')} ms",
+            ],
+            [
+                "raw XADD (pipeline 100) -> XREAD",
+                str(t["raw_events"]),
+                f"{t['raw_events_per_s']:,.0f}",
+                "-",
+                f"{t['event_bytes']} B per event (as the SSE data)",
+            ],
+        ],
+    )
+
+
+def connections_table(r: dict[str, Any], threads: int) -> str:
+    def errs(d: dict[str, int]) -> str:
+        return ", ".join(f"{k} x{v}" for k, v in d.items()) or "-"
+
+    def lat(k: str) -> list[str]:
+        s = r.get(k) or {}
+        return [str(s.get("n", 0)), f(s.get("p50_ms")), f(s.get("p99_ms"))]
+
+    a = table(
+        [
+            f"gthread --threads {threads}",
+            "requested",
+            "connected",
+            "errors",
+            "RSS after MB",
+            "KB/socket",
+        ],
+        [
+            [
+                "streaming WS (run.join)",
+                str(r["streaming_requested"]),
+                str(r.get("streaming_connected", 0)),
+                errs(r.get("streaming_errors", {})),
+                f(r.get("rss_mb_streaming"), ".1f"),
+                f(r.get("kb_per_streaming_socket"), ".0f"),
+            ],
+            [
+                f"idle WS (handshake only), {r.get('idle_open_s', 0):.1f} s",
+                str(r["idle_requested"]),
+                str(r.get("idle_connected", 0)),
+                errs(r.get("idle_errors", {})),
+                f(r.get("rss_mb_idle"), ".1f"),
+                f(r.get("kb_per_idle_socket"), ".0f"),
+            ],
+        ],
+    )
+    b = table(
+        [
+            f"streaming sockets' token latency ({r.get('token_delay_ms', 0):g} ms apart)",
+            "tokens",
+            "p50 ms",
+            "p99 ms",
+        ],
+        [
+            ["before the idle sockets", *lat("lat_before")],
+            ["while opening them", *lat("lat_opening")],
+            ["with them open", *lat("lat_idle_open")],
+        ],
+    )
+    tail = (
+        f"web worker: RSS {f(r.get('rss_mb_start'), '.1f')} MB / {r.get('threads_start')} threads"
+        f" at start -> {f(r.get('rss_mb_idle'), '.1f')} MB / {r.get('threads_idle')} threads;"
+        f" streaming sockets that failed midway: {r.get('streaming_failed_midway', 0)}"
+        "\nCPU % (100 = one core) while only the streaming sockets were open: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in r.get("cpu_pct_streaming", {}).items())
+    )
+    return a + "\n\n" + b + "\n" + tail
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.streams", description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=64, help="gunicorn gthread --threads (64)")
+    p.add_argument("--idle", type=int, default=1000, help="idle WebSocket connections (1000)")
+    p.add_argument("--rounds", type=int, default=3, help="latency runs of 200 tokens (3)")
+    p.add_argument("--tokens", type=int, default=TPUT_TOKENS, help="throughput run's tokens")
+    p.add_argument(
+        "--conn-delay-ms",
+        type=float,
+        default=50,
+        help="token_delay_ms of the 5 runs the streaming sockets follow (50: 20 tokens/s each)",
+    )
+    p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
+    p.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.getLogger("websockets").setLevel(logging.CRITICAL)  # client EOFs on failed opens
+    sandbox = Sandbox(Settings())
+    tag = uuid.uuid4().hex[:10]
+    sandbox.db_name, sandbox.prefix = f"threadrun_streams_{tag}", f"trstreams:{tag}:"
+    workdir = Path(tempfile.mkdtemp(prefix="threadrun-streams-"))
+    cluster: ChaosCluster | None = None
+    old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    started = time.time()
+    rc = 0
+    try:
+        log(f"streams: database {sandbox.db_name}, redis prefix {sandbox.prefix}, logs {workdir}")
+        cluster = ChaosCluster(sandbox.create(), workdir)
+        cluster.start_web(threads=args.threads)
+        cluster.start_worker()
+        web = next(p for p in cluster.procs if p.name == "web")
+        web_pid = web_worker_pid(web)
+        lat = measure_latency(cluster, args.rounds)
+        tput = measure_throughput(cluster, args.tokens, lat["sse"].sample_bytes or 300)
+        conns = measure_connections(cluster, args.idle, web_pid, args.conn_delay_ms)
+        cpus = len(os.sched_getaffinity(0))
+        print(
+            f"threadrun streams: gunicorn gthread 1 process x {args.threads} threads, 1 runs"
+            f" worker, {cpus} cpus, clients on the same machine, {time.time() - started:.0f} s"
+        )
+        print()
+        print(latency_table(lat))
+        print()
+        print(throughput_table(tput))
+        print()
+        print(connections_table(conns, args.threads))
+        if args.json is not None:
+            report = {
+                "meta": {
+                    "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                    "elapsed_s": round(time.time() - started, 1),
+                    "python": platform.python_version(),
+                    "cpus": cpus,
+                    "threads": args.threads,
+                    "idle": args.idle,
+                    "rounds": args.rounds,
+                },
+                "latency": {
+                    k: {**ms_stats(v.lat()), "error": v.error or None} for k, v in lat.items()
+                },
+                "throughput": tput,
+                "connections": conns,
+            }
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+            log(f"streams: wrote {args.json}")
+    except KeyboardInterrupt:
+        log("streams: interrupted")
+        rc = 130
+    except Exception as exc:  # noqa: BLE001 - report, then clean up
+        log(f"streams: failed: {exc!r}")
+        if cluster is not None:
+            for p in cluster.procs:
+                log(f"--- {p.name} ---\n{p.tail()}")
+        rc = 1
+    finally:
+        with signals_ignored():
+            if cluster is not None:
+                cluster.stop()
+            try:
+                deleted = sandbox.destroy()
+                log(
+                    f"streams: dropped {sandbox.db_name}, deleted {deleted} keys under"
+                    f" {sandbox.prefix}"
+                )
+            except Exception as exc:  # noqa: BLE001 - say exactly what is left behind
+                log(
+                    f"streams: CLEANUP FAILED ({exc}); drop {sandbox.db_name} and {sandbox.prefix}*"
+                )
+                rc = rc or 1
+            if args.keep_logs:
+                log(f"streams: logs kept in {workdir}")
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
+        signal.signal(signal.SIGTERM, old_term)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
