@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -152,6 +153,33 @@ def _final_result(thread_id: str, run_id: str, graph_id: str) -> Any:
     return values
 
 
+def _await_end(run_id: str) -> Iterator[bytes]:
+    """Block until the run's stream ends (its `end`, or a gap when the stream is gone),
+    yielding a newline per idle heartbeat so proxies and the SDK keep the connection.
+
+    It follows from the newest retained event rather than replaying the whole stream:
+    only the end matters here.
+    """
+    svc = current_services()
+    while True:
+        last = svc.subscriber.last_event(run_id)
+        if last is not None and last.event == END_EVENT:
+            return
+        for batch in svc.subscriber.subscribe_batches(
+            run_id, last.id if last is not None else None, is_terminal=lambda: is_terminal(run_id)
+        ):
+            if any(isinstance(i, Event) and i.event == END_EVENT for i in batch):
+                return
+            if any(isinstance(i, Gap) for i in batch):
+                break  # the stream was lost (Redis restart): end only once the run has
+            if not any(isinstance(i, Event) for i in batch):
+                yield b"\n"
+        if is_terminal(run_id):
+            return
+        yield b"\n"
+        time.sleep(svc.settings.stream_heartbeat_s / 5)
+
+
 def _wait_body(row: dict[str, Any], *, cancel_on_disconnect: bool) -> Iterator[bytes]:
     """Whitespace while waiting (keeps proxies and the SDK happy), then the JSON result."""
     svc = current_services()
@@ -161,16 +189,7 @@ def _wait_body(row: dict[str, Any], *, cancel_on_disconnect: bool) -> Iterator[b
     finished = False
     try:
         if not done:
-            for batch in svc.subscriber.subscribe_batches(
-                run_id, None, is_terminal=lambda: is_terminal(run_id)
-            ):
-                if any(
-                    isinstance(i, Gap) or (isinstance(i, Event) and i.event == END_EVENT)
-                    for i in batch
-                ):
-                    break
-                if not any(isinstance(i, Event) for i in batch):
-                    yield b"\n"
+            yield from _await_end(run_id)
         finished = True
         yield serde.dumps(_final_result(thread_id, run_id, row["graph_id"]))
     finally:
@@ -279,16 +298,7 @@ def cancel(thread_id: str, run_id: str) -> Response:
 
     def body() -> Iterator[bytes]:
         if row["status"] not in TERMINAL:
-            for batch in svc.subscriber.subscribe_batches(
-                rid, None, is_terminal=lambda: is_terminal(rid)
-            ):
-                if any(
-                    isinstance(i, Gap) or (isinstance(i, Event) and i.event == END_EVENT)
-                    for i in batch
-                ):
-                    break
-                if not any(isinstance(i, Event) for i in batch):
-                    yield b"\n"
+            yield from _await_end(rid)
         final = svc.store.get_run(tid, rid, owner)
         yield serde.dumps({**run_json(final), "cancel": outcome.value})
 

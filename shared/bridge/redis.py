@@ -22,7 +22,7 @@ from shared.bridge.base import (
     id_key,
     parse_cursor,
 )
-from shared.bridge.hub import SubscriptionHub
+from shared.bridge.hub import Subscription, SubscriptionHub
 from shared.errors import StreamCursorInvalid
 from shared.redis_keys import Keys
 from shared.settings import Settings
@@ -41,6 +41,10 @@ def _decode_entry(entry: Any) -> tuple[str, str, str, int]:
         fields[b"d"].decode(),
         int(fields[b"n"]),
     )
+
+
+_DETACHED = object()
+"""The hub dropped a subscriber that fell too far behind."""
 
 
 @dataclass(slots=True)
@@ -190,59 +194,51 @@ class StreamSubscriber:
                 if len(snap.entries) < self.batch:
                     break
             # Phase 2: follow live; contiguity of `n` proves nothing was trimmed or lost.
-            follow = self._follow_hub if self._hub is not None else self._follow_xread
             state = _Follow(cursor, last_n)
-            done = yield from follow(run_id, key, state, is_terminal)
+            done = yield from self._follow(run_id, key, state, is_terminal)
             if done:
                 return
             cursor = state.cursor  # detached (a slow reader): catch up from where it is
 
-    def _follow_xread(
+    def _follow(
         self, run_id: str, key: str, st: _Follow, is_terminal: Callable[[], bool]
     ) -> Generator[list[StreamItem], None, bool]:
-        """Follow with this subscriber's own blocking XREAD."""
-        while True:
-            got: Any = self._client.xread(
-                {key: st.cursor or "0-0"}, count=self.batch, block=self._heartbeat_ms
-            )
-            if not got:
-                if self._ended_silently(key, st, is_terminal):
-                    yield [self._gap(run_id, st.cursor)]
-                    return True
-                yield [Heartbeat()]
-                continue
-            st.idle = 0
-            batch, done = self._accept(run_id, st, got[0][1])
-            yield batch
-            if done:
-                return True
-
-    def _follow_hub(
-        self, run_id: str, key: str, st: _Follow, is_terminal: Callable[[], bool]
-    ) -> Generator[list[StreamItem], None, bool]:
-        """Follow through the process's hub (one XREAD for every subscriber)."""
-        assert self._hub is not None
-        sub = self._hub.attach(key, st.cursor or "0-0")
+        """Follow live entries (through the hub if there is one); True when finished,
+        False when detached for being too slow (the caller catches up on its own)."""
+        sub = self._hub.attach(key, st.cursor or "0-0") if self._hub is not None else None
         try:
             while True:
-                try:
-                    entries = sub.take(self._heartbeat_s)
-                except queue.Empty:
+                entries = self._next_entries(key, st, sub)
+                if entries is None:
                     if self._ended_silently(key, st, is_terminal):
                         yield [self._gap(run_id, st.cursor)]
                         return True
                     yield [Heartbeat()]
                     continue
+                if entries is _DETACHED:
+                    return False
                 st.idle = 0
-                if entries is None:
-                    return False  # overflowed: catch up from our own cursor
                 batch, done = self._accept(run_id, st, entries)
                 if batch:
                     yield batch
                 if done:
                     return True
         finally:
-            self._hub.detach(sub)
+            if sub is not None and self._hub is not None:
+                self._hub.detach(sub)
+
+    def _next_entries(self, key: str, st: _Follow, sub: Subscription | None) -> Any:
+        """The next entries, None after an idle heartbeat interval, or _DETACHED."""
+        if sub is None:
+            got: Any = self._client.xread(
+                {key: st.cursor or "0-0"}, count=self.batch, block=self._heartbeat_ms
+            )
+            return got[0][1] if got else None
+        try:
+            entries = sub.take(self._heartbeat_s)
+        except queue.Empty:
+            return None
+        return _DETACHED if entries is None else entries
 
     def _ended_silently(self, key: str, st: _Follow, is_terminal: Callable[[], bool]) -> bool:
         """After an idle heartbeat: did the run end without an `end` we can still get?
