@@ -519,6 +519,20 @@ class RunEventStore:
         return replace(event, seq=int(row["seq"]), created_at=row["created_at"])
 
     # reads -------------------------------------------------------------------------------
+    def _page_args(
+        self,
+        direction: Direction | None,
+        after: object,
+        before: object,
+        categories: Sequence[str] | None,
+        limit: int | None,
+    ) -> tuple[Direction, int, list[str] | None]:
+        """The direction, page size and checked categories of a page request."""
+        way = _direction(direction, after, before)
+        n = page_limit(limit, self.page_size, self.page_size_max)
+        cats = [check_category(c) for c in categories] if categories is not None else None
+        return way, n, cats
+
     def list_run_events(
         self,
         run_id: str,
@@ -530,9 +544,7 @@ class RunEventStore:
         direction: Direction | None = None,
     ) -> EventPage:
         """A page of the run's events, by seq (see the module docstring)."""
-        way = _direction(direction, after_seq, before_seq)
-        n = page_limit(limit, self.page_size, self.page_size_max)
-        cats = [check_category(c) for c in categories] if categories is not None else None
+        way, n, cats = self._page_args(direction, after_seq, before_seq, categories, limit)
         sql = LIST_RUN_EVENTS_SQL.format(order="ASC" if way == "forward" else "DESC")
         params = {
             "run_id": run_id,
@@ -564,9 +576,7 @@ class RunEventStore:
         direction: Direction | None = None,
     ) -> EventPage:
         """A page of the thread's events, by (run order, seq)."""
-        way = _direction(direction, after, before)
-        n = page_limit(limit, self.page_size, self.page_size_max)
-        cats = [check_category(c) for c in categories] if categories is not None else None
+        way, n, cats = self._page_args(direction, after, before, categories, limit)
         order = "ASC" if way == "forward" else "DESC"
         lo = after if after is not None else (0, 0)
         hi = before if before is not None else (MAX_SEQ, MAX_SEQ)
