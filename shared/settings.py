@@ -37,7 +37,10 @@ class Settings(BaseSettings):
     # --- identity (A4) ----------------------------------------------------------
     api_keys: SecretStr = Field(
         default=SecretStr(""),
-        description="Comma-separated key:user_id pairs; empty = local single-user mode.",
+        description=(
+            "Comma-separated key:user_id[:role] entries (role `user` or `ops`, default"
+            " `user`); empty = local single-user mode."
+        ),
     )
     local_user: str = "local"
 
@@ -125,15 +128,20 @@ class Settings(BaseSettings):
         return self.database_url.get_secret_value()
 
     @cached_property
-    def api_key_map(self) -> dict[str, str]:
-        """key -> user_id, parsed from `api_keys`."""
-        out: dict[str, str] = {}
+    def api_key_map(self) -> dict[str, tuple[str, str]]:
+        """key -> (user_id, role), parsed from `api_keys`."""
+        out: dict[str, tuple[str, str]] = {}
         raw = self.api_keys.get_secret_value()
-        for pair in filter(None, (p.strip() for p in raw.split(","))):
-            key, sep, user = pair.partition(":")
-            if not sep or not key or not user:
-                raise ValueError("THREADRUN_API_KEYS must be comma-separated key:user_id pairs")
-            out[key] = user
+        for entry in filter(None, (p.strip() for p in raw.split(","))):
+            parts = entry.split(":")
+            key, user = parts[0], parts[1] if len(parts) > 1 else ""
+            role = parts[2] if len(parts) == 3 else "user"
+            if not key or not user or len(parts) > 3 or role not in ("user", "ops"):
+                raise ValueError(
+                    "THREADRUN_API_KEYS must be comma-separated key:user_id[:role] entries"
+                    " with role `user` or `ops`"
+                )
+            out[key] = (user, role)
         return out
 
     @property

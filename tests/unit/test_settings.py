@@ -19,16 +19,21 @@ def test_spec_defaults() -> None:
 
 
 def test_a4_api_keys_parse(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A4: THREADRUN_API_KEYS is key:user_id pairs."""
-    monkeypatch.setenv("THREADRUN_API_KEYS", "k1:alice, k2:bob")
-    assert Settings().api_key_map == {"k1": "alice", "k2": "bob"}
+    """A4: THREADRUN_API_KEYS is key:user_id[:role] entries; the role defaults to user."""
+    monkeypatch.setenv("THREADRUN_API_KEYS", "k1:alice, k2:bob, k3:carol:ops")
+    assert Settings().api_key_map == {
+        "k1": ("alice", "user"),
+        "k2": ("bob", "user"),
+        "k3": ("carol", "ops"),
+    }
 
 
 def test_a4_bad_api_keys_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
     """A malformed key list is an error, not an open server."""
-    monkeypatch.setenv("THREADRUN_API_KEYS", "justakey")
-    with pytest.raises(ValueError):
-        _ = Settings().api_key_map
+    for bad in ("justakey", "k:alice:root", "k:alice:ops:x", ":alice"):
+        monkeypatch.setenv("THREADRUN_API_KEYS", bad)
+        with pytest.raises(ValueError):
+            _ = Settings().api_key_map
 
 
 def test_secrets_are_redacted() -> None:
