@@ -11,7 +11,7 @@ from shared.settings import Settings
 
 def create_app(settings: Settings | None = None) -> Flask:
     """The application factory."""
-    from app import errors
+    from app import auth, cors, errors, limits
     from app.api import assistants, events, meta, openapi, runs, state, threads, ui
     from app.services import Services
     from app.streaming import ws
@@ -21,7 +21,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["threadrun"] = Services.build(settings)
+    auth.init_app(app, settings)  # refuses an open server on a public address (A4)
     errors.register(app)
+    limits.init_app(app)
+    cors.init_app(app, settings)
     for bp in (
         meta.bp,
         assistants.bp,

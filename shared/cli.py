@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from shared.cli_keys import add_keys
 from shared.client import (
     DEFAULT_URL,
     Reconnecting,
@@ -266,7 +267,8 @@ def _prompt_lines(stdin: TextIO, err: TextIO) -> Iterable[str]:
 
 # --- entry point ------------------------------------------------------------------------------------
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
-    add_chat
+    add_chat,
+    add_keys,
 ]
 """Each adds one subparser and sets `func` (a `Command`); append to add `status`, `runs`, …"""
 

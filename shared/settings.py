@@ -44,6 +44,72 @@ class Settings(BaseSettings):
     )
     local_user: str = "local"
 
+    # --- hardening: keys, JWT, limits, origins (A3, A4) ---------------------------------
+    api_key_cache_ttl_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="Key lookups are cached this long: a revoked key stops working within it.",
+    )
+    jwt_issuer: str | None = Field(default=None, description="Required `iss` of bearer JWTs.")
+    jwt_audience: str | None = Field(default=None, description="Required `aud` of bearer JWTs.")
+    jwt_secret: SecretStr | None = Field(
+        default=None, description="HS256/384/512 secret for bearer JWTs."
+    )
+    jwt_public_key_file: Path | None = Field(
+        default=None, description="PEM public key or JWKS JSON file for RS/ES/EdDSA JWTs."
+    )
+    jwt_algorithms: str = Field(
+        default="HS256,RS256,ES256,EdDSA", description="Comma-separated accepted JWT algorithms."
+    )
+    jwt_role_claim: str = Field(
+        default="role", description="JWT claim holding the role; `ops` grants the ops role."
+    )
+    jwt_leeway_s: float = Field(default=30.0, ge=0, description="Clock skew allowed on exp/nbf.")
+    runs_per_minute: int = Field(
+        default=60, ge=1, description="Runs a user may create per minute (429 above)."
+    )
+    max_active_runs: int = Field(
+        default=16, ge=1, description="Pending+running runs per user (429 above)."
+    )
+    max_input_bytes: int = Field(
+        default=262144, ge=256, description="JSON size of a run's input/command (422 above)."
+    )
+    max_stream_modes: int = Field(
+        default=16, ge=1, description="Entries of a run's stream_mode list (422 above)."
+    )
+    max_metadata_bytes: int = Field(
+        default=16384, ge=64, description="JSON size of thread/run metadata (422 above)."
+    )
+    ws_max_frame_bytes: int = Field(
+        default=262144, ge=1024, description="Largest WebSocket frame (close 1009 above)."
+    )
+    ws_frames_per_second: float = Field(
+        default=20.0, gt=0, description="Sustained client frames per second per socket."
+    )
+    ws_frame_burst: int = Field(default=40, ge=1, description="Frame burst per socket.")
+    max_connections_per_user: int = Field(
+        default=32, ge=1, description="Open SSE streams + WebSockets per user (429 above)."
+    )
+    limit_slot_ttl_s: float = Field(
+        default=60.0,
+        ge=5,
+        description=(
+            "A connection slot or run reservation left by a dead process is freed after this"
+            " (live connections renew theirs)."
+        ),
+    )
+    active_runs_retry_after_s: int = Field(
+        default=5, ge=1, description="Retry-After of a 429 for too many active runs."
+    )
+    cors_origins: str = Field(
+        default="",
+        description="Comma-separated allowed browser origins for CORS (`*` = any); empty = none.",
+    )
+    ws_origins: str = Field(
+        default="",
+        description="Comma-separated allowed WebSocket Origins; empty = same origin only.",
+    )
+
     # --- the model (§9) -----------------------------------------------------------
     model: str = Field(
         default="builtin",

@@ -36,7 +36,9 @@ from werkzeug.exceptions import HTTPException
 from app.api.runs import admit_run, run_json
 from app.api.threads import checked_thread_id
 from app.auth import authenticate, principal
+from app.cors import check_ws_origin
 from app.http import validate
+from app.limits import ConnectionSlot, LimitExceeded, TokenBucket, admit_limits, limiter
 from app.schemas import STREAM_MODES, RunCreate
 from app.services import Services, current_services
 from app.streaming.sse import event_filter
@@ -52,7 +54,7 @@ bp = Blueprint("ws", __name__)
 sock = Sock()
 
 # Close codes (RFC 6455): 1007 = a frame that is not JSON text, 1009 = a frame above
-# max_body_bytes (sent by simple-websocket), 1011 = the handler itself failed.
+# ws_max_frame_bytes (sent by simple-websocket), 1011 = the handler itself failed.
 CLOSE_INVALID_PAYLOAD = 1007
 CLOSE_INTERNAL_ERROR = 1011
 MAX_SUBSCRIPTIONS = 16  # runs one socket may follow at once
@@ -68,7 +70,7 @@ def init_app(app: Flask) -> None:
     settings = app.extensions["threadrun"].settings
     app.config.setdefault(
         "SOCK_SERVER_OPTIONS",
-        {"max_message_size": settings.max_body_bytes, "ping_interval": PING_INTERVAL_S},
+        {"max_message_size": settings.ws_max_frame_bytes, "ping_interval": PING_INTERVAL_S},
     )
     sock.init_app(app)
     app.register_blueprint(bp)
@@ -84,7 +86,16 @@ def _authenticate_upgrade() -> None:
     Browsers cannot set headers on a WebSocket, so `?api_key=` is accepted as well (it ends up
     in access logs; prefer the header where the client can send one).
     """
+    check_ws_origin(current_services().settings)
     g.principal = authenticate(extra_key=request.args.get("api_key"))
+    g.ws_conn = limiter().acquire_connection(g.principal.user_id)  # 429 before the upgrade
+
+
+@bp.teardown_request
+def _release_connection(_exc: BaseException | None) -> None:
+    conn: ConnectionSlot | None = g.pop("ws_conn", None)
+    if conn is not None:
+        conn.release()
 
 
 @sock.route("/ws", bp=bp)
@@ -105,6 +116,7 @@ def _serve(ws: Server, default_thread_id: str | None) -> None:
     session = None
     try:
         session = _Session(ws, current_services(), principal().user_id, default_thread_id)
+        session.conn = g.get("ws_conn")
         session.serve()
     except Exception:  # noqa: BLE001 - last resort; the frame loop handles its own errors
         log.exception("websocket handler failed")
@@ -276,6 +288,9 @@ class _Session:
         self._subs_lock = threading.Lock()
         self._subs: dict[str, _Subscription] = {}
         self._subscriber, self._heartbeat_s = _poll_subscriber(svc)
+        self.conn: ConnectionSlot | None = None
+        self._frames = TokenBucket(svc.settings.ws_frames_per_second, svc.settings.ws_frame_burst)
+        self._limited_at = 0.0
         self._handlers: dict[str, Callable[[dict[str, Any], Any], None]] = {
             "run.create": self._create,
             "run.join": self._join,
@@ -341,7 +356,12 @@ class _Session:
                     msg = self.ws.receive(timeout=RECEIVE_POLL_S)
                 except ConnectionClosed:
                     break
+                if self.conn is not None:
+                    self.conn.maybe_renew()
                 if msg is None:
+                    continue
+                if not self._frames.take():
+                    self._refuse_frame()
                     continue
                 if not isinstance(msg, str):
                     self.close(CLOSE_INVALID_PAYLOAD, "binary frames are not supported")
@@ -354,6 +374,24 @@ class _Session:
                 self.handle(data)
         finally:
             self.shutdown()
+
+    def _refuse_frame(self) -> None:
+        """A frame over `ws_frames_per_second` is dropped; one error frame per second says so."""
+        now = time.monotonic()
+        if now - self._limited_at < 1.0:
+            return
+        self._limited_at = now
+        rate = self.svc.settings.ws_frames_per_second
+        self.send_obj(
+            {
+                "type": "error",
+                "code": "limit_exceeded",
+                "limit": "ws_frames_per_second",
+                "message": f"more than {rate:g} frames per second; frames are being dropped",
+                "retry_after": round(self._frames.wait_s(), 3),
+                "request_id": None,
+            }
+        )
 
     def handle(self, data: Any) -> None:
         """Answer one decoded frame; every failure becomes an `error` frame."""
@@ -380,6 +418,10 @@ class _Session:
             self.error(exc.code, str(exc), request_id, field=exc.field)
         except _FrameError as exc:
             self.error(exc.code, str(exc), request_id, field=exc.field)
+        except LimitExceeded as exc:
+            self.send_obj(
+                {**exc.body(), "type": "error", "code": "limit_exceeded", "request_id": request_id}
+            )
         except ThreadrunError as exc:
             if exc.code == "internal_error":
                 log.exception("websocket frame failed")
@@ -411,7 +453,13 @@ class _Session:
         tid = self._thread_id(data.get("thread_id"))
         spec = validate(RunCreate, body)
         self._check_capacity()
-        row = admit_run(tid, spec)  # principal() still works: this is the upgrade's context
+        slot = admit_limits(self.owner, body)
+        try:
+            row = admit_run(tid, spec)  # principal() still works: this is the upgrade's context
+        except BaseException:
+            slot.release()
+            raise
+        slot.bind(str(row["run_id"]))
         run = run_json(row)
         self.send_obj({"type": "run.created", "request_id": request_id, "run": run})
         self._follow(

@@ -1,0 +1,485 @@
+"""Per-user limits (A3, A4): run rate, active runs, request sizes, open connections.
+
+Every refusal is a `LimitExceeded`: 429 with `Retry-After` (rates, counts) or 422 (sizes),
+and a JSON error naming the limit (`limit`: the settings field) and the `field`.
+
+The counters live in Redis so they hold across web processes. They are small Lua scripts
+rather than flask-limiter: the limits are per authenticated user (known only after auth),
+the WebSocket `run.create` frame must share them with the HTTP routes, and the active-run
+and connection counts are sets with expiring members, which flask-limiter's
+fixed/moving windows do not model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from flask import Flask, Response, g, request
+
+from app.auth import principal
+from app.errors import error_body
+from app.http import json_response, validate
+from app.schemas import RunCreate
+from app.services import Services
+from shared import serde
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+RUN_CREATE_ENDPOINTS = frozenset({"runs.create", "runs.create_stream", "runs.create_wait"})
+STREAM_ENDPOINTS = frozenset({"runs.create_stream", "runs.join_stream"})
+METADATA_ENDPOINTS = frozenset({"threads.create", "threads.patch"})
+
+# GCRA (generic cell rate algorithm): one key per user holding the theoretical arrival
+# time. KEYS[1] = the user's rate key. ARGV[1] = emission interval ms (window / limit),
+# ARGV[2] = burst tolerance ms (interval * (limit - 1)). Uses the Redis clock, so every
+# web process agrees. Returns {1, 0} (allowed) or {0, ms until the next allowed request}.
+RATE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local interval = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+if tat < now then tat = now end
+if now < tat - burst then return {0, tat - burst - now} end
+local new_tat = tat + interval
+redis.call('SET', KEYS[1], new_tat, 'PX', new_tat - now + 1)
+return {1, 0}
+"""
+
+# Active runs: KEYS[1] = the user's admitted runs (member run id), KEYS[2] = reservations
+# of admissions in flight (member token, score = ms). ARGV[1] = limit, ARGV[2] = token,
+# ARGV[3] = reservation/key ttl ms. Expired reservations (a process died mid-admission) are
+# dropped. Returns {1} (reserved) or {0, run ids...} for the caller to prune ended ones.
+RESERVE_RUN_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - ttl)
+local n = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+if n >= tonumber(ARGV[1]) then
+  local out = {0}
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do table.insert(out, m) end
+  return out
+end
+redis.call('ZADD', KEYS[2], now, ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ttl)
+return {1}
+"""
+
+# Bind a reservation to the admitted run. KEYS[1] = runs, KEYS[2] = reservations.
+# ARGV[1] = token, ARGV[2] = run id, ARGV[3] = key ttl ms (a day: the set outlives its runs).
+BIND_RUN_LUA = """
+local t = redis.call('TIME')
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[1], tonumber(t[1]), ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+# Open connections: KEYS[1] = the user's connections (member id, score = expiry ms).
+# ARGV[1] = limit, ARGV[2] = connection id, ARGV[3] = ttl ms. Expired members (a process
+# died without releasing) are dropped first. Returns 1 (acquired) or 0.
+ACQUIRE_CONN_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+# Renew one connection. KEYS[1] = connections; ARGV[1] = id, ARGV[2] = ttl ms.
+RENEW_CONN_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+ACTIVE_SET_TTL_MS = 86_400_000
+"""The active-run set of an idle user expires after a day (its runs are long over)."""
+
+
+class LimitExceeded(Exception):
+    """A request over one of the limits."""
+
+    def __init__(
+        self,
+        limit: str,
+        message: str,
+        *,
+        status: int = 429,
+        retry_after: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.status = status
+        self.retry_after = retry_after
+        self.field = field
+
+    def body(self) -> dict[str, object]:
+        """The JSON error."""
+        out = error_body("limit_exceeded", str(self), self.field)
+        out["limit"] = self.limit
+        if self.retry_after is not None:
+            out["retry_after"] = self.retry_after
+        return out
+
+
+@dataclass(frozen=True)
+class LimitKeys:
+    """Redis key names of the limits (hash-tagged per user for Redis Cluster)."""
+
+    prefix: str
+
+    def _tag(self, user_id: str) -> str:
+        return hashlib.sha256(user_id.encode()).hexdigest()[:20]
+
+    def rate(self, user_id: str) -> str:
+        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:runs-rate"
+
+    def active(self, user_id: str) -> str:
+        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:runs-active"
+
+    def reserved(self, user_id: str) -> str:
+        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:runs-reserved"
+
+    def connections(self, user_id: str) -> str:
+        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:connections"
+
+
+# --- sizes (pure) -----------------------------------------------------------------------------
+
+
+def _json_size(value: Any) -> int:
+    return len(serde.dumps(value))
+
+
+def check_run_sizes(data: dict[str, Any], settings: Settings) -> None:
+    """Input/command size, stream_mode length and metadata size of a raw run request."""
+    for name in ("input", "command"):
+        if data.get(name) is not None and _json_size(data[name]) > settings.max_input_bytes:
+            raise LimitExceeded(
+                "max_input_bytes",
+                f"{name}: larger than {settings.max_input_bytes} bytes of JSON",
+                status=422,
+                field=name,
+            )
+    modes = data.get("stream_mode")
+    if isinstance(modes, list) and len(modes) > settings.max_stream_modes:
+        raise LimitExceeded(
+            "max_stream_modes",
+            f"stream_mode: more than {settings.max_stream_modes} entries",
+            status=422,
+            field="stream_mode",
+        )
+    check_metadata_size(data.get("metadata"), settings, "metadata")
+    config = data.get("config")
+    if isinstance(config, dict):
+        check_metadata_size(config.get("metadata"), settings, "config.metadata")
+        check_metadata_size(config.get("configurable"), settings, "config.configurable")
+    check_metadata_size(data.get("context"), settings, "context")
+
+
+def check_metadata_size(value: Any, settings: Settings, field_name: str = "metadata") -> None:
+    """A metadata-like object over `max_metadata_bytes` of JSON is refused (422)."""
+    if value is not None and _json_size(value) > settings.max_metadata_bytes:
+        raise LimitExceeded(
+            "max_metadata_bytes",
+            f"{field_name}: larger than {settings.max_metadata_bytes} bytes of JSON",
+            status=422,
+            field=field_name,
+        )
+
+
+# --- Redis-backed counters ----------------------------------------------------------------------
+
+
+@dataclass
+class RunSlot:
+    """A reserved active-run slot; `bind` it to the admitted run or `release` it."""
+
+    limiter: Limiter
+    user_id: str
+    token: str
+    done: bool = False
+
+    def bind(self, run_id: str) -> None:
+        """The admission succeeded: the slot now counts this run until it ends."""
+        if not self.done:
+            self.done = True
+            k = self.limiter.keys
+            self.limiter.bind_run(
+                keys=[k.active(self.user_id), k.reserved(self.user_id)],
+                args=[self.token, run_id, ACTIVE_SET_TTL_MS],
+            )
+
+    def release(self) -> None:
+        """The admission failed: free the reservation."""
+        if not self.done:
+            self.done = True
+            self.limiter.redis.zrem(self.limiter.keys.reserved(self.user_id), self.token)
+
+
+@dataclass
+class ConnectionSlot:
+    """One open SSE stream or WebSocket of a user, renewed while it lives."""
+
+    limiter: Limiter
+    user_id: str
+    conn_id: str
+    renewed_at: float = field(default_factory=time.monotonic)
+    released: bool = False
+
+    def maybe_renew(self) -> None:
+        """Renew when a third of the TTL has passed (cheap to call often)."""
+        ttl = self.limiter.settings.limit_slot_ttl_s
+        now = time.monotonic()
+        if self.released or now - self.renewed_at < ttl / 3:
+            return
+        self.renewed_at = now
+        try:
+            self.limiter.renew_conn(
+                keys=[self.limiter.keys.connections(self.user_id)],
+                args=[self.conn_id, int(ttl * 1000)],
+            )
+        except redis.RedisError:
+            log.warning("connection slot renewal failed")
+
+    def release(self) -> None:
+        """The connection closed."""
+        if self.released:
+            return
+        self.released = True
+        try:
+            self.limiter.redis.zrem(self.limiter.keys.connections(self.user_id), self.conn_id)
+        except redis.RedisError:  # it expires after limit_slot_ttl_s
+            log.warning("connection slot release failed")
+
+
+class Limiter:
+    """The Redis-backed per-user limits of one web process."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.settings = services.settings
+        self.redis = services.redis
+        self.keys = LimitKeys(self.settings.redis_prefix)
+        self._rate = self.redis.register_script(RATE_LUA)
+        self._reserve = self.redis.register_script(RESERVE_RUN_LUA)
+        self.bind_run = self.redis.register_script(BIND_RUN_LUA)
+        self._acquire_conn = self.redis.register_script(ACQUIRE_CONN_LUA)
+        self.renew_conn = self.redis.register_script(RENEW_CONN_LUA)
+
+    def check_run_rate(self, user_id: str) -> None:
+        """`runs_per_minute` per user (GCRA: a burst of the full minute, then steady)."""
+        limit = self.settings.runs_per_minute
+        interval = 60_000 / limit
+        allowed, wait_ms = self._rate(
+            keys=[self.keys.rate(user_id)], args=[interval, interval * (limit - 1)]
+        )
+        if not allowed:
+            raise LimitExceeded(
+                "runs_per_minute",
+                f"at most {limit} runs per minute per user",
+                retry_after=max(1, math.ceil(int(wait_ms) / 1000)),
+            )
+
+    def reserve_run(self, user_id: str) -> RunSlot:
+        """A slot under `max_active_runs` (pending + running runs of the user), or 429.
+
+        When the set is full, members whose run has ended are pruned (one status read
+        each) and the reservation is tried once more.
+        """
+        limit = self.settings.max_active_runs
+        token = f"r:{uuid.uuid4().hex}"
+        keys = [self.keys.active(user_id), self.keys.reserved(user_id)]
+        args: list[str | int] = [limit, token, int(self.settings.limit_slot_ttl_s * 1000)]
+        for attempt in range(2):
+            out = self._reserve(keys=keys, args=args)
+            if int(out[0]) == 1:
+                return RunSlot(self, user_id, token)
+            if attempt == 0:
+                ended = [
+                    m
+                    for m in (x.decode() if isinstance(x, bytes) else str(x) for x in out[1:])
+                    if self.services.runs.is_terminal(m)
+                ]
+                if ended:
+                    self.redis.zrem(keys[0], *ended)
+                else:
+                    break
+        raise LimitExceeded(
+            "max_active_runs",
+            f"at most {limit} pending or running runs per user",
+            retry_after=self.settings.active_runs_retry_after_s,
+        )
+
+    def acquire_connection(self, user_id: str) -> ConnectionSlot:
+        """A slot under `max_connections_per_user` (open SSE streams + WebSockets), or 429."""
+        limit = self.settings.max_connections_per_user
+        ttl_ms = int(self.settings.limit_slot_ttl_s * 1000)
+        conn_id = uuid.uuid4().hex
+        if not self._acquire_conn(
+            keys=[self.keys.connections(user_id)], args=[limit, conn_id, ttl_ms]
+        ):
+            raise LimitExceeded(
+                "max_connections_per_user",
+                f"at most {limit} open streams and WebSockets per user",
+                retry_after=self.settings.active_runs_retry_after_s,
+            )
+        return ConnectionSlot(self, user_id, conn_id)
+
+
+def limiter() -> Limiter:
+    """The Limiter of the current app."""
+    from flask import current_app
+
+    return current_app.extensions["threadrun_limits"]  # type: ignore[no-any-return]
+
+
+def admit_limits(user_id: str, data: dict[str, Any]) -> RunSlot:
+    """Sizes, rate and active-run checks before admitting a run (HTTP and WebSocket).
+
+    `data` is the raw request; call after it validated as a RunCreate.
+    """
+    lim = limiter()
+    check_run_sizes(data, lim.settings)
+    lim.check_run_rate(user_id)
+    return lim.reserve_run(user_id)
+
+
+# --- the HTTP hooks ---------------------------------------------------------------------------------
+
+
+class _SlotStream:
+    """A streamed body that renews its connection slot per chunk and frees it on close."""
+
+    def __init__(self, body: Iterable[Any], slot: ConnectionSlot) -> None:
+        self._body = body
+        self._slot = slot
+
+    def __iter__(self) -> Iterator[Any]:
+        for chunk in self._body:
+            self._slot.maybe_renew()
+            yield chunk
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._slot.release()
+
+
+def _raw_json_object() -> dict[str, Any] | None:
+    raw = request.get_data(cache=True)
+    try:
+        data = serde.loads(raw) if raw.strip() else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _before() -> None:
+    endpoint = request.endpoint
+    if request.method == "OPTIONS" or endpoint is None:
+        return
+    if endpoint in METADATA_ENDPOINTS:
+        data = _raw_json_object()
+        if data is not None:
+            check_metadata_size(data.get("metadata"), limiter().settings)
+        return
+    if endpoint in STREAM_ENDPOINTS:
+        g.limit_conn = limiter().acquire_connection(principal().user_id)
+    if endpoint in RUN_CREATE_ENDPOINTS:
+        data = _raw_json_object()
+        if data is None:
+            return  # the view answers the malformed body (400/422)
+        check_run_sizes(data, limiter().settings)
+        validate(RunCreate, data)  # an invalid request uses no rate or slot
+        g.limit_run = admit_limits(principal().user_id, data)
+
+
+def _run_id_of(resp: Response) -> str | None:
+    location = resp.headers.get("Content-Location") or ""
+    parts = location.rstrip("/").split("/")
+    return parts[-1] if len(parts) >= 5 and parts[-2] == "runs" else None
+
+
+def _after(resp: Response) -> Response:
+    run_slot: RunSlot | None = g.pop("limit_run", None)
+    if run_slot is not None:
+        run_id = _run_id_of(resp) if resp.status_code < 300 else None
+        if run_id:
+            run_slot.bind(run_id)
+        else:
+            run_slot.release()
+    conn: ConnectionSlot | None = g.pop("limit_conn", None)
+    if conn is not None:
+        if resp.is_streamed and resp.status_code < 300:
+            resp.response = _SlotStream(resp.response, conn)
+        else:
+            conn.release()
+    return resp
+
+
+def _teardown(_exc: BaseException | None) -> None:
+    """Release what an exception left reserved (after_request does not run then)."""
+    run_slot: RunSlot | None = g.pop("limit_run", None)
+    if run_slot is not None:
+        run_slot.release()
+    conn: ConnectionSlot | None = g.pop("limit_conn", None)
+    if conn is not None:
+        conn.release()
+
+
+def init_app(app: Flask) -> None:
+    """Install the limit hooks and the 429/422 error handler (after Services are built)."""
+    app.extensions["threadrun_limits"] = Limiter(app.extensions["threadrun"])
+    app.before_request(_before)
+    app.after_request(_after)
+    app.teardown_request(_teardown)
+
+    @app.errorhandler(LimitExceeded)
+    def _limited(exc: LimitExceeded) -> Response:
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+        return json_response(exc.body(), exc.status, headers=headers)
+
+
+class TokenBucket:
+    """Frames per second of one WebSocket (process-local: the socket lives in one process)."""
+
+    def __init__(self, rate: float, burst: int, clock: Any = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = float(burst)
+        self.tokens = float(burst)
+        self._clock = clock
+        self._at = clock()
+
+    def take(self) -> bool:
+        """Spend one token if there is one."""
+        now = self._clock()
+        self.tokens = min(self.burst, self.tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+    def wait_s(self) -> float:
+        """Seconds until the next token."""
+        return max(0.0, (1 - self.tokens) / self.rate)

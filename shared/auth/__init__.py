@@ -1,0 +1,1 @@
+"""Authentication (A4): hashed API keys in Postgres, env keys, and bearer JWTs."""
