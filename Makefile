@@ -23,7 +23,7 @@ TEST_DB ?= threadrun_test
 TEST_REDIS_DB ?= 1
 DEVSERVICES_ENV := $(PY) -m shared.devservices env --db-name $(TEST_DB) --redis-db $(TEST_REDIS_DB)
 
-.PHONY: chromium help venv install run test test-unit test-integration test-e2e lint fmt bench clean migrate services-env services-stop
+.PHONY: chromium help venv install run test test-unit test-integration test-e2e lint fmt bench scale-bench clean migrate services-env services-stop
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -91,6 +91,15 @@ fmt: install ## ruff format and ruff check --fix
 
 bench: install ## the internals benchmark (bench/internals.py)
 	$(PY) -m bench.internals
+
+scale-bench: install ## runs/s and events/s with 1, 2, 3 runs workers (bench/scale.py, ~2 min)
+	@envs="$$($(PY) -m shared.devservices env)" || exit 1; \
+	eval "$$envs"; \
+	rc=0; $(PY) -m bench.scale || rc=$$?; \
+	if [ -n "$${THREADRUN_DEVSERVICES_STARTED:-}" ]; then \
+	  $(PY) -m shared.devservices stop $$THREADRUN_DEVSERVICES_STARTED || true; \
+	fi; \
+	exit $$rc
 
 migrate: install ## apply database migrations (idempotent)
 	@envs="$$($(PY) -m shared.devservices env)" || exit 1; \
