@@ -117,8 +117,9 @@ def refuse_public_open_mode(settings: Settings, auth: Authenticator) -> None:
 
 PUBLIC_BLUEPRINTS = frozenset({"meta", "openapi", "ui"})
 """Health, the OpenAPI document and the chat page's files need no credentials."""
-SELF_AUTHENTICATING = frozenset({"ws"})
-"""The WebSocket upgrade authenticates itself (it also accepts `?api_key=`)."""
+SELF_AUTHENTICATING = frozenset({"ws", "ops"})
+"""Blueprints whose every view authenticates itself: the WebSocket upgrade and the ops page
+accept `?api_key=`; /metrics may be public by setting."""
 
 
 def _authenticate_request() -> None:
