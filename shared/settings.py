@@ -172,6 +172,54 @@ class Settings(BaseSettings):
     delivery_receipt_attempts: int = Field(default=3, ge=1)
     delivery_receipt_backoff_s: float = Field(default=0.1, ge=0)
 
+    # --- summary and durable context (C1-C3) ---------------------------------------------
+    summary_enabled: bool = Field(default=True, description="Summarize long threads (C1).")
+    summary_trigger_tokens: int = Field(
+        default=4000, ge=1, description="Summarize when a thread's messages exceed this budget."
+    )
+    summary_keep_messages: int = Field(
+        default=6, ge=0, description="Preserved tail: newest messages kept verbatim (C1)."
+    )
+    summary_model: str | None = Field(
+        default=None, description="Model for summaries; unset = the run's model (C1)."
+    )
+
+    # --- long-term memory (M1-M6) ----------------------------------------------------------
+    memory_enabled: bool = Field(default=True, description="Inject and write memory (M2, M4).")
+    memory_backend: str = Field(
+        default="postgres",
+        description="'postgres' or 'package.module:Factory' taking Settings (M1).",
+    )
+    memory_read_policy: Literal["fail_open", "fail_closed"] = Field(
+        default="fail_open", description="What a failed memory read does to the run (M3)."
+    )
+    memory_injection_timeout_s: float = Field(
+        default=5.0, gt=0, description="Bound on the memory read at injection (M2)."
+    )
+    memory_max_facts: int = Field(default=20, ge=1, description="Facts injected per thread (M2).")
+    memory_max_messages: int = Field(
+        default=40, ge=1, description="Messages kept per debounced update (M4)."
+    )
+    memory_debounce_s: float = Field(
+        default=30.0, ge=0, description="Debounce window per agent/user/thread (M4)."
+    )
+    memory_backlog_limit: int = Field(
+        default=1000, ge=1, description="Backlog past which ordinary updates are skipped (M5)."
+    )
+    memory_drain_interval_s: float = Field(
+        default=1.0, gt=0, description="How often the memory worker looks for due updates."
+    )
+    memory_drain_batch: int = Field(default=100, ge=1, description="Due updates per drain pass.")
+    memory_claim_ttl_s: float = Field(
+        default=120.0, gt=0, description="A claimed update not acked by then is re-dispatched."
+    )
+    memory_max_attempts: int = Field(
+        default=5, ge=1, description="Extraction attempts before an update is dropped."
+    )
+    memory_model: str | None = Field(
+        default=None, description="Model for memory extraction; unset = `model` (M4)."
+    )
+
     # --- database -----------------------------------------------------------------
     checkpoint_savers: int = Field(
         default=8,

@@ -34,8 +34,17 @@ from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command
 
+from shared.agent.middleware.durable_context import DurableContextMiddleware
+from shared.agent.middleware.memory import (
+    MemoryInjectionMiddleware,
+    MemoryWriteMiddleware,
+    urgent_flush_hook,
+)
+from shared.agent.middleware.summarization import SummarizationMiddleware, build_summarizer
 from shared.agent.model import make_model
 from shared.agent.tools import list_artifacts, read_artifact, write_artifact
+from shared.memory.manager import MemoryManager
+from shared.memory.services import memory_manager
 from shared.settings import Settings
 from shared.state.thread_state import ThreadState
 
@@ -79,17 +88,38 @@ save_artifact: StructuredTool = StructuredTool.from_function(
 LEAD_TOOLS: tuple[BaseTool, ...] = (save_artifact, read_artifact, list_artifacts)
 
 
+def lead_middleware(settings: Settings, model: BaseChatModel) -> list[AgentMiddleware[Any, Any]]:
+    """SPEC §8 in order: memory injection (before_agent), summarization (before_model),
+    durable context (around the model call), memory write (after_agent).
+
+    The memory manager is built on first use (no connection at import)."""
+
+    def manager() -> MemoryManager:
+        return memory_manager(settings)
+
+    middleware: list[AgentMiddleware[Any, Any]] = []
+    if settings.memory_enabled:
+        middleware.append(
+            MemoryInjectionMiddleware(manager, timeout_s=settings.memory_injection_timeout_s)
+        )
+    if settings.summary_enabled:
+        hooks = [urgent_flush_hook(manager)] if settings.memory_enabled else []
+        middleware.append(SummarizationMiddleware(build_summarizer(settings, model, hooks)))
+    middleware.append(DurableContextMiddleware())
+    if settings.memory_enabled:
+        middleware.append(MemoryWriteMiddleware(manager))
+    return middleware
+
+
 def build_lead_agent(settings: Settings | None = None) -> CompiledStateGraph[Any, Any, Any, Any]:
     """Build the lead agent graph, compiled without a checkpointer (the runtime adds one)."""
     settings = settings if settings is not None else Settings()
-    # Run in order around every model call; memory injection, durable context,
-    # summarization and memory write (SPEC §8) are added here as they are built.
-    middleware: list[AgentMiddleware[Any, Any]] = []
+    model = make_model(settings)
     return create_agent(
-        make_model(settings),
+        model,
         list(LEAD_TOOLS),
         system_prompt=SYSTEM_PROMPT,
-        middleware=middleware,
+        middleware=lead_middleware(settings, model),
         state_schema=ThreadState,
         name=GRAPH_ID,
     )

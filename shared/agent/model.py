@@ -25,6 +25,20 @@ The head is trimmed when it is longer than N - 2 tokens. Situations:
   "Could not save artifact: <error>".
 - otherwise: head "You said: <the latest human message>".
 
+Hidden context (SPEC C3, M2): a HumanMessage with `additional_kwargs[HIDDEN_KEY]` is a
+block the runtime injected (memory, summary), not user input: it is not a turn and never
+"the latest human message". The `- [preference] <text>` lines of such a block shape a
+report artifact: a preference mentioning "conclusion first" puts the Conclusion section
+before the Details, one mentioning RMB writes amounts in RMB; the report lists the
+preferences it applied. With no preference the report is the plain one above.
+
+Task prompts (the summary and memory-extraction calls; the `tokens` knob does not apply,
+the delay does): a SystemMessage starting with `SUMMARY_TASK` gets a summary of the
+`Human:`/`User:` lines (after those of a `Previous summary:` line) of the other messages,
+blank when there are none; one starting with `EXTRACT_TASK` gets `{"facts": [...]}` JSON with one
+`preference` fact per sentence of a `User:` line that states one ("I prefer ...",
+"I like ...", "I want ...", "always ...").
+
 Knobs, per call: `tokens` and `token_delay_ms` from `config["configurable"]` (the
 config passed to invoke/stream, or the ambient one LangGraph sets for the running
 node), else the model's fields, whose defaults are `Settings.builtin_tokens` and
@@ -51,6 +65,7 @@ from langchain_core.messages import (
     AIMessageChunk,
     BaseMessage,
     HumanMessage,
+    SystemMessage,
     ToolCallChunk,
     ToolMessage,
 )
@@ -68,10 +83,21 @@ ARTIFACT_TOOL = "write_artifact"
 MAX_TOKENS = 100_000
 MAX_TOKEN_DELAY_MS = 60_000.0
 DEFAULT_ARTIFACT_NAME = "report.md"
+HIDDEN_KEY = "threadrun_hidden"
+"""`additional_kwargs` key marking an injected context block (its value names the kind)."""
+SUMMARY_TASK = "[threadrun:summarize]"
+EXTRACT_TASK = "[threadrun:extract-memory]"
+SUMMARY_MAX_LINES = 10
+SUMMARY_LINE_WORDS = 16
 
 _ARTIFACT_REQUEST = re.compile(r"\b(?:write|file|report|artifact|save)s?\b", re.IGNORECASE)
 _FILENAME = re.compile(r"\b([A-Za-z0-9][\w-]{0,63}\.(?:md|txt|json|csv|html|py))\b")
 _KNOBS = ("tokens", "token_delay_ms")
+_PREFERENCE = re.compile(
+    r"\b(?:i (?:prefer|like|want|would like|need)|(?:please )?always)\b", re.IGNORECASE
+)
+_SENTENCE = re.compile(r"[^.!?;\n]+")
+_SAID = re.compile(r'The user said "(.*?)"\.')
 
 
 def token_filler(i: int) -> str:
@@ -121,10 +147,93 @@ def _artifact_outcome(result: ToolMessage) -> list[str]:
         return ["Saved", "artifact:", *result.text.split()]
 
 
+def is_hidden_block(message: BaseMessage) -> bool:
+    """An injected context block (memory, summary), not user input."""
+    return isinstance(message, HumanMessage) and bool(message.additional_kwargs.get(HIDDEN_KEY))
+
+
+def _task(messages: Sequence[BaseMessage]) -> str | None:
+    for m in messages:
+        if isinstance(m, SystemMessage):
+            for marker in (SUMMARY_TASK, EXTRACT_TASK):
+                if m.text.startswith(marker):
+                    return marker
+    return None
+
+
+def _lines(messages: Sequence[BaseMessage], *prefixes: str) -> list[str]:
+    out = []
+    for m in messages:
+        if isinstance(m, SystemMessage):
+            continue
+        for line in m.text.splitlines():
+            for prefix in prefixes:
+                if line.startswith(prefix):
+                    out.append(line[len(prefix) :].strip())
+    return [line for line in out if line]
+
+
+def builtin_summary(messages: Sequence[BaseMessage]) -> str:
+    """The built-in model's summary of a summarization prompt ("" when nothing to say).
+
+    One `The user said "<first words>".` sentence per user line, the previous summary's
+    sentences first, the newest `SUMMARY_MAX_LINES` kept."""
+    previous = _lines(messages, "Previous summary:")
+    said = _SAID.findall(previous[-1]) if previous else []
+    said += [" ".join(s.split()[:SUMMARY_LINE_WORDS]) for s in _lines(messages, "Human:", "User:")]
+    return " ".join(f'The user said "{s}".' for s in said[-SUMMARY_MAX_LINES:])
+
+
+def builtin_facts(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """The preferences the user stated, as extraction facts (deterministic)."""
+    correction = any("signals:" in m.text and "correction" in m.text for m in messages)
+    facts: list[dict[str, Any]] = []
+    for line in _lines(messages, "User:", "Human:"):
+        for sentence in _SENTENCE.findall(line):
+            text = " ".join(sentence.split())
+            if _PREFERENCE.search(text) and text not in [f["content"] for f in facts]:
+                confidence = 0.95 if correction else 0.9
+                facts.append({"category": "preference", "content": text, "confidence": confidence})
+    return facts
+
+
+def _preferences(hidden: Sequence[BaseMessage]) -> list[str]:
+    return [
+        line.removeprefix("- [preference]").strip()
+        for m in hidden
+        for line in m.text.splitlines()
+        if line.startswith("- [preference]")
+    ]
+
+
+def _report(filename: str, request: str, turn: int, prefs: list[str]) -> str:
+    signature = f"Written by {MODEL_NAME} on turn {turn}.\n"
+    if not prefs:
+        return f"# {filename}\n\nRequest: {request}\n\n{signature}"
+    joined = " ".join(prefs).lower()
+    currency = "RMB" if re.search(r"\b(?:rmb|cny|yuan)\b", joined) else "USD"
+    conclusion = "## Conclusion\n\nThe request is answered below.\n"
+    details = f"## Details\n\nAmount: {currency} 1,000.00\n"
+    body = [conclusion, details] if "conclusion first" in joined else [details, conclusion]
+    applied = "; ".join(prefs)
+    return (
+        f"# {filename}\n\nRequest: {request}\nPreferences applied: {applied}\n\n"
+        + "\n".join(body)
+        + f"\n{signature}"
+    )
+
+
 def plan_reply(
     messages: Sequence[BaseMessage], n: int, tool_names: Sequence[str], tool_choice: Any = None
 ) -> ReplyPlan:
     """Decide the words (and the tool call, if any) of the next reply; pure, no IO."""
+    task = _task(messages)
+    if task == SUMMARY_TASK:
+        return ReplyPlan(builtin_summary(messages).split(" "), None)
+    if task == EXTRACT_TASK:
+        return ReplyPlan(json.dumps({"facts": builtin_facts(messages)}).split(" "), None)
+    hidden = [m for m in messages if is_hidden_block(m)]
+    messages = [m for m in messages if not is_hidden_block(m)]
     human_at = [i for i, m in enumerate(messages) if isinstance(m, HumanMessage)]
     turn = len(human_at)
     request = messages[human_at[-1]].text if human_at else ""
@@ -149,7 +258,7 @@ def plan_reply(
         and wants_artifact(request)
     ):
         filename = _artifact_filename(request)
-        content = f"# {filename}\n\nRequest: {request}\n\nWritten by {MODEL_NAME} on turn {turn}.\n"
+        content = _report(filename, request, turn, _preferences(hidden))
         n_ai = sum(1 for m in messages if isinstance(m, AIMessage))
         call = PlannedToolCall(
             ARTIFACT_TOOL, {"filename": filename, "content": content}, f"call_{n_ai}"
@@ -306,7 +415,9 @@ class BuiltinChatModel(BaseChatModel):
             content=chunks[-1].content,
             tool_call_chunks=tool_call_chunks,
             usage_metadata=UsageMetadata(
-                input_tokens=input_tokens, output_tokens=n, total_tokens=input_tokens + n
+                input_tokens=input_tokens,
+                output_tokens=len(plan.words),
+                total_tokens=input_tokens + len(plan.words),
             ),
             response_metadata={
                 "finish_reason": "tool_calls" if plan.tool_call else "stop",

@@ -1,0 +1,75 @@
+"""Fact extraction by the configured model (M4): prompt, call, parse."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import HumanMessage, SystemMessage
+
+from shared.agent.model import EXTRACT_TASK
+from shared.errors import ThreadrunError
+from shared.memory.base import CATEGORIES, MemoryUpdate, NewFact
+
+EXTRACT_PROMPT = f"""{EXTRACT_TASK}
+Extract durable facts about the user from the conversation below: stated preferences,
+standing instructions, facts about them, and corrections of earlier facts. Ignore
+one-off requests. Answer with JSON only:
+{{"facts": [{{"category": one of {list(CATEGORIES)}, "content": "...", "confidence": 0..1}}]}}
+Answer {{"facts": []}} when there is nothing durable."""
+
+_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
+
+
+class ExtractionFailed(ThreadrunError):
+    """The extraction model failed or answered something that is not the JSON asked for."""
+
+    code = "memory_extraction_failed"
+
+
+def transcript(update: MemoryUpdate) -> str:
+    """The update's messages as `User:`/`Assistant:` lines."""
+    role = {"user": "User", "assistant": "Assistant"}
+    lines = [f"{role.get(m['role'], m['role'])}: {m['content']}" for m in update.messages]
+    if update.signals:
+        lines.append(f"(signals: {', '.join(update.signals)})")
+    return "\n".join(lines)
+
+
+def parse_facts(text: str) -> list[NewFact]:
+    """The facts of an extraction answer; `ExtractionFailed` if it is not that JSON."""
+    try:
+        raw: Any = json.loads(_FENCE.sub("", text.strip()))
+        items = raw["facts"]
+        if not isinstance(items, list):
+            raise TypeError("facts is not a list")
+        facts = []
+        for item in items:
+            content = str(item["content"]).strip()
+            if content:
+                facts.append(
+                    NewFact(
+                        category=str(item.get("category") or "fact"),
+                        content=content,
+                        confidence=float(item.get("confidence", 0.5)),
+                    )
+                )
+        return facts
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ExtractionFailed(f"extraction answer is not facts JSON: {exc}") from exc
+
+
+def extract_facts(model: BaseChatModel, update: MemoryUpdate) -> list[NewFact]:
+    """Ask the model for the facts in one (merged) update."""
+    if not any(m["role"] == "user" for m in update.messages):
+        return []
+    try:
+        reply = model.invoke(
+            [SystemMessage(EXTRACT_PROMPT), HumanMessage(transcript(update))],
+            config={"tags": ["middleware:memory"]},
+        )
+    except Exception as exc:  # noqa: BLE001 - any model failure is a retryable extraction failure
+        raise ExtractionFailed(f"extraction model failed: {exc!r}") from exc
+    return parse_facts(reply.text)
