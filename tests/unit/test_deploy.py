@@ -32,6 +32,7 @@ ADAPTER = ROOT / "deploy" / "prometheus" / "adapter-values.yaml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 K8S_VERSION = "1.30.0"
 DEFAULTS = Settings.model_construct()
+REQUIRED_ENV = {"FLOWER_BASIC_AUTH": "ops:secret", "THREADRUN_API_KEYS": "k1:alice,k2:ops:ops"}
 
 # The metric names contract (issue 8) that shared/metrics.py implements: name -> label names.
 METRICS: dict[str, set[str]] = {
@@ -87,8 +88,8 @@ def compose_raw() -> dict[str, Any]:
 
 
 def compose() -> dict[str, Any]:
-    """docker-compose.yml as Compose sees it with FLOWER_BASIC_AUTH set and defaults elsewhere."""
-    return dict(interpolate(compose_raw(), {"FLOWER_BASIC_AUTH": "ops:secret"}))
+    """docker-compose.yml as Compose sees it with the required variables set, defaults elsewhere."""
+    return dict(interpolate(compose_raw(), REQUIRED_ENV))
 
 
 def compose_schema() -> dict[str, Any]:
@@ -144,8 +145,9 @@ def test_compose_file_matches_the_compose_spec_schema() -> None:
     broken = copy.deepcopy(compose())
     broken["services"]["web"]["healthcheck"]["intervall"] = "5s"
     assert not validator.is_valid(broken)
-    with pytest.raises(KeyError, match="FLOWER_BASIC_AUTH"):
-        interpolate(compose_raw(), {})  # Flower refuses to start without credentials
+    for name in REQUIRED_ENV:  # no credentials, no start (A4; Flower's basic auth)
+        with pytest.raises(KeyError, match=name):
+            interpolate(compose_raw(), {k: v for k, v in REQUIRED_ENV.items() if k != name})
 
 
 def test_compose_roles_health_checks_and_dependencies() -> None:
@@ -223,6 +225,7 @@ def test_compose_env_is_settings_and_agrees_across_roles() -> None:
         s = Settings.model_validate({k: v for k, v in fields.items() if v != ""})
         assert s.redis_url == "redis://redis:6379/0"
         assert s.dsn.startswith("postgresql://") and s.dsn.endswith("@postgres:5432/threadrun")
+        assert s.api_key_map  # a web on 0.0.0.0 refuses to start in open mode (A4)
     shared = ("THREADRUN_REDIS_URL", "THREADRUN_DATABASE_URL", "THREADRUN_REDIS_PREFIX")
     assert len({tuple(env[k] for k in shared) for env in envs.values()}) == 1
 
