@@ -1,10 +1,12 @@
-"""Streams benchmark: token latency and throughput to WebSocket/SSE clients, and many sockets.
+"""Streams benchmark: the web server model (gevent vs gthread) on latency, rate and idle capacity.
 
-Run with `.venv/bin/python -m bench.streams [--threads 64] [--idle 1000] [--json PATH]`. It
-starts a private cluster with bench/chaos.py's helpers (one gunicorn gthread web process with
-`--threads` threads, one Celery runs worker) on a database `threadrun_streams_<hex>` and the
-Redis key prefix `trstreams:<hex>:`, and at the end stops every process it started, drops
-exactly that database and deletes exactly those keys, also on Ctrl-C, SIGTERM or a failure.
+Run with `.venv/bin/python -m bench.streams [--models gevent,gthread] [--threads 64]
+[--idle 5000] [--json PATH]`. For each server model it starts a private cluster with
+bench/chaos.py's helpers (one gunicorn web process configured by app/gunicorn_conf.py with
+`THREADRUN_WEB_WORKER_CLASS`, one Celery runs worker) on a database
+`threadrun_streams_<hex>` and the Redis key prefix `trstreams:<hex>:`, and at the end stops
+every process it started, drops exactly that database and deletes exactly those keys, also
+on Ctrl-C, SIGTERM or a failure. One table compares the models.
 
 Latency is end to end: a `messages` event's stream id carries Redis's clock (ms) at XADD;
 the client compares it with its own wall clock on receipt (same machine, same clock; the
@@ -19,15 +21,18 @@ id has 1 ms resolution, so every figure carries up to 1 ms of truncation).
    first to its last token), beside pipelined XADD (100 per pipeline) of as many events of
    the same size to one XREAD reader.
 3. Connections: 100 streaming WebSocket clients (each `run.join`s one of 5 long runs), then
-   `--idle` idle WebSocket clients (handshake only, then they stay open without frames),
-   opened 100 at a time with a 3 s handshake timeout. Reports how many connected and the
-   errors, the streaming clients' token latency before and while the idle ones are open,
-   and the web worker's RSS (/proc) -> memory per connection.
+   `--idle` idle connections, half WebSocket (handshake only) and half SSE (joined to a run
+   that waits 60 s per token, so it only gets heartbeats), opened 100 at a time from one
+   asyncio loop with a 3 s handshake timeout. Reports how many connected and the errors,
+   the streaming clients' token latency before and while the idle ones are open, the web
+   worker's RSS (/proc) -> memory per connection, and its CPU while they are open.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -51,7 +56,7 @@ import httpx
 import redis
 from websockets.sync.client import ClientConnection, connect
 
-from bench.chaos import ChaosCluster, Proc, log, run_body, table
+from bench.chaos import ChaosCluster, Proc, free_port, log, run_body, table
 from bench.internals import Sandbox, _raise_interrupt, percentile, signals_ignored
 from shared.settings import Settings
 
@@ -60,6 +65,8 @@ BLOCKER_TOKENS = 100  # x 10 ms: the measured run waits ~1 s behind it
 TPUT_TOKENS = 20000
 STREAMING_SOCKETS, STREAMING_RUNS = 100, 5
 OPEN_CONCURRENCY, OPEN_TIMEOUT_S, OPEN_DEADLINE_S = 100, 3.0, 45.0
+IDLE_RUN_TOKENS, IDLE_RUN_DELAY_MS = 10, 60_000.0  # the idle SSE clients' run: one token a minute
+MODELS = ("gevent", "gthread")
 WINDOW_S = 4.0  # latency window before / while the idle sockets are open
 
 
@@ -102,6 +109,44 @@ def cpu_s(pid: int) -> float:
 
 def threads_of(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
+
+
+@dataclass
+class StreamsCluster(ChaosCluster):
+    """ChaosCluster whose web server is started from app/gunicorn_conf.py with a chosen model."""
+
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**super().env, **self.extra_env}
+
+    def start_model(self, worker_class: str, threads: int) -> Proc:
+        """One gunicorn worker process of `worker_class` (gthread: `threads` threads)."""
+        port = free_port()
+        self.extra_env = {
+            "THREADRUN_HOST": "127.0.0.1",
+            "THREADRUN_PORT": str(port),
+            "THREADRUN_WEB_WORKER_CLASS": worker_class,
+            "THREADRUN_WEB_WORKERS": "1",
+            "THREADRUN_WEB_THREADS": str(threads),
+            "THREADRUN_WEB_GRACEFUL_TIMEOUT_S": "3",
+            # the idle clients are all one (local) user: lift a per-user connection cap
+            "THREADRUN_MAX_CONNECTIONS_PER_USER": "1000000",
+        }
+        proc = self._spawn(
+            "web", [sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf"]
+        )
+        self.url = f"http://127.0.0.1:{port}"
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/ok", timeout=1).status_code == 200:
+                    return proc
+            if not proc.alive():
+                break
+            time.sleep(0.2)
+        raise RuntimeError(f"web did not come up:\n{proc.tail()}")
 
 
 # --- clients ------------------------------------------------------------------------------------------
@@ -333,31 +378,86 @@ def measure_throughput(c: ChaosCluster, tokens: int, size: int) -> dict[str, Any
     }
 
 
-def open_idle(url: str, n: int) -> tuple[list[ClientConnection], Counter[str], float]:
-    """Open up to `n` sockets, OPEN_CONCURRENCY at a time, each with a handshake timeout."""
-    conns: list[ClientConnection] = []
-    errors: Counter[str] = Counter()
-    lock = threading.Lock()
-    end = time.monotonic() + OPEN_DEADLINE_S
+class IdleHolder:
+    """Idle connections held open on one asyncio loop in a thread (no thread per socket).
 
-    def one(_: int) -> None:
+    A WebSocket counts once the server answered 101; an SSE stream once it answered 200 with
+    its first bytes. Neither is read any further: they sit idle until `close()`.
+    """
+
+    def __init__(self, base: str) -> None:
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        self.host, self.port = host, int(port)
+        self.loop = asyncio.new_event_loop()
+        self.held: dict[str, list[asyncio.StreamWriter]] = {"ws": [], "sse": []}
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def _request(self, kind: str, path: str) -> bytes:
+        head = f"GET {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+        if kind == "ws":
+            key = base64.b64encode(os.urandom(16)).decode()
+            head += (
+                "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            )
+        else:
+            head += "Accept: text/event-stream\r\nLast-Event-ID: -1\r\n"
+        return (head + "\r\n").encode()
+
+    async def _one(self, kind: str, path: str, errors: Counter[str], end: float) -> None:
         if time.monotonic() > end:
-            with lock:
-                errors["skipped (phase deadline)"] += 1
+            errors[f"{kind}: skipped (phase deadline)"] += 1
             return
+        writer = None
         try:
-            ws = connect(url, open_timeout=OPEN_TIMEOUT_S, close_timeout=1, legacy=True)
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port), OPEN_TIMEOUT_S
+            )
+            writer.write(self._request(kind, path))
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), OPEN_TIMEOUT_S)
+            status = int(head.split(b" ", 2)[1])
+            if status != (101 if kind == "ws" else 200):
+                raise ConnectionError(f"HTTP {status}")
+            if kind == "sse":
+                await asyncio.wait_for(reader.read(1), OPEN_TIMEOUT_S)  # the stream is live
         except Exception as exc:  # noqa: BLE001 - counted by type
-            with lock:
-                errors[type(exc).__name__] += 1
+            errors[f"{kind}: {type(exc).__name__}"] += 1
+            if writer is not None:
+                writer.close()
             return
-        with lock:
-            conns.append(ws)
+        self.held[kind].append(writer)
 
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(OPEN_CONCURRENCY) as pool:
-        list(pool.map(one, range(n)))
-    return conns, errors, time.perf_counter() - t0
+    async def _open(self, plan: list[tuple[str, str]]) -> Counter[str]:
+        errors: Counter[str] = Counter()
+        end = time.monotonic() + OPEN_DEADLINE_S
+        gate = asyncio.Semaphore(OPEN_CONCURRENCY)
+
+        async def gated(kind: str, path: str) -> None:
+            async with gate:
+                await self._one(kind, path, errors, end)
+
+        await asyncio.gather(*(gated(k, p) for k, p in plan))
+        return errors
+
+    def open(self, plan: list[tuple[str, str]]) -> tuple[Counter[str], float]:
+        """Open every (kind, path) of `plan`; (errors by kind and type, seconds)."""
+        t0 = time.perf_counter()
+        errors = asyncio.run_coroutine_threadsafe(self._open(plan), self.loop).result()
+        return errors, time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Close every held connection and stop the loop."""
+
+        async def close_all() -> None:
+            for writers in self.held.values():
+                for w in writers:
+                    w.close()
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(close_all(), self.loop).result(timeout=30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
 
 
 def measure_connections(
@@ -365,7 +465,7 @@ def measure_connections(
 ) -> dict[str, Any]:
     res: dict[str, Any] = {"idle_requested": idle, "streaming_requested": STREAMING_SOCKETS}
     streams: list[ClientConnection] = []
-    idle_conns: list[ClientConnection] = []
+    holder: IdleHolder | None = None
     followers: list[tuple[threading.Thread, Tokens]] = []
     runs: list[tuple[str, str]] = []
     with httpx.Client(base_url=c.url, timeout=30) as client:
@@ -378,6 +478,9 @@ def measure_connections(
             for i in range(STREAMING_RUNS):
                 tid = new_thread(client)
                 runs.append((tid, start_run(client, tid, tokens, delay_ms, f"long {i}")))
+            idle_tid = new_thread(client)
+            idle_run = start_run(client, idle_tid, IDLE_RUN_TOKENS, IDLE_RUN_DELAY_MS, "idle")
+            runs.append((idle_tid, idle_run))
             log(f"streams: {STREAMING_SOCKETS} streaming sockets on {STREAMING_RUNS} runs")
             deadline = time.time() + 2 * WINDOW_S + OPEN_DEADLINE_S + 20
             errs: Counter[str] = Counter()
@@ -410,23 +513,31 @@ def measure_connections(
             res["streaming_connected"] = len(streams)
             res["streaming_errors"] = dict(errs)
             t_before = time.time()
-            pids = {"web": web_pid, "runs worker": c.workers()[0].popen.pid, "bench": os.getpid()}
-            cpu0 = {k: cpu_s(v) for k, v in pids.items()}
+            cpu0 = cpu_s(web_pid)
             time.sleep(WINDOW_S)
-            res["cpu_pct_streaming"] = {
-                k: 100 * (cpu_s(v) - cpu0[k]) / (time.time() - t_before) for k, v in pids.items()
-            }
+            res["web_cpu_pct_streaming"] = 100 * (cpu_s(web_pid) - cpu0) / (time.time() - t_before)
             res["rss_mb_streaming"] = rss_mb(web_pid)
             res["threads_streaming"] = threads_of(web_pid)
             t_open = time.time()
-            log(f"streams: opening {idle} idle sockets")
-            idle_conns, ierrs, open_s = open_idle(ws_url(c.url, runs[0][0]), idle)
-            res["idle_connected"] = len(idle_conns)
+            log(f"streams: opening {idle} idle connections (WebSocket and SSE)")
+            holder = IdleHolder(c.url)
+            plan = [
+                ("ws", f"/threads/{idle_tid}/ws")
+                if i % 2 == 0
+                else ("sse", f"/threads/{idle_tid}/runs/{idle_run}/stream")
+                for i in range(idle)
+            ]
+            ierrs, open_s = holder.open(plan)
+            res["idle_ws_connected"] = len(holder.held["ws"])
+            res["idle_sse_connected"] = len(holder.held["sse"])
+            res["idle_connected"] = res["idle_ws_connected"] + res["idle_sse_connected"]
             res["idle_errors"] = dict(ierrs)
             res["idle_open_s"] = open_s
             t_idle = time.time()
+            cpu0 = cpu_s(web_pid)
             time.sleep(WINDOW_S)
             t_after = time.time()
+            res["web_cpu_pct_idle_open"] = 100 * (cpu_s(web_pid) - cpu0) / (t_after - t_idle)
             res["rss_mb_idle"] = rss_mb(web_pid)
             res["threads_idle"] = threads_of(web_pid)
             toks = [tok for _, tok in followers]
@@ -436,7 +547,9 @@ def measure_connections(
             res["streaming_failed_midway"] = sum(1 for t in toks if t.error)
             res["streaming_errors_midway"] = [t.error for t in toks if t.error][:3]
         finally:
-            for ws in idle_conns + streams:
+            if holder is not None:
+                holder.close()
+            for ws in streams:
                 with contextlib.suppress(Exception):
                     ws.close()
             for th, _ in followers:
@@ -447,133 +560,119 @@ def measure_connections(
     if s1 and res.get("streaming_connected"):
         res["kb_per_streaming_socket"] = (s1 - s0) * 1024 / res["streaming_connected"]
     if s2 and res.get("idle_connected"):
-        res["kb_per_idle_socket"] = (s2 - s1) * 1024 / res["idle_connected"]
+        res["kb_per_idle_connection"] = (s2 - s1) * 1024 / res["idle_connected"]
     return res
 
 
 # --- report -------------------------------------------------------------------------------------------
-def latency_table(lat: dict[str, Tokens]) -> str:
-    base = percentile(lat["raw"].lat(), 50) if lat["raw"].samples else None
-    rows = []
-    for key, label in (
-        ("ws", "WebSocket run.join"),
-        ("sse", "SSE GET .../stream"),
-        ("raw", "raw XADD -> XREAD BLOCK"),
-    ):
-        s = ms_stats(lat[key].lat())
-        ratio = s["p50_ms"] / base if base and s["p50_ms"] is not None else None
-        rows.append(
-            [
-                label,
-                str(s["n"]),
-                f(s["p50_ms"]),
-                f(s["p99_ms"]),
-                f(s["max_ms"]),
-                "-" if ratio is None else f"{ratio:.1f}x",
-                lat[key].error or "-",
-            ]
-        )
-    return table(
-        [
-            "publish -> client (id ms vs receipt)",
-            "n",
-            "p50 ms",
-            "p99 ms",
-            "max ms",
-            "p50 / raw",
-            "error",
-        ],
-        rows,
-    )
+@dataclass
+class ModelResult:
+    """Every figure of one server model's cluster."""
+
+    model: str
+    threads: int
+    lat: dict[str, Tokens]
+    tput: dict[str, Any]
+    conns: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        return f"gthread ({self.threads} threads)" if self.model == "gthread" else self.model
+
+    def latency_cell(self, key: str) -> str:
+        s, raw = ms_stats(self.lat[key].lat()), ms_stats(self.lat["raw"].lat())
+        cell = f"{f(s['p50_ms'])} / {f(s['p99_ms'])}"
+        if key != "raw" and s["p50_ms"] is not None and raw["p50_ms"]:
+            cell += f" ({s['p50_ms'] / raw['p50_ms']:.1f}x raw p50)"
+        if self.lat[key].error:
+            cell += f" [error: {self.lat[key].error[:60]}]"
+        return cell
 
 
-def throughput_table(t: dict[str, Any]) -> str:
-    ratio = t["raw_events_per_s"] / t["sse_events_per_s"] if t["sse_events_per_s"] else None
-    return table(
-        ["sustained, one stream, one reader", "events", "events/s", "raw / this", "note"],
-        [
-            [
-                "lead_agent run -> SSE client",
-                str(t["sse_events"]),
-                f"{t['sse_events_per_s']:,.0f}",
-                "-" if ratio is None else f"{ratio:.1f}x",
-                f"ended: {t['sse_end']}; latency p50 {f(t['sse_lat']['p50_ms'], '.0f')} ms,"
-                f" p99 {f(t['sse_lat']['p99_ms'], '.0f')} ms",
-            ],
-            [
-                "raw XADD (pipeline 100) -> XREAD",
-                str(t["raw_events"]),
-                f"{t['raw_events_per_s']:,.0f}",
-                "-",
-                f"{t['event_bytes']} B per event (as the SSE data)",
-            ],
-        ],
-    )
+def comparison_table(results: list[ModelResult], idle: int) -> str:
+    """One row per figure, one column per server model."""
 
+    def row(label: str, cell: Any) -> list[str]:
+        return [label, *(cell(r) for r in results)]
 
-def connections_table(r: dict[str, Any], threads: int) -> str:
-    def errs(d: dict[str, int]) -> str:
-        return ", ".join(f"{k} x{v}" for k, v in d.items()) or "-"
+    def conn(r: ModelResult, key: str, fmt: str = ".0f") -> str:
+        return f(r.conns.get(key), fmt)
 
-    def lat(k: str) -> list[str]:
-        s = r.get(k) or {}
-        return [str(s.get("n", 0)), f(s.get("p50_ms")), f(s.get("p99_ms"))]
+    def lat(r: ModelResult, key: str) -> str:
+        s = r.conns.get(key) or {}
+        return f"{f(s.get('p50_ms'))} / {f(s.get('p99_ms'))} (n={s.get('n', 0)})"
 
-    a = table(
-        [
-            f"gthread --threads {threads}",
-            "requested",
-            "connected",
-            "errors",
-            "RSS after MB",
-            "KB/socket",
-        ],
-        [
-            [
-                "streaming WS (run.join)",
-                str(r["streaming_requested"]),
-                str(r.get("streaming_connected", 0)),
-                errs(r.get("streaming_errors", {})),
-                f(r.get("rss_mb_streaming"), ".1f"),
-                f(r.get("kb_per_streaming_socket"), ".0f"),
-            ],
-            [
-                f"idle WS (handshake only), {r.get('idle_open_s', 0):.1f} s",
-                str(r["idle_requested"]),
-                str(r.get("idle_connected", 0)),
-                errs(r.get("idle_errors", {})),
-                f(r.get("rss_mb_idle"), ".1f"),
-                f(r.get("kb_per_idle_socket"), ".0f"),
-            ],
-        ],
-    )
-    b = table(
-        [
-            f"streaming sockets' token latency ({r.get('token_delay_ms', 0):g} ms apart)",
-            "tokens",
-            "p50 ms",
-            "p99 ms",
-        ],
-        [
-            ["before the idle sockets", *lat("lat_before")],
-            ["while opening them", *lat("lat_opening")],
-            ["with them open", *lat("lat_idle_open")],
-        ],
-    )
-    tail = (
-        f"web worker: RSS {f(r.get('rss_mb_start'), '.1f')} MB / {r.get('threads_start')} threads"
-        f" at start -> {f(r.get('rss_mb_idle'), '.1f')} MB / {r.get('threads_idle')} threads;"
-        f" streaming sockets that failed midway: {r.get('streaming_failed_midway', 0)}"
-        "\nCPU % (100 = one core) while only the streaming sockets were open: "
-        + ", ".join(f"{k} {v:.0f}" for k, v in r.get("cpu_pct_streaming", {}).items())
-    )
-    return a + "\n\n" + b + "\n" + tail
+    def errs(r: ModelResult) -> str:
+        d = r.conns.get("idle_errors") or {}
+        return ", ".join(f"{k} x{v}" for k, v in d.items()) or "none"
+
+    rows = [
+        row("publish -> WebSocket p50 / p99 ms", lambda r: r.latency_cell("ws")),
+        row("publish -> SSE p50 / p99 ms", lambda r: r.latency_cell("sse")),
+        row("raw XADD -> XREAD BLOCK p50 / p99 ms", lambda r: r.latency_cell("raw")),
+        row(
+            "one stream to SSE, events/s",
+            lambda r: f"{r.tput['sse_events_per_s']:,.0f} ({r.tput['sse_end']})",
+        ),
+        row(
+            "raw pipelined XADD -> XREAD, events/s",
+            lambda r: f"{r.tput['raw_events_per_s']:,.0f}",
+        ),
+        row(
+            f"idle connections held, of {idle} (WS + SSE)",
+            lambda r: (
+                f"{r.conns.get('idle_connected', 0)}"
+                f" ({r.conns.get('idle_ws_connected', 0)} + {r.conns.get('idle_sse_connected', 0)})"
+                f" in {r.conns.get('idle_open_s', 0):.1f} s"
+            ),
+        ),
+        row("idle open errors", errs),
+        row(
+            f"streaming WS sockets connected, of {STREAMING_SOCKETS}",
+            lambda r: str(r.conns.get("streaming_connected", 0)),
+        ),
+        row(
+            "web RSS MB: start / +streaming / +idle",
+            lambda r: (
+                f"{conn(r, 'rss_mb_start', '.1f')} / {conn(r, 'rss_mb_streaming', '.1f')}"
+                f" / {conn(r, 'rss_mb_idle', '.1f')}"
+            ),
+        ),
+        row("KB per idle connection", lambda r: conn(r, "kb_per_idle_connection")),
+        row("KB per streaming socket", lambda r: conn(r, "kb_per_streaming_socket")),
+        row(
+            "web OS threads: start / streaming / idle",
+            lambda r: (
+                f"{r.conns.get('threads_start')} / {r.conns.get('threads_streaming')}"
+                f" / {r.conns.get('threads_idle')}"
+            ),
+        ),
+        row(
+            "web CPU %: streaming only / + idle open",
+            lambda r: f"{conn(r, 'web_cpu_pct_streaming')} / {conn(r, 'web_cpu_pct_idle_open')}",
+        ),
+        row("streaming token p50 / p99 ms, before idle", lambda r: lat(r, "lat_before")),
+        row("  ... while opening the idle ones", lambda r: lat(r, "lat_opening")),
+        row("  ... with the idle ones open", lambda r: lat(r, "lat_idle_open")),
+        row(
+            "streaming sockets that failed midway",
+            lambda r: str(r.conns.get("streaming_failed_midway", 0)),
+        ),
+    ]
+    return table(["figure", *(r.label for r in results)], rows)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.streams", description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=64, help="gunicorn gthread --threads (64)")
-    p.add_argument("--idle", type=int, default=1000, help="idle WebSocket connections (1000)")
+    p.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help="comma-separated gunicorn worker classes to compare (gevent,gthread)",
+    )
+    p.add_argument("--threads", type=int, default=64, help="gthread threads (64)")
+    p.add_argument(
+        "--idle", type=int, default=5000, help="idle connections, half WS half SSE (5000)"
+    )
     p.add_argument("--rounds", type=int, default=3, help="latency runs of 200 tokens (3)")
     p.add_argument("--tokens", type=int, default=TPUT_TOKENS, help="throughput run's tokens")
     p.add_argument(
@@ -584,41 +683,76 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     p.add_argument("--json", type=Path, default=None, help="also write every figure here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in args.models if m not in MODELS]
+    if bad or not args.models:
+        p.error(f"--models: choose from {', '.join(MODELS)}; got {args.models}")
+    return args
+
+
+def measure_model(
+    settings: Settings, workdir: Path, model: str, args: argparse.Namespace
+) -> ModelResult:
+    """Start a cluster with this server model, measure, stop it."""
+    cluster = StreamsCluster(settings, workdir)
+    try:
+        log(f"streams: {model}: starting web and worker (logs {workdir})")
+        web = cluster.start_model(model, args.threads)
+        cluster.start_worker()
+        web_pid = web_worker_pid(web)
+        lat = measure_latency(cluster, args.rounds)
+        tput = measure_throughput(cluster, args.tokens, lat["sse"].sample_bytes or 300)
+        conns = measure_connections(cluster, args.idle, web_pid, args.conn_delay_ms)
+        return ModelResult(model, args.threads, lat, tput, conns)
+    except BaseException:
+        for p in cluster.procs:
+            log(f"--- {p.name} ---\n{p.tail()}")
+        raise
+    finally:
+        with signals_ignored():
+            cluster.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.getLogger("websockets").setLevel(logging.CRITICAL)  # client EOFs on failed opens
-    sandbox = Sandbox(Settings())
-    tag = uuid.uuid4().hex[:10]
-    sandbox.db_name, sandbox.prefix = f"threadrun_streams_{tag}", f"trstreams:{tag}:"
     workdir = Path(tempfile.mkdtemp(prefix="threadrun-streams-"))
-    cluster: ChaosCluster | None = None
     old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     started = time.time()
     rc = 0
+    results: list[ModelResult] = []
     try:
-        log(f"streams: database {sandbox.db_name}, redis prefix {sandbox.prefix}, logs {workdir}")
-        cluster = ChaosCluster(sandbox.create(), workdir)
-        cluster.start_web(threads=args.threads)
-        cluster.start_worker()
-        web = next(p for p in cluster.procs if p.name == "web")
-        web_pid = web_worker_pid(web)
-        lat = measure_latency(cluster, args.rounds)
-        tput = measure_throughput(cluster, args.tokens, lat["sse"].sample_bytes or 300)
-        conns = measure_connections(cluster, args.idle, web_pid, args.conn_delay_ms)
+        for model in args.models:
+            # A sandbox per model: runs the first cluster left behind never reach the second.
+            sandbox = Sandbox(Settings())
+            tag = uuid.uuid4().hex[:10]
+            sandbox.db_name, sandbox.prefix = f"threadrun_streams_{tag}", f"trstreams:{tag}:"
+            log(f"streams: {model}: database {sandbox.db_name}, redis prefix {sandbox.prefix}")
+            try:
+                (workdir / model).mkdir()
+                results.append(measure_model(sandbox.create(), workdir / model, model, args))
+            finally:
+                with signals_ignored():
+                    try:
+                        deleted = sandbox.destroy()
+                        log(
+                            f"streams: dropped {sandbox.db_name}, deleted {deleted} keys under"
+                            f" {sandbox.prefix}"
+                        )
+                    except Exception as exc:  # noqa: BLE001 - say exactly what is left behind
+                        log(
+                            f"streams: CLEANUP FAILED ({exc}); drop {sandbox.db_name} and"
+                            f" {sandbox.prefix}*"
+                        )
+                        rc = rc or 1
         cpus = len(os.sched_getaffinity(0))
         print(
-            f"threadrun streams: gunicorn gthread 1 process x {args.threads} threads, 1 runs"
-            f" worker, {cpus} cpus, clients on the same machine, {time.time() - started:.0f} s"
+            f"threadrun streams: one gunicorn worker process per model, 1 runs worker, {cpus}"
+            f" cpus, clients on the same machine, {time.time() - started:.0f} s"
         )
         print()
-        print(latency_table(lat))
-        print()
-        print(throughput_table(tput))
-        print()
-        print(connections_table(conns, args.threads))
+        print(comparison_table(results, args.idle))
         if args.json is not None:
             report = {
                 "meta": {
@@ -630,11 +764,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "idle": args.idle,
                     "rounds": args.rounds,
                 },
-                "latency": {
-                    k: {**ms_stats(v.lat()), "error": v.error or None} for k, v in lat.items()
+                "models": {
+                    r.model: {
+                        "latency": {
+                            k: {**ms_stats(v.lat()), "error": v.error or None}
+                            for k, v in r.lat.items()
+                        },
+                        "throughput": r.tput,
+                        "connections": r.conns,
+                    }
+                    for r in results
                 },
-                "throughput": tput,
-                "connections": conns,
             }
             args.json.write_text(json.dumps(report, indent=2) + "\n")
             log(f"streams: wrote {args.json}")
@@ -643,29 +783,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc = 130
     except Exception as exc:  # noqa: BLE001 - report, then clean up
         log(f"streams: failed: {exc!r}")
-        if cluster is not None:
-            for p in cluster.procs:
-                log(f"--- {p.name} ---\n{p.tail()}")
         rc = 1
     finally:
-        with signals_ignored():
-            if cluster is not None:
-                cluster.stop()
-            try:
-                deleted = sandbox.destroy()
-                log(
-                    f"streams: dropped {sandbox.db_name}, deleted {deleted} keys under"
-                    f" {sandbox.prefix}"
-                )
-            except Exception as exc:  # noqa: BLE001 - say exactly what is left behind
-                log(
-                    f"streams: CLEANUP FAILED ({exc}); drop {sandbox.db_name} and {sandbox.prefix}*"
-                )
-                rc = rc or 1
-            if args.keep_logs:
-                log(f"streams: logs kept in {workdir}")
-            else:
-                shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep_logs:
+            log(f"streams: logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
         signal.signal(signal.SIGTERM, old_term)
     return rc
 

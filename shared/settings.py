@@ -229,6 +229,23 @@ class Settings(BaseSettings):
     db_pool_min: int = Field(default=1, ge=0)
     db_pool_max: int = Field(default=20, ge=1)
 
+    # --- web server (gunicorn, app/gunicorn_conf.py) ---------------------------------
+    web_worker_class: Literal["gevent", "gthread"] = Field(
+        default="gevent",
+        description="gunicorn worker: gevent (one greenlet per connection) or gthread.",
+    )
+    web_workers: int = Field(default=2, ge=1, description="gunicorn worker processes.")
+    web_threads: int = Field(default=64, ge=1, description="Threads per gthread worker.")
+    web_worker_connections: int = Field(
+        default=10000, ge=1, description="Concurrent connections per gevent worker."
+    )
+    web_timeout_s: int = Field(
+        default=0, ge=0, description="gunicorn worker timeout (0 = never restart a busy worker)."
+    )
+    web_graceful_timeout_s: int = Field(
+        default=5, ge=0, description="Open requests and streams get this long at shutdown."
+    )
+
     @field_validator("redis_prefix")
     @classmethod
     def _prefix_ends_with_colon(cls, v: str) -> str:

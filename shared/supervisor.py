@@ -6,8 +6,9 @@ prefixed output, prints one line once ``GET /ok`` answers 200, and on Ctrl-C / S
 children (SIGTERM, a grace period, SIGKILL) and the embedded services it started. A child that dies
 on its own stops everything with a nonzero exit code.
 
-Environment read here (besides the ``Settings`` ones): THREADRUN_WEB_WORKERS (default 2),
-THREADRUN_WEB_THREADS (64), THREADRUN_MEMORY_CONCURRENCY (4), THREADRUN_READY_TIMEOUT_S (120),
+The web server's settings (worker class, workers, threads, timeouts, bind) come from
+app/gunicorn_conf.py, which reads ``Settings`` (THREADRUN_WEB_*). Environment read here besides
+the ``Settings`` ones: THREADRUN_MEMORY_CONCURRENCY (4), THREADRUN_READY_TIMEOUT_S (120),
 THREADRUN_STOP_GRACE_S (10).
 """
 
@@ -93,8 +94,6 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
     """The web server and the two Celery workers of threadrun."""
     env = os.environ if env is None else env
     py = sys.executable
-    workers = _int_env(env, "THREADRUN_WEB_WORKERS", 2)
-    threads = _int_env(env, "THREADRUN_WEB_THREADS", 64)
     memory_c = _int_env(env, "THREADRUN_MEMORY_CONCURRENCY", 4)
     celery = [py, "-m", "celery", "-A", "workers.celery_app:celery", "worker", "-P", "threads"]
     tail = ["--without-gossip", "--without-mingle", "-E"]
@@ -105,19 +104,11 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
                 py,
                 "-m",
                 "gunicorn",
+                "-c",
+                "python:app.gunicorn_conf",
                 "app:create_app()",
                 "--bind",
                 bind_address(settings.host, settings.port),
-                "--worker-class",
-                "gthread",
-                "--workers",
-                str(workers),
-                "--threads",
-                str(threads),
-                "--timeout",
-                "0",
-                "--graceful-timeout",
-                "5",
             ],
         ),  # fmt: skip
         ChildSpec(

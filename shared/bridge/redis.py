@@ -167,7 +167,7 @@ class StreamSubscriber:
                         yield [Gap(run_id, requested or None, None, None)]
                         return
                     # Not started yet: wait for the stream to appear.
-                    if not self._client.xread({key: "0-0"}, count=1, block=self._heartbeat_ms):
+                    if not self._wait_for_stream(key):
                         yield [Heartbeat()]
                     continue
                 if snap.kind is ReadKind.BEYOND:
@@ -199,6 +199,24 @@ class StreamSubscriber:
             if done:
                 return
             cursor = state.cursor  # detached (a slow reader): catch up from where it is
+
+    def _wait_for_stream(self, key: str) -> bool:
+        """Wait up to one heartbeat interval for `key` to get entries; True if it did.
+
+        Through the hub when there is one, so a client waiting for a queued run holds no
+        Redis connection of its own (a blocked XREAD each would cap a gevent web process
+        at the Redis connection count, not at its sockets).
+        """
+        if self._hub is None:
+            return bool(self._client.xread({key: "0-0"}, count=1, block=self._heartbeat_ms))
+        sub = self._hub.attach(key, "0-0")
+        try:
+            sub.take(self._heartbeat_s)  # entries, or None when detached: either way, re-read
+            return True
+        except queue.Empty:
+            return False
+        finally:
+            self._hub.detach(sub)
 
     def _follow(
         self, run_id: str, key: str, st: _Follow, is_terminal: Callable[[], bool]

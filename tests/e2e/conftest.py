@@ -73,27 +73,25 @@ class Cluster:
     def url(self) -> str:
         return self.urls[0]
 
+    @property
+    def web_worker_class(self) -> str:
+        """The gunicorn worker class start_web uses (THREADRUN_WEB_WORKER_CLASS)."""
+        default = Settings.model_fields["web_worker_class"].default
+        return self.env.get("THREADRUN_WEB_WORKER_CLASS") or str(default)
+
     def start_web(self) -> str:
+        """One gunicorn worker with app/gunicorn_conf.py; THREADRUN_WEB_WORKER_CLASS picks the
+        server model (gevent by default; gthread with 32 threads)."""
         port = free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "app:create_app()",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--worker-class",
-            "gthread",
-            "--workers",
-            "1",
-            "--threads",
-            "32",
-            "--timeout",
-            "0",
-            "--graceful-timeout",
-            "3",
-        ]
-        self._spawn(f"web{len(self.urls)}", argv)
+        argv = [sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf"]
+        env = {
+            "THREADRUN_HOST": "127.0.0.1",
+            "THREADRUN_PORT": str(port),
+            "THREADRUN_WEB_WORKERS": "1",
+            "THREADRUN_WEB_THREADS": "32",
+            "THREADRUN_WEB_GRACEFUL_TIMEOUT_S": "3",
+        }
+        self._spawn(f"web{len(self.urls)}", argv, env)
         url = f"http://127.0.0.1:{port}"
         self._wait_ok(url)
         self.urls.append(url)
@@ -124,11 +122,15 @@ class Cluster:
         self._wait_log(proc, "ready.")
         return proc
 
-    def _spawn(self, name: str, argv: list[str]) -> Proc:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         log = self.logs / f"{name}.log"
         fh = log.open("wb")
         popen = subprocess.Popen(
-            argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2]
+            argv,
+            env={**self.env, **(env or {})},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).parents[2],
         )
         fh.close()
         proc = Proc(name, popen, log)

@@ -482,16 +482,19 @@ def test_not_ready_in_time_is_a_failure() -> None:
 
 def test_default_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings(host="0.0.0.0", port=8123, worker_concurrency=7)
-    specs = {
-        s.name: list(s.argv) for s in sv.default_specs(settings, env={"THREADRUN_WEB_THREADS": "8"})
-    }
+    specs = {s.name: list(s.argv) for s in sv.default_specs(settings, env={})}
     assert list(specs) == ["web", "worker", "memory"]
     web = specs["web"]
-    assert web[1:4] == ["-m", "gunicorn", "app:create_app()"]
-    joined = " ".join(web)
-    assert "--bind 0.0.0.0:8123" in joined and "--worker-class gthread" in joined
-    assert "--workers 2" in joined and "--threads 8" in joined
-    assert "--timeout 0" in joined and "--graceful-timeout 5" in joined
+    # every other gunicorn setting lives in app/gunicorn_conf.py (tests/unit/test_gunicorn_conf.py)
+    assert web[1:] == [
+        "-m",
+        "gunicorn",
+        "-c",
+        "python:app.gunicorn_conf",
+        "app:create_app()",
+        "--bind",
+        "0.0.0.0:8123",
+    ]
     worker = " ".join(specs["worker"])
     assert "-A workers.celery_app:celery worker" in worker
     assert "-Q runs" in worker and "-P threads" in worker and "-c 7" in worker
@@ -499,7 +502,7 @@ def test_default_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     memory = " ".join(specs["memory"])
     assert "-Q memory" in memory and "-c 4" in memory and "-n memory@%h" in memory
     with pytest.raises(SystemExit):
-        sv.default_specs(settings, env={"THREADRUN_WEB_WORKERS": "zero"})
+        sv.default_specs(settings, env={"THREADRUN_MEMORY_CONCURRENCY": "zero"})
 
 
 def test_addresses() -> None:

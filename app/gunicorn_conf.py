@@ -1,0 +1,57 @@
+"""gunicorn settings of the web process, read from `Settings` (THREADRUN_* variables).
+
+    gunicorn -c python:app.gunicorn_conf 'app:create_app()'
+
+The single source of the web server's settings for `make run` (shared/supervisor.py), the e2e
+clusters, the benchmarks and the deployment manifests; a `--bind` on the command line wins.
+
+Server model: `gevent` by default, `gthread` selectable (`THREADRUN_WEB_WORKER_CLASS`). A
+streaming connection (SSE or WebSocket) lives as long as the run it follows, and mostly waits.
+Under gthread each one holds an OS thread, so a process serves at most `web_threads` of them
+(64: the 65th waits in gunicorn's queue). Under gevent each is a greenlet: `python -m
+bench.streams` held 5,000 idle WebSockets plus 100 streaming ones in one process (see the README,
+"Web server model"). The monkey-patching (gunicorn's gevent worker runs `patch_all()` before it
+loads the app) turns the subscription hub's thread, simple-websocket's reader threads and
+psycopg_pool's workers into greenlets; redis-py waits on patched sockets and psycopg (>= 3.2)
+sees the patched `select` and waits with it instead of its C wait (psycopg/waiting.py).
+"""
+
+from __future__ import annotations
+
+import resource
+
+from shared.settings import Settings
+
+_settings = Settings()
+
+wsgi_app = "app:create_app()"
+bind = [
+    f"[{_settings.host}]:{_settings.port}"
+    if ":" in _settings.host
+    else f"{_settings.host}:{_settings.port}"
+]
+worker_class = _settings.web_worker_class
+workers = _settings.web_workers
+threads = _settings.web_threads  # gthread only
+worker_connections = _settings.web_worker_connections  # gevent only
+timeout = _settings.web_timeout_s
+graceful_timeout = _settings.web_graceful_timeout_s
+
+FD_HEADROOM = 1024
+"""File descriptors beyond the connections: Redis and PostgreSQL pools, logs, the hub."""
+
+
+def _raise_nofile_limit(wanted: int) -> None:
+    """Raise the soft RLIMIT_NOFILE towards `wanted` (never above the hard limit).
+
+    Each connection is a file descriptor; the common soft default (1,024) would refuse
+    connections long before `worker_connections`. Workers inherit the master's limit.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+if worker_class == "gevent":
+    _raise_nofile_limit(worker_connections + FD_HEADROOM)
