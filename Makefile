@@ -23,7 +23,7 @@ TEST_DB ?= threadrun_test
 TEST_REDIS_DB ?= 1
 DEVSERVICES_ENV := $(PY) -m shared.devservices env --db-name $(TEST_DB) --redis-db $(TEST_REDIS_DB)
 
-.PHONY: chromium help venv install run test test-unit test-integration test-e2e lint fmt bench scale-bench clean migrate services-env services-stop
+.PHONY: chromium help venv install run flower test test-unit test-integration test-e2e lint fmt bench scale-bench clean migrate services-env services-stop
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -100,6 +100,9 @@ scale-bench: install ## runs/s and events/s with 1, 2, 3 runs workers (bench/sca
 	  $(PY) -m shared.devservices stop $$THREADRUN_DEVSERVICES_STARTED || true; \
 	fi; \
 	exit $$rc
+
+flower: install ## Flower, Celery's own view, on THREADRUN_FLOWER_PORT (5555); THREADRUN_FLOWER=1 make run starts it too
+	$(PY) -m shared.supervisor --flower-only
 
 migrate: install ## apply database migrations (idempotent)
 	@envs="$$($(PY) -m shared.devservices env)" || exit 1; \

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from shared.cli_keys import add_keys
+from shared.cli_ops import OPS_SUBCOMMANDS
 from shared.client import (
     DEFAULT_URL,
     Reconnecting,
@@ -269,6 +270,7 @@ def _prompt_lines(stdin: TextIO, err: TextIO) -> Iterable[str]:
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     add_chat,
     add_keys,
+    *OPS_SUBCOMMANDS,  # status, runs, workers, queues, migrate (shared/cli_ops.py)
 ]
 """Each adds one subparser and sets `func` (a `Command`); append to add `status`, `runs`, …"""
 

@@ -39,6 +39,18 @@ class Keys:
         """A worker's liveness record."""
         return f"{self.prefix}worker:{worker_id}"
 
+    def ops_web(self, process_id: str) -> str:
+        """Hash of one web process's open connections and stream subscribers (ops view)."""
+        return f"{self.prefix}ops:web:{process_id}"
+
+    def ops_web_index(self) -> str:
+        """Sorted set of reporting web processes, scored by their last report (unix s)."""
+        return f"{self.prefix}ops:web"
+
+    def celery_queue(self, queue: str) -> str:
+        """The Redis list behind a Celery queue (kombu's `global_keyprefix` + the name)."""
+        return f"{self.prefix}celery:{queue}"
+
 
 CANCEL_TTL_S = 3600
 """How long a cancel request waits for a worker to see it."""

@@ -156,6 +156,41 @@ class Settings(BaseSettings):
     stream_ttl_after_end_s: int = Field(default=3600, ge=1)
     stream_heartbeat_s: float = Field(default=5.0, gt=0)
 
+    # --- operations: ops view, metrics, logs, Flower (issue 8) -------------------------
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="`json`: one JSON object per log line (shared/logs.py)."
+    )
+    metrics_dir: Path | None = Field(
+        default=None,
+        description="PROMETHEUS_MULTIPROC_DIR of this host; unset = data_dir/prometheus/<host>.",
+    )
+    worker_metrics_port: int = Field(
+        default=0, ge=0, description="Celery workers serve /metrics on this port (0 = off)."
+    )
+    task_events: bool = Field(
+        default=True,
+        description="Celery task events (worker + sent) for Flower and `celery events`.",
+    )
+    flower_port: int = Field(default=5555, ge=1)
+    flower_basic_auth: SecretStr = Field(
+        default=SecretStr(""), description="Flower's user:password[,user:password]; empty = none."
+    )
+    ops_inspect_timeout_s: float = Field(
+        default=0.5, gt=0, description="How long the ops view waits for workers to answer."
+    )
+    ops_inspect_cache_s: float = Field(
+        default=2.0, ge=0, description="Worker answers are reused this long per web process."
+    )
+    ops_report_s: float = Field(
+        default=5.0, gt=0, description="Web processes report open connections this often."
+    )
+    ops_runs_limit: int = Field(default=200, ge=1, description="Runs listed by the ops view.")
+    ops_token_hours: int = Field(default=24, ge=1, description="Hours of the token chart.")
+    ops_refresh_s: float = Field(default=3.0, gt=0, description="Ops page refresh period.")
+    metrics_require_ops: bool = Field(
+        default=False, description="GET /metrics needs an ops key (off: scrapers need none)."
+    )
+
     # --- journal and event store (J) --------------------------------------------------
     journal_enabled: bool = Field(default=True, description="Record the audit journal (J1).")
     journal_flush_size: int = Field(

@@ -9,7 +9,8 @@ on its own stops everything with a nonzero exit code.
 The web server's settings (worker class, workers, threads, timeouts, bind) come from
 app/gunicorn_conf.py, which reads ``Settings`` (THREADRUN_WEB_*). Environment read here besides
 the ``Settings`` ones: THREADRUN_MEMORY_CONCURRENCY (4), THREADRUN_READY_TIMEOUT_S (120),
-THREADRUN_STOP_GRACE_S (10).
+THREADRUN_STOP_GRACE_S (10). ``--flower`` (or THREADRUN_FLOWER=1) also starts Flower on
+``flower_port`` with ``flower_basic_auth``; ``--flower-only`` runs just Flower (``make flower``).
 """
 
 from __future__ import annotations
@@ -119,6 +120,19 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
             "memory", [*celery, "-Q", "memory", "-c", str(memory_c), "-n", "memory@%h", *tail]
         ),
     ]
+
+
+def flower_spec(settings: Settings) -> ChildSpec:
+    """Flower against our Celery app (its auth comes from `flower_env`, not argv)."""
+    app = "workers.celery_app:celery"
+    port = f"--port={settings.flower_port}"
+    return ChildSpec("flower", [sys.executable, "-m", "celery", "-A", app, "flower", port])
+
+
+def flower_env(settings: Settings) -> dict[str, str]:
+    """FLOWER_BASIC_AUTH from `flower_basic_auth` (kept out of argv, which `ps` shows)."""
+    auth = settings.flower_basic_auth.get_secret_value()
+    return {"FLOWER_BASIC_AUTH": auth} if auth else {}
 
 
 def migrate_spec() -> ChildSpec:
@@ -324,12 +338,17 @@ def child_env(services_env: Mapping[str, str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m shared.supervisor``."""
-    del argv
+    flags = set(sys.argv[1:] if argv is None else argv)
     settings = Settings()
     env = os.environ
+    if "--flower-only" in flags:
+        spec = flower_spec(settings)
+        os.execve(spec.argv[0], list(spec.argv), {**env, **flower_env(settings)})
     grace = _float_env(env, "THREADRUN_STOP_GRACE_S", DEFAULT_GRACE_S)
     ready_timeout = _float_env(env, "THREADRUN_READY_TIMEOUT_S", 120.0)
     specs = default_specs(settings)
+    if "--flower" in flags or env.get("THREADRUN_FLOWER", "").lower() in ("1", "true"):
+        specs.append(flower_spec(settings))
     width = max(len(s.name) for s in [*specs, migrate_spec()])
     out = Output(sys.stdout, max(width, len("supervisor")) + 1)
 
@@ -366,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
                 "THREADRUN_DATABASE_URL": services.database_url,
             }
         )
+        cenv.update(flower_env(settings))
         sup = Supervisor(specs, env=cenv, output=out, grace_s=grace)
         install_signal_handlers(sup)
         code = sup.run_to_completion(migrate_spec())

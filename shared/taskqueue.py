@@ -42,11 +42,11 @@ def make_celery(settings: Settings) -> Celery:
         result_backend=None,
         task_serializer="json",
         accept_content=["json"],
-        # Flower and our ops view see task events from the workers. The client-side
-        # "sent" event is off: it costs a PUBLISH per dispatch (0.6 ms of a 2.2 ms
-        # admission in `make bench`), and a run's own row already says when it was sent.
-        worker_send_task_events=True,
-        task_send_sent_event=False,
+        # Task events for Flower and `celery events` (`task_events`, default on): the
+        # workers' received/started/succeeded events and the client's "sent" event (one
+        # PUBLISH per dispatch; its cost is measured by `python -m bench.ops`).
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
         broker_connection_retry_on_startup=True,
         # A lost broker connection: keep retrying forever (runs in progress keep their
         # leases; nothing is redelivered because nothing is unacked).

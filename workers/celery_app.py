@@ -6,13 +6,21 @@ import logging
 
 from celery import signals
 
+from shared import logs, metrics
 from shared.settings import Settings
 from shared.taskqueue import make_celery
 
 celery = make_celery(Settings())
 celery.conf.include = ["workers.tasks"]
+logs.configure_celery(Settings())  # log_format=json: Celery leaves logging to shared/logs.py
 
 log = logging.getLogger(__name__)
+
+
+@signals.worker_init.connect
+def _on_init(**_: object) -> None:
+    """Multi-process metrics for this worker (shared/metrics.py)."""
+    metrics.configure_worker(Settings())
 
 
 @signals.worker_ready.connect

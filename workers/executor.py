@@ -23,7 +23,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.pregel import Pregel
 from langgraph.types import Command
 
-from shared import serde
+from shared import logs, metrics, serde
 from shared.bridge.publisher import EventSink
 from shared.errors import LeaseLost
 from shared.journal import RunJournal, settle_delivery, write_delivery_receipt
@@ -90,6 +90,9 @@ async def execute_run(rt: WorkerRuntime, run_id: str) -> str:
     attempt = await claim(rt, run_id)
     if attempt is None:
         return "not_claimed"
+    metrics.run_started()
+    n = int(attempt.run["attempt"])
+    logs.bind(thread_id=attempt.thread_id, run_id=run_id, attempt=n, worker_id=rt.worker_id)
     # The attempt stays registered until finalization is over, so a graceful shutdown
     # waits for it and the keeper keeps its lease alive meanwhile.
     rt.active[run_id] = attempt
@@ -278,6 +281,7 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
         # lost lease or a shutdown the caller skips this outcome (no finalization).
         return "interrupted", None, "idle"
     except LeaseLost:
+        metrics.fenced_write("checkpoint")
         attempt.stop(StopReason.LEASE_LOST)
         return "error", None, "error"
     except TRANSIENT_ERRORS as exc:
@@ -328,7 +332,7 @@ async def finalize(
     try:
         await sink.drain()
     except LeaseLost:
-        return "lease_lost"
+        return "lease_lost"  # the publisher counted the fenced write
     except Exception:  # noqa: BLE001 - the stream is not durable history (B8); go on
         log.exception("stream drain failed", extra={"run_id": attempt.run_id})
     # (3) terminal status, fenced by the epoch (L2).
@@ -344,7 +348,9 @@ async def finalize(
     )
     if fin.fenced:
         log.warning("terminal write fenced: a newer owner exists", extra={"run_id": attempt.run_id})
+        metrics.fenced_write("status")
         return "fenced"
+    metrics.run_finished(status, time.monotonic() - attempt.started, usage)
     if fin.next_run_id:
         await asyncio.to_thread(_dispatch_quietly, rt, fin.next_run_id)
     # (4) `end`, after the status is committed (A1: no stream closes before that).

@@ -16,6 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 from app import schemas
 from app.api import events as events_api
+from app.api import ops as ops_api
 from app.api.meta import VERSION
 
 bp = Blueprint("openapi", __name__)
@@ -33,6 +34,8 @@ BODIES: dict[str, type[BaseModel]] = {
     "runs.create": schemas.RunCreate,
     "runs.create_stream": schemas.RunCreate,
     "runs.create_wait": schemas.RunCreate,
+    "ops.cancel": ops_api.OpsCancel,
+    "ops.requeue": ops_api.OpsRequeue,
 }
 QUERIES: dict[str, type[BaseModel]] = {
     "runs.list_runs": schemas.RunListQuery,
@@ -41,6 +44,8 @@ QUERIES: dict[str, type[BaseModel]] = {
     "events.run_events": events_api.RunEventsQuery,
     "events.thread_events": events_api.ThreadEventsQuery,
     "events.message_page": events_api.ThreadEventsQuery,
+    "ops.runs": ops_api.OpsRunsQuery,
+    "ops.audit": ops_api.OpsAuditQuery,
 }
 STREAMING = {"runs.create_stream", "runs.join_stream"}
 _PARAM = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")

@@ -133,7 +133,7 @@ def _stream_response(
     batches = svc.subscriber.subscribe_batches(
         run_id, cursor, is_terminal=lambda: is_terminal(run_id)
     )
-    body = sse_body(batches, keep=event_filter(modes), on_close=on_close)
+    body = sse_body(batches, keep=event_filter(modes), on_close=on_close, run_id=run_id)
     headers = {**_locations(row, "/stream"), "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     return Response(
         stream_with_context(body), status=status, mimetype="text/event-stream", headers=headers

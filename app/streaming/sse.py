@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from shared import serde
+from shared import metrics, serde
 from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat, StreamItem
+from shared.ops.connections import TRACKER
 
 HEARTBEAT = b": heartbeat\n\n"
 
@@ -15,6 +16,7 @@ def frame(item: StreamItem) -> bytes:
     if isinstance(item, Event):
         return f"id: {item.id}\nevent: {item.event}\ndata: {item.data}\n\n".encode()
     if isinstance(item, Gap):
+        metrics.gap_sent()
         return b"event: gap\ndata: " + serde.dumps(item.payload()) + b"\n\n"
     if isinstance(item, Heartbeat):
         return HEARTBEAT
@@ -40,9 +42,12 @@ def sse_body(
     *,
     keep: Callable[[Event], bool] = lambda _e: True,
     on_close: Callable[[bool], None] | None = None,
+    run_id: str | None = None,
 ) -> Iterator[bytes]:
-    """Encode batches of items; one write per Redis read. `on_close(ended)` runs at the end."""
+    """Encode batches of items; one write per Redis read. `on_close(ended)` runs at the end.
+    The connection (and its run's subscriber) is counted for the ops view meanwhile."""
     ended = False
+    ticket = TRACKER.open("sse", run_id)
     try:
         for batch in batches:
             chunk = b"".join(
@@ -54,5 +59,6 @@ def sse_body(
             if chunk:
                 yield chunk
     finally:
+        TRACKER.close(ticket)
         if on_close is not None:
             on_close(ended)

@@ -42,10 +42,11 @@ from app.limits import ConnectionSlot, LimitExceeded, TokenBucket, admit_limits,
 from app.schemas import STREAM_MODES, RunCreate
 from app.services import Services, current_services
 from app.streaming.sse import event_filter
-from shared import serde
+from shared import metrics, serde
 from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat
 from shared.bridge.redis import StreamSubscriber
 from shared.errors import RunNotFound, StreamCursorInvalid, ThreadrunError, ValidationFailed
+from shared.ops.connections import TRACKER
 from shared.redis_keys import Keys
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ def _serve(ws: Server, default_thread_id: str | None) -> None:
     # Nothing may escape: after the upgrade an exception would become an HTTP 500 written
     # onto the WebSocket.
     session = None
+    ticket = TRACKER.open("ws")  # the ops view's open connections
     try:
         session = _Session(ws, current_services(), principal().user_id, default_thread_id)
         session.conn = g.get("ws_conn")
@@ -123,6 +125,7 @@ def _serve(ws: Server, default_thread_id: str | None) -> None:
         if session is not None:
             session.close(CLOSE_INTERNAL_ERROR, "internal error")
     finally:
+        TRACKER.close(ticket)
         _release(ws)
 
 
@@ -563,6 +566,7 @@ class _Session:
         batches = self._subscriber.subscribe_batches(
             run_id, sub.cursor, is_terminal=lambda: runs.is_terminal(run_id)
         )
+        sub_ticket = TRACKER.open(None, run_id)  # the ops view's stream subscribers
         last_sent = time.monotonic()
         try:
             for batch in batches:
@@ -575,6 +579,7 @@ class _Session:
                             frames.append(_dump({"type": "heartbeat", "run_id": run_id}))
                     elif isinstance(item, Gap):
                         sub.ended = True
+                        metrics.gap_sent()
                         frames.append(_dump({"type": "gap", **item.payload()}))
                     elif item.event == END_EVENT:
                         sub.ended = True
@@ -594,6 +599,7 @@ class _Session:
             self.error("internal_error", "the subscription failed", sub.request_id, run_id=run_id)
         finally:
             batches.close()  # detaches from the hub; nothing of this subscription outlives it
+            TRACKER.close(sub_ticket)
             with self._subs_lock:
                 if self._subs.get(run_id) is sub:
                     del self._subs[run_id]

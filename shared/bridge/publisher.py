@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import redis
 import redis.asyncio as aredis
 
-from shared import lua
+from shared import lua, metrics
 from shared.bridge.base import END_EVENT
 from shared.errors import LeaseLost
 from shared.redis_keys import Keys
@@ -101,6 +101,7 @@ class StreamPublisher:
         assert isinstance(out, list)
         head = out[0].decode() if isinstance(out[0], bytes) else str(out[0])
         if head == "!fenced":
+            metrics.fenced_write("stream")
             return LeaseLost(
                 f"run {call.run_id}: publish fenced (lease {call.lease_value} is not current)"
             )

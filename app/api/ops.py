@@ -1,0 +1,259 @@
+"""The ops view (ops role only): a JSON API, the live page at /ops, and Prometheus /metrics.
+
+Flower sees Celery tasks but not leases, streams or runs; this view reads them
+(shared/ops/collector.py says where each figure comes from). Cancel and requeue are
+audited in Postgres (`ops_audit`) and listed at /ops/api/audit.
+
+The page is plain HTML/JS/CSS from app/static (no build step). Opening it needs an ops key,
+in the `x-api-key` header or, since a browser cannot set headers on a link, `?api_key=`;
+the page then calls the JSON API with that key in the header.
+"""
+
+from __future__ import annotations
+
+import atexit
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from flask import Blueprint, Response, current_app, request, send_from_directory
+from flask.blueprints import BlueprintSetupState
+from pydantic import BaseModel, ConfigDict, Field
+from werkzeug.exceptions import Forbidden, NotFound
+
+from app.auth import authenticate, require_ops
+from app.http import json_response, parse_body, parse_query
+from shared import logs, metrics
+from shared.db import make_pool
+from shared.errors import RunNotFound, ValidationFailed
+from shared.ops.actions import OpsActions
+from shared.ops.collector import OpsCollector
+from shared.ops.connections import TRACKER, ConnectionReporter
+from shared.ops.store import OpsStore
+from shared.redis_keys import Keys
+from shared.taskqueue import Dispatcher, make_celery
+
+bp = Blueprint("ops", __name__)
+STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
+_STATIC_FILES = frozenset({"ops.js", "ops.css"})
+OPS_POOL_MAX = 4
+RUN_STATUSES = ("pending", "running", "success", "error", "timeout", "interrupted")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OpsRunsQuery(_Strict):
+    """GET /ops/api/runs: no status = the inflight runs."""
+
+    status: Literal["pending", "running", "success", "error", "timeout", "interrupted"] | None = (
+        None
+    )
+    limit: int = Field(default=100, ge=1, le=1000)
+
+
+class OpsAuditQuery(_Strict):
+    """GET /ops/api/audit."""
+
+    run_id: uuid.UUID | None = None
+    limit: int = Field(default=100, ge=1, le=1000)
+
+
+class OpsCancel(_Strict):
+    """POST /ops/api/runs/<run_id>/cancel."""
+
+    action: Literal["interrupt", "rollback"] = "interrupt"
+
+
+class OpsRequeue(_Strict):
+    """POST /ops/api/runs/<run_id>/requeue."""
+
+    reason: str = Field(default="stuck", min_length=1, max_length=500)
+
+
+@dataclass
+class OpsServices:
+    """The ops view's parts in one web process."""
+
+    collector: OpsCollector
+    actions: OpsActions
+    reporter: ConnectionReporter
+
+
+def _init(state: BlueprintSetupState) -> None:
+    """Configure metrics and logs, build the collector and start the connection reporter."""
+    app = state.app
+    svc = app.extensions["threadrun"]
+    settings = svc.settings
+    metrics.configure(settings)
+    logs.configure(settings)
+    store = OpsStore(make_pool(settings, name="ops", max_size=OPS_POOL_MAX))
+    celery = make_celery(settings)
+    reporter = ConnectionReporter(
+        svc.redis, Keys(settings.redis_prefix), TRACKER, settings.ops_report_s
+    )
+    reporter.start()
+    atexit.register(reporter.stop)
+    app.extensions["threadrun_ops"] = OpsServices(
+        collector=OpsCollector(settings, store, svc.redis, celery),
+        actions=OpsActions(settings, svc.runs, store, Dispatcher(celery), svc.redis),
+        reporter=reporter,
+    )
+
+
+bp.record_once(_init)
+
+
+def _ops() -> OpsServices:
+    return current_app.extensions["threadrun_ops"]  # type: ignore[no-any-return]
+
+
+# --- the page -------------------------------------------------------------------------------
+def _csp() -> str:
+    return "; ".join(
+        [
+            "default-src 'self'",
+            "script-src 'self'",
+            "style-src 'self'",
+            "img-src 'self' data:",
+            "connect-src 'self'",
+            "object-src 'none'",
+            "base-uri 'none'",
+            "form-action 'self'",
+            "frame-ancestors 'none'",
+        ]
+    )
+
+
+def _harden(resp: Response) -> Response:
+    resp.headers["X-Content-Type-Options"] = "nosniff"
+    resp.headers["Referrer-Policy"] = "no-referrer"
+    resp.headers["Cache-Control"] = "no-cache"
+    return resp
+
+
+@bp.get("/ops")
+@bp.get("/ops/")
+def page() -> Response:
+    """The live ops page (ops role; the key may come as `?api_key=`)."""
+    who = authenticate(extra_key=request.args.get("api_key"))
+    if not who.is_ops:
+        raise Forbidden("this page needs the ops role")
+    resp = send_from_directory(STATIC_DIR, "ops.html", max_age=0)
+    resp.headers["Content-Security-Policy"] = _csp()
+    resp.headers["X-Frame-Options"] = "DENY"
+    return _harden(resp)
+
+
+@bp.get("/ops/static/<path:filename>")
+def static_file(filename: str) -> Response:
+    """ops.js and ops.css (they hold no data)."""
+    if filename not in _STATIC_FILES:
+        raise NotFound(f"no static file {filename[:64]!r}")
+    return _harden(send_from_directory(STATIC_DIR, filename, max_age=0))
+
+
+# --- the JSON API -----------------------------------------------------------------------------
+def _run_id(run_id: str) -> str:
+    try:
+        return str(uuid.UUID(run_id))
+    except ValueError:
+        raise ValidationFailed(f"run_id: not a UUID: {run_id[:64]!r}", field="run_id") from None
+
+
+@bp.get("/ops/api/overview")
+def overview() -> Response:
+    """Everything the page shows, in one document."""
+    require_ops()
+    return json_response(_ops().collector.overview())
+
+
+@bp.get("/ops/api/runs")
+def runs() -> Response:
+    """Runs with owner, epoch, lease time left and attempt (inflight unless `status`)."""
+    require_ops()
+    q = parse_query(OpsRunsQuery)
+    c = _ops().collector
+    return json_response(
+        {"summary": c.runs_summary(), "runs": c.runs(status=q.status, limit=q.limit)}
+    )
+
+
+@bp.get("/ops/api/runs/<run_id>")
+def run(run_id: str) -> Response:
+    """One run: lease, stream, audit."""
+    require_ops()
+    rid = _run_id(run_id)
+    found = _ops().collector.run(rid)
+    if found is None:
+        raise RunNotFound(f"run {rid} not found")
+    return json_response(found)
+
+
+@bp.post("/ops/api/runs/<run_id>/cancel")
+def cancel(run_id: str) -> Response:
+    """Cancel any user's run; audited."""
+    who = require_ops()
+    rid = _run_id(run_id)
+    body = parse_body(OpsCancel, allow_empty=True)
+    res = _ops().actions.cancel(who.user_id, rid, body.action)
+    return json_response({"outcome": res.outcome, "ok": res.ok, "audit": res.audit})
+
+
+@bp.post("/ops/api/runs/<run_id>/requeue")
+def requeue(run_id: str) -> Response:
+    """Requeue a stuck run (expired lease, or pending and never dispatched); audited.
+    409 when the run is not eligible (the audit records the refusal too)."""
+    who = require_ops()
+    rid = _run_id(run_id)
+    body = parse_body(OpsRequeue, allow_empty=True)
+    res = _ops().actions.requeue(who.user_id, rid, body.reason)
+    doc = {"outcome": res.outcome, "ok": res.ok, "audit": res.audit}
+    return json_response(doc, status=200 if res.ok else 409)
+
+
+@bp.get("/ops/api/audit")
+def audit() -> Response:
+    """Ops actions, newest first."""
+    require_ops()
+    q = parse_query(OpsAuditQuery)
+    rid = str(q.run_id) if q.run_id else None
+    return json_response({"audit": _ops().actions.list_audit(run_id=rid, limit=q.limit)})
+
+
+@bp.get("/ops/api/queues")
+def queues() -> Response:
+    """Depth and oldest age of the runs and memory queues."""
+    require_ops()
+    return json_response(_ops().collector.queues())
+
+
+@bp.get("/ops/api/workers")
+def workers() -> Response:
+    """Workers answering a Celery inspect broadcast, with their queues and active runs."""
+    require_ops()
+    c = _ops().collector
+    ws = c.workers()
+    return json_response({"workers": ws, "online": c.workers_online(ws)})
+
+
+@bp.get("/ops/api/streams")
+def streams() -> Response:
+    """Streams of inflight runs and of runs with subscribers: length and subscribers."""
+    require_ops()
+    c = _ops().collector
+    conns = c.connections()
+    ids = [r["run_id"] for r in c.runs()]
+    ids += [r for r in conns["subscribers"] if r not in ids]
+    return json_response({"streams": c.streams(ids, conns["subscribers"]), "connections": conns})
+
+
+@bp.get("/metrics")
+def metrics_endpoint() -> Response:
+    """Prometheus exposition: this host's counters + gauges computed now (any process agrees)."""
+    if current_app.extensions["threadrun"].settings.metrics_require_ops:
+        require_ops()
+    body = metrics.render(metrics.OpsGauges(_ops().collector.figures))
+    return Response(body, mimetype=None, content_type=metrics.CONTENT_TYPE)

@@ -1,0 +1,269 @@
+"""Ops subcommands of `threadrun`: status, runs, workers, queues (HTTP ops API) and migrate.
+
+    threadrun status                          # runs by status, stuck, queues, workers, memory
+    threadrun runs list [--status S] [--limit N]
+    threadrun runs show <run_id>
+    threadrun runs cancel <run_id> [--action interrupt|rollback]
+    threadrun runs requeue <run_id> [--reason TEXT]
+    threadrun workers
+    threadrun queues
+    threadrun migrate                         # apply database migrations (direct to Postgres)
+
+All but `migrate` call the server's ops API (`/ops/api/...`) with an ops-role key
+(THREADRUN_URL, THREADRUN_API_KEY), so actions are audited under that key's user. `--json`
+prints the server's document instead of the table. Exit status: 0 done; 1 refused (e.g. a
+requeue of a run whose lease is held) or failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import httpx
+
+EXIT_OK, EXIT_FAILED = 0, 1
+DEFAULT_URL = "http://127.0.0.1:8000"
+TIMEOUT_S = 30.0
+
+AddParser = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+class OpsError(Exception):
+    """The server refused or failed a request."""
+
+
+def _options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument(
+        "--url",
+        default=os.environ.get("THREADRUN_URL", DEFAULT_URL),
+        help="server base URL (env THREADRUN_URL; default %(default)s)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("THREADRUN_API_KEY"),
+        help="an ops-role API key (env THREADRUN_API_KEY)",
+    )
+    p.add_argument("--json", action="store_true", help="print the server's JSON document")
+    return p
+
+
+def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    headers = {"x-api-key": args.api_key} if args.api_key else {}
+    try:
+        res = httpx.request(
+            method, args.url.rstrip("/") + path, json=body, headers=headers, timeout=TIMEOUT_S
+        )
+    except httpx.HTTPError as exc:
+        raise OpsError(f"cannot reach {args.url}: {exc}") from exc
+    try:
+        doc = res.json()
+    except ValueError:
+        doc = {"message": res.text[:500]}
+    if res.status_code >= 400 and res.status_code != 409:
+        raise OpsError(f"{res.status_code}: {doc.get('message') or doc}")
+    return res.status_code, doc
+
+
+def _table(rows: list[list[Any]], header: list[str], out: TextIO) -> None:
+    cells = [[str("-" if v is None else v) for v in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for row in cells:
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def _dump(doc: Any, out: TextIO) -> None:
+    out.write(json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def _age(ts: str | None) -> str:
+    if not ts:
+        return "-"
+    from datetime import datetime
+
+    return f"{time.time() - datetime.fromisoformat(ts).timestamp():.0f}s"
+
+
+# --- commands -------------------------------------------------------------------------------
+def cmd_status(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """One screen: runs, queues, workers, connections, memory."""
+    _, o = _call(args, "GET", "/ops/api/overview")
+    if args.json:
+        _dump(o, out)
+        return EXIT_OK
+    by = o["runs"]["by_status"]
+    out.write("runs      " + "  ".join(f"{k} {v}" for k, v in sorted(by.items())) + "\n")
+    fenced = o["runs"]["fenced"]
+    out.write(
+        f"stuck     {o['runs']['stuck']}   fenced status writes "
+        f"{fenced['status_writes_recorded']}\n"
+    )
+    for name, q in o["queues"].items():
+        age = q["oldest_age_s"]
+        out.write(
+            f"queue     {name}: depth {q['depth']}, oldest "
+            f"{'-' if age is None else f'{age:.1f}s'}, workers {o['workers_online'].get(name, 0)}\n"
+        )
+    c = o["connections"]
+    out.write(
+        f"clients   sse {c['open']['sse']}  ws {c['open']['ws']}  (web processes "
+        f"{c['web_processes']})\n"
+    )
+    m = o["memory"]
+    out.write(f"memory    backlog {m['backlog']}  skipped {m['skipped']}\n")
+    return EXIT_OK
+
+
+def cmd_runs_list(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Inflight runs (or runs of --status) with their leases."""
+    query = f"?limit={args.limit}" + (f"&status={args.status}" if args.status else "")
+    _, doc = _call(args, "GET", "/ops/api/runs" + query)
+    if args.json:
+        _dump(doc, out)
+        return EXIT_OK
+    rows = [
+        [
+            r["run_id"],
+            r["user_id"],
+            r["status"] + (" (lease expired)" if r["lease_expired"] else ""),
+            r["owner"],
+            r["owner_epoch"],
+            r["lease"]["ttl_s"],
+            r["attempt"],
+            _age(r["created_at"]),
+        ]
+        for r in doc["runs"]
+    ]
+    header = ["run_id", "user", "status", "owner", "epoch", "lease_s", "attempt", "age"]
+    _table(rows, header, out)
+    return EXIT_OK
+
+
+def cmd_runs_show(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """One run with its lease, stream and audit (JSON)."""
+    _, doc = _call(args, "GET", f"/ops/api/runs/{args.run_id}")
+    _dump(doc, out)
+    return EXIT_OK
+
+
+def _action(args: argparse.Namespace, out: TextIO, what: str, body: dict[str, Any]) -> int:
+    status, doc = _call(args, "POST", f"/ops/api/runs/{args.run_id}/{what}", body)
+    if args.json:
+        _dump(doc, out)
+    else:
+        out.write(f"{what} {args.run_id}: {doc.get('outcome')}\n")
+    return EXIT_OK if status < 400 and doc.get("ok") else EXIT_FAILED
+
+
+def cmd_runs_cancel(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Cancel a run (audited)."""
+    return _action(args, out, "cancel", {"action": args.action})
+
+
+def cmd_runs_requeue(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Requeue a stuck run (audited); refused unless its lease expired or it was never sent."""
+    return _action(args, out, "requeue", {"reason": args.reason})
+
+
+def cmd_workers(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Workers answering, their queues and active runs."""
+    _, doc = _call(args, "GET", "/ops/api/workers")
+    if args.json:
+        _dump(doc, out)
+        return EXIT_OK
+    rows = [
+        [w["name"], w["pid"], ",".join(w["queues"]), len(w["active_runs"])] for w in doc["workers"]
+    ]
+    _table(rows, ["worker", "pid", "queues", "active_runs"], out)
+    return EXIT_OK
+
+
+def cmd_queues(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Depth and oldest message age of the runs and memory queues."""
+    _, doc = _call(args, "GET", "/ops/api/queues")
+    if args.json:
+        _dump(doc, out)
+        return EXIT_OK
+    rows = [[name, q["depth"], q["oldest_age_s"]] for name, q in doc.items()]
+    _table(rows, ["queue", "depth", "oldest_age_s"], out)
+    return EXIT_OK
+
+
+def cmd_migrate(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Apply pending migrations to THREADRUN_DATABASE_URL (idempotent)."""
+    del args
+    from shared.db.migrate import migrate
+    from shared.settings import Settings
+
+    done = migrate(Settings())
+    out.write(f"applied {done}\n" if done else "schema up to date\n")
+    return EXIT_OK
+
+
+def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except OpsError as exc:
+            sys.stderr.write(f"threadrun: {exc}\n")
+            return EXIT_FAILED
+
+    return run
+
+
+# --- parsers --------------------------------------------------------------------------------
+def add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`threadrun status`."""
+    p = sub.add_parser("status", parents=[_options()], help="ops summary of the deployment")
+    p.set_defaults(func=_guard(cmd_status))
+
+
+def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`threadrun runs list|show|cancel|requeue`."""
+    p = sub.add_parser("runs", help="list, show, cancel or requeue runs (ops)")
+    runs = p.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
+    ls = runs.add_parser("list", parents=[_options()], help="inflight runs, or --status")
+    ls.add_argument(
+        "--status", choices=("pending", "running", "success", "error", "timeout", "interrupted")
+    )
+    ls.add_argument("--limit", type=int, default=100)
+    ls.set_defaults(func=_guard(cmd_runs_list))
+    show = runs.add_parser("show", parents=[_options()], help="one run, its lease and audit")
+    show.add_argument("run_id")
+    show.set_defaults(func=_guard(cmd_runs_show))
+    cancel = runs.add_parser("cancel", parents=[_options()], help="cancel a run (audited)")
+    cancel.add_argument("run_id")
+    cancel.add_argument("--action", choices=("interrupt", "rollback"), default="interrupt")
+    cancel.set_defaults(func=_guard(cmd_runs_cancel))
+    requeue = runs.add_parser("requeue", parents=[_options()], help="requeue a stuck run")
+    requeue.add_argument("run_id")
+    requeue.add_argument("--reason", default="stuck (cli)")
+    requeue.set_defaults(func=_guard(cmd_runs_requeue))
+
+
+def add_workers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`threadrun workers`."""
+    p = sub.add_parser("workers", parents=[_options()], help="Celery workers online")
+    p.set_defaults(func=_guard(cmd_workers))
+
+
+def add_queues(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`threadrun queues`."""
+    p = sub.add_parser("queues", parents=[_options()], help="queue depths and oldest ages")
+    p.set_defaults(func=_guard(cmd_queues))
+
+
+def add_migrate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`threadrun migrate`."""
+    p = sub.add_parser("migrate", help="apply database migrations (THREADRUN_DATABASE_URL)")
+    p.set_defaults(func=cmd_migrate)
+
+
+OPS_SUBCOMMANDS: list[AddParser] = [add_status, add_runs, add_workers, add_queues, add_migrate]
+"""Registered by shared/cli.py."""

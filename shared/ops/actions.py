@@ -1,0 +1,147 @@
+"""Ops actions on runs: cancel and requeue, each audited in `ops_audit` (who, what, when, result).
+
+Both go through the run store / manager, so the same fencing holds as for users and the
+reaper: a cancel is `RunManager.cancel`; a requeue of a running run is `RunStore.requeue`
+(fenced on the epoch the caller saw, status `running`), allowed only when the run's lease
+is gone and the run has not been touched for a lease TTL (the reaper's own rule), and a
+requeue of a pending run is a re-dispatch, allowed only when the run was never dispatched.
+A duplicate dispatch is harmless: the claim lets one executor in (L3).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from shared.errors import RunNotFound
+from shared.ops.store import OpsStore
+from shared.redis_keys import Keys
+from shared.runs.manager import RunManager
+from shared.runs.store import TERMINAL, CancelOutcome
+from shared.settings import Settings
+from shared.taskqueue import Dispatcher
+
+log = logging.getLogger(__name__)
+
+
+class RequeueOutcome(enum.Enum):
+    """What a requeue did or why it refused."""
+
+    REQUEUED = "requeued"  # running with an expired lease: now pending again, dispatched
+    DISPATCHED = "dispatched"  # pending and never dispatched: dispatched now
+    LEASE_HELD = "lease_held"  # an owner still holds the lease
+    RECENTLY_ACTIVE = "recently_active"  # no lease, but updated within a lease TTL
+    ALREADY_DISPATCHED = "already_dispatched"  # pending and in the queue already
+    NOT_INFLIGHT = "not_inflight"  # terminal
+    RACED = "raced"  # the run changed between our read and the fenced write
+
+    @property
+    def done(self) -> bool:
+        """Whether the run was handed to the queue."""
+        return self in (RequeueOutcome.REQUEUED, RequeueOutcome.DISPATCHED)
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    """An action's outcome and its audit record."""
+
+    outcome: str
+    ok: bool
+    audit: dict[str, Any]
+
+
+class OpsActions:
+    """Cancel and requeue on behalf of an ops user."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        manager: RunManager,
+        store: OpsStore,
+        dispatcher: Dispatcher,
+        client: redis.Redis,
+    ) -> None:
+        self._settings = settings
+        self._manager = manager
+        self._store = store
+        self._dispatcher = dispatcher
+        self._redis = client
+        self._keys = Keys(settings.redis_prefix)
+
+    def cancel(self, actor: str, run_id: str, action: str) -> ActionResult:
+        """Cancel any user's run (R5 semantics: pending stops now, running at a safe point)."""
+        run = self._store.get_run(run_id)
+        if run is None:
+            self._audit(actor, "cancel", run_id, {"action": action}, "not_found", {})
+            raise RunNotFound(f"run {run_id} not found")
+        outcome = self._manager.cancel(
+            owner=run["user_id"], thread_id=run["thread_id"], run_id=run_id, action=action
+        )
+        ok = outcome in (CancelOutcome.CANCELLED, CancelOutcome.REQUESTED)
+        detail = {"status_before": run["status"], "epoch": run["owner_epoch"]}
+        audit = self._audit(actor, "cancel", run_id, {"action": action}, outcome.value, detail)
+        return ActionResult(outcome.value, ok, audit)
+
+    def requeue(self, actor: str, run_id: str, reason: str) -> ActionResult:
+        """Hand a stuck run back to the queue (see the module docstring for when)."""
+        run = self._store.get_run(run_id)
+        params = {"reason": reason}
+        if run is None:
+            self._audit(actor, "requeue", run_id, params, "not_found", {})
+            raise RunNotFound(f"run {run_id} not found")
+        outcome = self._requeue(run, f"ops requeue by {actor}: {reason}")
+        detail = {
+            "status_before": run["status"],
+            "epoch": run["owner_epoch"],
+            "attempt": run["attempt"],
+            "owner": run["owner"],
+        }
+        audit = self._audit(actor, "requeue", run_id, params, outcome.value, detail)
+        return ActionResult(outcome.value, outcome.done, audit)
+
+    def _requeue(self, run: dict[str, Any], reason: str) -> RequeueOutcome:
+        run_id, status = run["run_id"], run["status"]
+        if status in TERMINAL:
+            return RequeueOutcome.NOT_INFLIGHT
+        if status == "pending":
+            if run["dispatched_at"] is not None:
+                return RequeueOutcome.ALREADY_DISPATCHED
+            self._dispatcher.dispatch_run(run_id)
+            return RequeueOutcome.DISPATCHED
+        if self._redis.exists(self._keys.lease(run_id)):
+            return RequeueOutcome.LEASE_HELD
+        idle = dt.datetime.now(dt.UTC) - run["updated_at"]
+        if idle.total_seconds() < self._settings.lease_ttl_s:
+            return RequeueOutcome.RECENTLY_ACTIVE
+        if not self._manager.store.requeue(run_id, int(run["owner_epoch"]), reason):
+            return RequeueOutcome.RACED
+        self._dispatcher.dispatch_run(run_id)
+        return RequeueOutcome.REQUEUED
+
+    def _audit(
+        self,
+        actor: str,
+        action: str,
+        run_id: str,
+        params: dict[str, Any],
+        result: str,
+        detail: dict[str, Any],
+    ) -> dict[str, Any]:
+        log.info("ops %s: %s", action, result, extra={"run_id": run_id, "actor": actor, **params})
+        return self._store.audit(
+            actor=actor,
+            action=action,
+            run_id=run_id,
+            params=params,
+            result=result,
+            detail=detail,
+        )
+
+    def list_audit(self, *, run_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Audit records, newest first."""
+        return self._store.list_audit(run_id=run_id, limit=limit)

@@ -1,0 +1,360 @@
+"""What the ops view and the Prometheus gauges show, read from Postgres, Redis and Celery.
+
+Sources:
+- runs, epochs, attempts, fenced status writes, tokens per hour: Postgres (OpsStore);
+- leases (time left), streams (length), queue depths: Redis;
+- open connections and stream subscribers: the web processes' reports (connections.py);
+- workers online and their queues: a Celery `inspect` broadcast (`active_queues` and
+  `stats`, answered within `ops_inspect_timeout_s`), cached `ops_inspect_cache_s` per
+  process; a worker's active runs are the running runs whose `owner` names its host:pid;
+- memory backlog and skipped updates: `shared.memory.stats.memory_stats`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from celery import Celery
+
+from shared import metrics
+from shared.ops.connections import read_connections
+from shared.ops.store import OpsStore
+from shared.redis_keys import Keys
+from shared.settings import Settings
+from shared.taskqueue import MEMORY_QUEUE, RUNS_QUEUE
+
+log = logging.getLogger(__name__)
+
+QUEUES = (RUNS_QUEUE, MEMORY_QUEUE)
+# kombu's Redis transport keeps one list per priority step: name, name\x06\x163, …
+PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class WorkerInspector:
+    """Celery workers answering a broadcast, cached for a short while."""
+
+    def __init__(self, celery: Celery, timeout_s: float, cache_s: float) -> None:
+        self._celery = celery
+        self._timeout = timeout_s
+        self._cache_s = cache_s
+        self._lock = threading.Lock()
+        self._at = 0.0
+        self._value: list[dict[str, Any]] = []
+
+    def workers(self) -> list[dict[str, Any]]:
+        """[{name, host, pid, queues}] of the workers that answered."""
+        with self._lock:
+            if time.monotonic() - self._at < self._cache_s:
+                return self._value
+            self._value = self._inspect()
+            self._at = time.monotonic()
+            return self._value
+
+    def _inspect(self) -> list[dict[str, Any]]:
+        def ask(method: str) -> dict[str, Any]:
+            insp = self._celery.control.inspect(timeout=self._timeout)
+            try:
+                return getattr(insp, method)() or {}
+            except Exception as exc:  # noqa: BLE001 - the broker is down: nobody answers
+                log.warning("celery inspect %s failed: %s", method, exc)
+                return {}
+
+        # Both broadcasts wait the whole timeout; ask them at the same time.
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            queues_f = pool.submit(ask, "active_queues")
+            stats_f = pool.submit(ask, "stats")
+            queues, stats = queues_f.result(), stats_f.result()
+        out = []
+        for name in sorted(set(queues) | set(stats)):
+            info = stats.get(name) or {}
+            out.append(
+                {
+                    "name": name,
+                    "host": name.split("@", 1)[1] if "@" in name else name,
+                    "pid": info.get("pid"),
+                    "queues": sorted(q.get("name", "") for q in queues.get(name) or []),
+                    "concurrency": (info.get("pool") or {}).get("max-concurrency"),
+                }
+            )
+        return out
+
+
+class OpsCollector:
+    """Every figure of the ops view; each method is one panel."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: OpsStore,
+        client: redis.Redis,
+        celery: Celery,
+        *,
+        memory_stats: Callable[[Settings, redis.Redis], dict[str, Any]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.redis = client
+        self.keys = Keys(settings.redis_prefix)
+        self.inspector = WorkerInspector(
+            celery, settings.ops_inspect_timeout_s, settings.ops_inspect_cache_s
+        )
+        self._memory_stats = memory_stats if memory_stats is not None else _find_memory_stats()
+
+    # -- runs -------------------------------------------------------------------------------
+    def runs_summary(self) -> dict[str, Any]:
+        """Runs by status, stuck runs and fenced rejections."""
+        counters = metrics.counter_values()
+        fenced = {
+            sink: counters.get(f"threadrun_fenced_writes_total{{sink={sink}}}", 0.0)
+            for sink in metrics.FENCED_SINKS
+        }
+        return {
+            "by_status": self.store.runs_by_status(),
+            "stuck": len(self.stuck_runs()),
+            "fenced": {
+                "status_writes_recorded": self.store.fenced_status_writes(),
+                "by_sink_this_host": fenced,
+            },
+        }
+
+    def stuck_runs(self) -> list[str]:
+        """Running runs, untouched for a lease TTL, with no live lease."""
+        ids = self.store.stuck_candidates(self.settings.lease_ttl_s)
+        if not ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.exists(self.keys.lease(run_id))
+        return [r for r, held in zip(ids, pipe.execute(), strict=True) if not held]
+
+    def runs(self, *, status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Runs with their lease: owner, epoch, lease epoch, time left, attempt."""
+        limit = limit or self.settings.ops_runs_limit
+        if status is None:
+            rows = self.store.inflight_runs(limit)
+        else:
+            rows = self.store.list_runs(status=status, limit=limit)
+        return self._with_leases(rows)
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        """One run with its lease, stream and ops audit."""
+        row = self.store.get_run(run_id)
+        if row is None:
+            return None
+        out = self._with_leases([row])[0]
+        out["stream"] = self.streams([run_id])[0]
+        out["audit"] = self.store.list_audit(run_id=run_id, limit=50)
+        return out
+
+    def _with_leases(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        pipe = self.redis.pipeline(transaction=False)
+        for r in rows:
+            pipe.get(self.keys.lease(r["run_id"]))
+            pipe.pttl(self.keys.lease(r["run_id"]))
+        got = pipe.execute() if rows else []
+        out = []
+        for i, r in enumerate(rows):
+            value, pttl = got[2 * i], got[2 * i + 1]
+            lease_epoch = None
+            if value is not None:
+                lease_epoch = int(_s(value).split("|", 1)[0])
+            out.append(
+                {
+                    **r,
+                    "lease": {
+                        "held": value is not None,
+                        "epoch": lease_epoch,
+                        "ttl_s": round(pttl / 1000, 3) if pttl and pttl > 0 else None,
+                    },
+                    "lease_expired": r["status"] == "running" and value is None,
+                }
+            )
+        return out
+
+    # -- queues and workers -----------------------------------------------------------------
+    def queue_depths(self) -> dict[str, int]:
+        """Messages waiting in each Celery queue's Redis lists."""
+        pipe = self.redis.pipeline(transaction=False)
+        for q in QUEUES:
+            for suffix in PRIORITY_SUFFIXES:
+                pipe.llen(self.keys.celery_queue(q) + suffix)
+        got = pipe.execute()
+        n = len(PRIORITY_SUFFIXES)
+        return {q: int(sum(got[i * n : (i + 1) * n])) for i, q in enumerate(QUEUES)}
+
+    def queues(self, memory: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+        """Depth and age of the oldest waiting item per queue.
+
+        runs: the pending run dispatched longest ago. memory: how long the earliest due
+        update has been due (0 when none is overdue); null when nothing waits.
+        """
+        depths = self.queue_depths()
+        memory = memory if memory is not None else self.memory()
+        return {
+            RUNS_QUEUE: {"depth": depths[RUNS_QUEUE], "oldest_age_s": self.oldest_run_age()},
+            MEMORY_QUEUE: {
+                "depth": depths[MEMORY_QUEUE],
+                "oldest_age_s": memory.get("oldest_due_age_s"),
+            },
+        }
+
+    def oldest_run_age(self) -> float | None:
+        """Seconds since the oldest pending dispatch."""
+        return self.store.oldest_dispatched_age_s()
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Workers online, their queues and the runs they own now."""
+        workers = self.inspector.workers()
+        running = self.store.list_runs(status="running", limit=self.settings.ops_runs_limit)
+        by_proc: dict[tuple[str, str], list[str]] = {}
+        for r in running:
+            parts = (r.get("owner") or "").split(":")
+            if len(parts) >= 2:
+                by_proc.setdefault((parts[0], parts[1]), []).append(r["run_id"])
+        out = []
+        for w in workers:
+            active = by_proc.get((w["host"], str(w["pid"])), [])
+            out.append({**w, "active_runs": active})
+        return out
+
+    def workers_online(self, workers: list[dict[str, Any]] | None = None) -> dict[str, int]:
+        """How many answering workers consume each queue."""
+        workers = workers if workers is not None else self.inspector.workers()
+        return {q: sum(1 for w in workers if q in w["queues"]) for q in QUEUES}
+
+    # -- streams and connections -----------------------------------------------------------
+    def connections(self) -> dict[str, Any]:
+        """Open connections by transport and subscribers by run, over all web processes."""
+        c = read_connections(self.redis, self.keys, self.settings.ops_report_s)
+        return {
+            "open": {t: c.by_transport.get(t, 0) for t in metrics.TRANSPORTS},
+            "subscribers": c.subscribers,
+            "web_processes": c.processes,
+        }
+
+    def streams(
+        self, run_ids: list[str], subscribers: dict[str, int] | None = None
+    ) -> list[dict[str, Any]]:
+        """Length, last id and expiry of the streams of `run_ids`."""
+        subscribers = subscribers or {}
+        pipe = self.redis.pipeline(transaction=False)
+        for r in run_ids:
+            pipe.xlen(self.keys.stream(r))
+            pipe.hmget(self.keys.stream_meta(r), ["n", "l"])
+            pipe.ttl(self.keys.stream(r))
+        got = pipe.execute() if run_ids else []
+        out = []
+        for i, r in enumerate(run_ids):
+            length, (count, last), ttl = got[3 * i : 3 * i + 3]
+            out.append(
+                {
+                    "run_id": r,
+                    "exists": bool(length) or count is not None,
+                    "length": int(length),
+                    "published": int(count or 0),
+                    "last_id": _s(last) if last else None,
+                    "expires_in_s": int(ttl) if ttl and ttl > 0 else None,
+                    "subscribers": subscribers.get(r, 0),
+                }
+            )
+        return out
+
+    # -- memory and tokens -----------------------------------------------------------------
+    def memory(self) -> dict[str, Any]:
+        """Memory backlog, skipped updates and the rest of `memory_stats` (0s when absent)."""
+        if self._memory_stats is None:
+            return {"available": False, "backlog": 0, "skipped": 0, "oldest_due_age_s": None}
+        stats = dict(self._memory_stats(self.settings, self.redis))
+        stats["available"] = True
+        stats["oldest_due_age_s"] = self._memory_oldest_due_age()
+        return stats
+
+    def _memory_oldest_due_age(self) -> float | None:
+        try:
+            from shared.memory.queue import MemoryKeys
+        except ImportError:
+            return None
+        first = self.redis.zrange(MemoryKeys(self.settings.redis_prefix).due, 0, 0, withscores=True)
+        if not first:
+            return None
+        return round(max(0.0, time.time() - float(first[0][1])), 3)
+
+    def tokens_per_hour(self) -> list[dict[str, Any]]:
+        """Input/output tokens per hour of the last `ops_token_hours` hours (zeros filled)."""
+        hours = self.settings.ops_token_hours
+        rows = {r["hour"]: r for r in self.store.tokens_per_hour(hours)}
+        now_hour = int(time.time() // 3600 * 3600)
+        out = []
+        for h in range(hours - 1, -1, -1):
+            start = now_hour - h * 3600
+            row = next((v for k, v in rows.items() if int(k.timestamp()) == start), None)
+            out.append(
+                {
+                    "hour": start,
+                    "input": int(row["input_tokens"]) if row else 0,
+                    "output": int(row["output_tokens"]) if row else 0,
+                }
+            )
+        return out
+
+    # -- everything -------------------------------------------------------------------------
+    def overview(self) -> dict[str, Any]:
+        """The whole ops view in one document."""
+        memory = self.memory()
+        conns = self.connections()
+        runs = self.runs()
+        recent = self.store.list_runs(status=None, limit=20)
+        stream_ids = list(
+            dict.fromkeys([r["run_id"] for r in runs] + [r["run_id"] for r in recent])
+        )
+        stream_ids += [r for r in conns["subscribers"] if r not in stream_ids]
+        workers = self.workers()
+        counters = metrics.counter_values()
+        return {
+            "at": time.time(),
+            "refresh_s": self.settings.ops_refresh_s,
+            "runs": {**self.runs_summary(), "inflight": runs},
+            "queues": self.queues(memory),
+            "workers": workers,
+            "workers_online": self.workers_online(workers),
+            "streams": self.streams(stream_ids, conns["subscribers"]),
+            "connections": conns,
+            "gaps_sent_this_host": counters.get("threadrun_stream_gaps_total", 0.0),
+            "memory": memory,
+            "tokens_per_hour": self.tokens_per_hour(),
+        }
+
+    def figures(self) -> dict[str, Any]:
+        """The scrape-time gauges of shared.metrics.OpsGauges."""
+        memory = self.memory()
+        q = self.queues(memory)
+        return {
+            "runs_by_status": self.store.runs_by_status(),
+            "runs_stuck": len(self.stuck_runs()),
+            "queue_depth": {k: v["depth"] for k, v in q.items()},
+            "queue_oldest_age_s": {k: v["oldest_age_s"] for k, v in q.items()},
+            "workers_online": self.workers_online(),
+            "connections_open": self.connections()["open"],
+            "memory_backlog": int(memory.get("backlog", 0)),
+            "memory_skipped": int(memory.get("skipped", 0)),
+        }
+
+
+def _find_memory_stats() -> Callable[[Settings, redis.Redis], dict[str, Any]] | None:
+    try:
+        mod = importlib.import_module("shared.memory.stats")
+    except ImportError:
+        return None
+    fn = getattr(mod, "memory_stats", None)
+    return fn if callable(fn) else None

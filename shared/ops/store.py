@@ -1,0 +1,155 @@
+"""SQL of the ops view: read-only figures about runs, and the ops audit (STYLE 4).
+
+State changes (cancel, requeue) go through RunStore / RunManager; this store only reads
+runs and appends to `ops_audit`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from shared import serde
+from shared.db import DictPool
+
+RUNS_BY_STATUS_SQL = "SELECT status, count(*) AS n FROM runs GROUP BY status"
+FENCED_STATUS_SQL = """
+SELECT count(*) AS n FROM run_events WHERE category = 'lifecycle' AND type = 'fenced'
+"""
+_RUN_COLUMNS = """
+r.run_id::text, r.thread_id::text, t.owner AS user_id, r.assistant_id, r.status, r.owner,
+r.owner_epoch, r.attempt, r.cancel_action, r.created_at, r.dispatched_at, r.started_at,
+r.updated_at, r.ended_at, r.error, r.usage
+"""
+LIST_RUNS_SQL = f"""
+SELECT {_RUN_COLUMNS} FROM runs r JOIN threads t USING (thread_id)
+WHERE (%(status)s::text IS NULL OR r.status = %(status)s)
+ORDER BY r.seq DESC
+LIMIT %(limit)s
+"""
+INFLIGHT_RUNS_SQL = f"""
+SELECT {_RUN_COLUMNS} FROM runs r JOIN threads t USING (thread_id)
+WHERE r.status IN ('pending', 'running')
+ORDER BY r.seq
+LIMIT %(limit)s
+"""
+GET_RUN_SQL = f"""
+SELECT {_RUN_COLUMNS} FROM runs r JOIN threads t USING (thread_id) WHERE r.run_id = %(run_id)s
+"""
+# The runs queue's oldest message: the pending run dispatched longest ago (runs waiting
+# behind another run of their thread are not in the queue: dispatched_at is NULL).
+OLDEST_DISPATCHED_SQL = """
+SELECT extract(epoch FROM now() - min(dispatched_at))::float8 AS age_s
+FROM runs WHERE status = 'pending' AND dispatched_at IS NOT NULL
+"""
+STUCK_CANDIDATES_SQL = """
+SELECT run_id::text FROM runs
+WHERE status = 'running' AND updated_at < now() - make_interval(secs => %(min_age_s)s)
+"""
+TOKENS_PER_HOUR_SQL = """
+SELECT date_trunc('hour', created_at) AS hour,
+       sum(coalesce((payload -> 'usage' ->> 'input_tokens')::bigint, 0)) AS input_tokens,
+       sum(coalesce((payload -> 'usage' ->> 'output_tokens')::bigint, 0)) AS output_tokens
+FROM run_events
+WHERE category = 'model' AND type = 'model.end'
+  AND created_at >= date_trunc('hour', now()) - make_interval(hours => %(hours)s - 1)
+GROUP BY 1 ORDER BY 1
+"""
+INSERT_AUDIT_SQL = """
+INSERT INTO ops_audit (actor, action, run_id, params, result, detail)
+VALUES (%(actor)s, %(action)s, %(run_id)s, %(params)s, %(result)s, %(detail)s)
+RETURNING audit_id, at, actor, action, run_id::text, params, result, detail
+"""
+LIST_AUDIT_SQL = """
+SELECT audit_id, at, actor, action, run_id::text, params, result, detail FROM ops_audit
+WHERE (%(run_id)s::uuid IS NULL OR run_id = %(run_id)s)
+ORDER BY audit_id DESC
+LIMIT %(limit)s
+"""
+
+
+def _json(value: Any) -> Jsonb:
+    return Jsonb(value, dumps=serde.dumps_str)
+
+
+class OpsStore:
+    """Ops reads over runs/run_events and the `ops_audit` table."""
+
+    def __init__(self, pool: DictPool) -> None:
+        self._pool = pool
+
+    def runs_by_status(self) -> dict[str, int]:
+        """How many runs have each status."""
+        with self._pool.connection() as conn:
+            return {r["status"]: int(r["n"]) for r in conn.execute(RUNS_BY_STATUS_SQL)}
+
+    def fenced_status_writes(self) -> int:
+        """Terminal-status writes refused to a stale owner (lifecycle `fenced` events)."""
+        with self._pool.connection() as conn:
+            row = conn.execute(FENCED_STATUS_SQL).fetchone()
+        return int(row["n"]) if row else 0
+
+    def list_runs(self, *, status: str | None, limit: int) -> list[dict[str, Any]]:
+        """Runs of every user, newest first."""
+        with self._pool.connection() as conn:
+            return conn.execute(LIST_RUNS_SQL, {"status": status, "limit": limit}).fetchall()
+
+    def inflight_runs(self, limit: int) -> list[dict[str, Any]]:
+        """Pending and running runs, oldest first."""
+        with self._pool.connection() as conn:
+            return conn.execute(INFLIGHT_RUNS_SQL, {"limit": limit}).fetchall()
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        """One run with its thread's owner as `user_id`."""
+        with self._pool.connection() as conn:
+            return conn.execute(GET_RUN_SQL, {"run_id": run_id}).fetchone()
+
+    def oldest_dispatched_age_s(self) -> float | None:
+        """Seconds since the oldest still-pending dispatch (None when none waits)."""
+        with self._pool.connection() as conn:
+            row = conn.execute(OLDEST_DISPATCHED_SQL).fetchone()
+        return None if row is None or row["age_s"] is None else float(row["age_s"])
+
+    def stuck_candidates(self, min_age_s: float) -> list[str]:
+        """Running runs not updated for `min_age_s` (stuck if their lease is gone)."""
+        with self._pool.connection() as conn:
+            return [
+                r["run_id"] for r in conn.execute(STUCK_CANDIDATES_SQL, {"min_age_s": min_age_s})
+            ]
+
+    def tokens_per_hour(self, hours: int) -> list[dict[str, Any]]:
+        """Model tokens by hour (of the `model.end` event) for the last `hours` hours."""
+        with self._pool.connection() as conn:
+            return conn.execute(TOKENS_PER_HOUR_SQL, {"hours": hours}).fetchall()
+
+    def audit(
+        self,
+        *,
+        actor: str,
+        action: str,
+        run_id: str | None,
+        params: dict[str, Any],
+        result: str,
+        detail: dict[str, Any],
+    ) -> dict[str, Any]:
+        """Append one audit record and return it."""
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                INSERT_AUDIT_SQL,
+                {
+                    "actor": actor,
+                    "action": action,
+                    "run_id": run_id,
+                    "params": _json(params),
+                    "result": result,
+                    "detail": _json(detail),
+                },
+            ).fetchone()
+        assert row is not None
+        return row
+
+    def list_audit(self, *, run_id: str | None, limit: int) -> list[dict[str, Any]]:
+        """Audit records, newest first."""
+        with self._pool.connection() as conn:
+            return conn.execute(LIST_AUDIT_SQL, {"run_id": run_id, "limit": limit}).fetchall()
