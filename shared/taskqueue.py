@@ -7,7 +7,7 @@ worker process registers them (workers/tasks.py).
 from __future__ import annotations
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from shared.settings import Settings
 
@@ -29,7 +29,13 @@ def make_celery(settings: Settings) -> Celery:
             # timeout never fires a redelivery of a long run; keep it long anyway.
             "visibility_timeout": 12 * 3600,
         },
-        task_queues=[Queue(RUNS_QUEUE), Queue(MEMORY_QUEUE)],
+        # Each queue on its own exchange and key: a Queue without them gets Celery's
+        # defaults (exchange and key `runs`), which bound `memory` to the runs key too,
+        # so every run task was copied onto the memory queue and vice versa.
+        task_queues=[
+            Queue(RUNS_QUEUE, Exchange(RUNS_QUEUE), routing_key=RUNS_QUEUE),
+            Queue(MEMORY_QUEUE, Exchange(MEMORY_QUEUE), routing_key=MEMORY_QUEUE),
+        ],
         task_default_queue=RUNS_QUEUE,
         task_routes={RUN_TASK: {"queue": RUNS_QUEUE}, MEMORY_TASK: {"queue": MEMORY_QUEUE}},
         # Ack on receipt: recovery of a lost run is the reaper's job (leases + Postgres),

@@ -11,7 +11,7 @@ from shared.settings import Settings
 from shared.taskqueue import make_celery
 
 celery = make_celery(Settings())
-celery.conf.include = ["workers.tasks"]
+celery.conf.include = ["workers.tasks", "workers.memory_tasks"]
 logs.configure_celery(Settings())  # log_format=json: Celery leaves logging to shared/logs.py
 
 log = logging.getLogger(__name__)

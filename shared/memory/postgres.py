@@ -26,6 +26,7 @@ VALUES (%(fact_id)s, %(agent_name)s, %(user_id)s, %(category)s, %(content)s, %(h
         %(confidence)s, %(source_thread_id)s, %(trace_id)s)
 ON CONFLICT (agent_name, user_id, content_hash) DO UPDATE
 SET category = EXCLUDED.category,
+    content = EXCLUDED.content,
     confidence = GREATEST(memory_facts.confidence, EXCLUDED.confidence),
     source_thread_id = EXCLUDED.source_thread_id,
     trace_id = EXCLUDED.trace_id,
