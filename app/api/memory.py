@@ -1,0 +1,80 @@
+"""Memory facts (M6) and manual compaction (C1): thin views over the managers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.api.threads import owned_thread
+from app.auth import principal
+from app.errors import error_body
+from app.http import json_response, parse_query
+from app.services import current_services
+from shared.agent.middleware.memory import urgent_flush_hook
+from shared.agent.middleware.summarization import (
+    NothingToCompact,
+    SummaryContext,
+    SummaryFailed,
+    build_summarizer,
+    compact_thread,
+)
+from shared.errors import Conflict
+from shared.memory.services import memory_manager
+
+bp = Blueprint("memory", __name__)
+
+MAX_FACTS_PAGE = 500
+
+
+class FactsQuery(BaseModel):
+    """Query of GET /memory/facts."""
+
+    model_config = ConfigDict(extra="forbid")
+    agent_name: str | None = Field(default=None, min_length=1, max_length=200)
+    limit: int = Field(default=100, ge=1, le=MAX_FACTS_PAGE)
+
+
+@bp.get("/memory/facts")
+def list_facts() -> Response:
+    """The caller's memory facts, newest first."""
+    q = parse_query(FactsQuery)
+    manager = memory_manager(current_services().settings)
+    facts = manager.list_facts(principal().user_id, q.agent_name, q.limit)
+    return json_response({"facts": [f.as_json() for f in facts]})
+
+
+@bp.delete("/memory/facts/<fact_id>")
+def delete_fact(fact_id: str) -> Response:
+    """Delete one of the caller's facts (another user's fact id is a 404)."""
+    memory_manager(current_services().settings).delete_fact(principal().user_id, fact_id)
+    return json_response({"deleted": fact_id})
+
+
+@bp.post("/threads/<thread_id>/compact")
+def compact(thread_id: str) -> Response:
+    """Summarize the thread now: 409 nothing_to_compact, 502 summary_failed, or the result."""
+    thread = owned_thread(thread_id)
+    svc = current_services()
+    graph_id = thread["metadata"].get("graph_id")
+    if not isinstance(graph_id, str) or graph_id not in svc.registry.ids():
+        raise NothingToCompact("nothing to compact: the thread has no run yet")
+    if thread["status"] == "busy":
+        raise Conflict("the thread has a run in progress; compact it when it is idle")
+    settings = svc.settings
+    user_id = principal().user_id
+    hooks = []
+    if settings.memory_enabled:
+        hooks.append(urgent_flush_hook(lambda: memory_manager(settings)))
+    summarizer = build_summarizer(settings, hooks=hooks)
+    tid = str(thread["thread_id"])
+    ctx = SummaryContext(tid, user_id, graph_id, [])
+    try:
+        result = compact_thread(
+            svc.state, svc.registry.get(graph_id), tid, graph_id, summarizer, ctx
+        )
+    except SummaryFailed as exc:
+        return json_response(error_body(exc.code, str(exc)), 502)
+    body: dict[str, Any] = {"outcome": result.outcome.value, **result.record}
+    return json_response(body)

@@ -1,0 +1,183 @@
+"""Context that lasts, end to end (C1-C3, M1-M6): web, runs worker and memory worker processes.
+
+Alice states a report-format preference in thread 1; after the debounce the memory
+worker stores it; a new thread 2 gets it injected and the built-in model's report
+follows it; Bob gets none of it. A long thread 3 is compacted through the API and its
+next run still sees the summary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from shared.agent.middleware.durable_context import context_block
+from shared.settings import Settings
+from tests.conftest import private_settings, settings_env
+from tests.e2e.conftest import ALICE, API_KEYS, BOB, Cluster
+
+pytestmark = pytest.mark.e2e
+
+PREFERENCE = "When you give me numbers, I prefer conclusion first, amounts in RMB"
+MEMORY_ENV = {
+    "THREADRUN_MEMORY_DEBOUNCE_S": "0.5",
+    "THREADRUN_MEMORY_DRAIN_INTERVAL_S": "0.1",
+}
+
+
+@pytest.fixture(scope="module")
+def mc(
+    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """Web + runs worker + memory worker on a private database and prefix."""
+    with private_settings(settings, redis_url) as s:
+        env = {**os.environ, **settings_env(s), "THREADRUN_API_KEYS": API_KEYS, **MEMORY_ENV}
+        env.pop("THREADRUN_CONFIG", None)
+        c = Cluster(s, env, tmp_path_factory.mktemp("memory-e2e"))
+        try:
+            c.start_web()
+            c.start_worker("runs", concurrency=4)
+            memory = c._spawn(
+                "memory",
+                [
+                    sys.executable, "-m", "celery", "-A", "workers.celery_app:celery", "worker",
+                    "-Q", "memory", "-P", "threads", "-c", "2", "-n", f"memory-{os.getpid()}@%h",
+                    "--without-gossip", "--without-mingle", "-l", "info",
+                ],
+            )  # fmt: skip
+            c._wait_log(memory, "memory drain started")
+            yield c
+        finally:
+            c.stop()
+
+
+def api(c: Cluster, key: str) -> httpx.Client:
+    return httpx.Client(base_url=c.url, headers={"x-api-key": key}, timeout=60)
+
+
+def new_thread(client: httpx.Client) -> str:
+    r = client.post("/threads", json={})
+    assert r.status_code == 200, r.text
+    return str(r.json()["thread_id"])
+
+
+def run_wait(client: httpx.Client, tid: str, text: str) -> dict[str, Any]:
+    body = {
+        "assistant_id": "lead_agent",
+        "input": {"messages": [{"role": "user", "content": text}]},
+    }
+    r = client.post(f"/threads/{tid}/runs/wait", json=body)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def state(client: httpx.Client, tid: str) -> dict[str, Any]:
+    r = client.get(f"/threads/{tid}/state")
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def wait_for(check: Any, timeout: float, what: str) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def report(c: Cluster, tid: str) -> str:
+    return (Path(c.settings.data_dir) / "workspaces" / tid / "outputs" / "report.md").read_text()
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def events(client: httpx.Client, tid: str, category: str) -> list[dict[str, Any]]:
+    r = client.get(f"/threads/{tid}/events", params={"category": category, "limit": 500})
+    assert r.status_code == 200, r.text
+    return list(r.json()["events"])
+
+
+def test_m1_m6_preference_remembered_across_threads_for_its_user_only(mc: Cluster) -> None:
+    alice, bob = api(mc, ALICE), api(mc, BOB)
+    t1 = new_thread(alice)
+    run_wait(alice, t1, PREFERENCE + ".")
+
+    def alice_facts() -> list[dict[str, Any]]:
+        return list(alice.get("/memory/facts").json()["facts"])
+
+    (fact,) = wait_for(alice_facts, 30, "the memory worker to store the preference")
+    assert fact["content"] == PREFERENCE and fact["category"] == "preference"
+    assert fact["source_thread_id"] == t1
+
+    # M2: a new thread of Alice freezes the memory; the report follows the preference.
+    t2 = new_thread(alice)
+    run_wait(alice, t2, "Please write a report on Q3 sales.")
+    text = report(mc, t2)
+    assert text.index("## Conclusion") < text.index("## Details")
+    assert "Amount: RMB 1,000.00" in text and PREFERENCE in text
+    frozen = state(alice, t2)["values"]["memory_context"]
+    assert PREFERENCE in frozen["text"]
+    # J6: the journal holds the memory text's SHA-256, never the text.
+    mem_events = events(alice, t2, "memory")
+    assert sha256(frozen["text"]) in {e["payload"]["sha256"] for e in mem_events}
+    assert all(PREFERENCE not in str(e["payload"]) for e in mem_events)
+
+    # Bob: no memory, a plain report, and Alice's fact is invisible to him (404).
+    tb = new_thread(bob)
+    run_wait(bob, tb, "Please write a report on Q3 sales.")
+    bob_text = report(mc, tb)
+    assert "Preferences applied" not in bob_text and "RMB" not in bob_text
+    assert bob.get("/memory/facts").json() == {"facts": []}
+    assert bob.delete(f"/memory/facts/{fact['fact_id']}").status_code == 404
+    r = alice.get("/memory/facts", params={"limit": 0})
+    assert r.status_code == 422 and r.json()["field"] == "limit"
+
+    assert alice.delete(f"/memory/facts/{fact['fact_id']}").status_code == 200
+    assert alice_facts() == []
+    assert alice.delete(f"/memory/facts/{fact['fact_id']}").status_code == 404
+
+
+def test_c1_c2_manual_compact_and_the_next_run_sees_the_summary(mc: Cluster) -> None:
+    alice, bob = api(mc, ALICE), api(mc, BOB)
+    t3 = new_thread(alice)
+    assert alice.post(f"/threads/{t3}/compact").json()["error"] == "nothing_to_compact"
+    for i in range(5):
+        run_wait(alice, t3, f"chapter {i}: the plot thickens")
+    assert bob.post(f"/threads/{t3}/compact").status_code == 404
+
+    r = alice.post(f"/threads/{t3}/compact")
+    assert r.status_code == 200, r.text
+    result = r.json()
+    assert result["outcome"] == "compacted"
+    assert (result["summarized"], result["preserved"]) == (4, 6)
+    after = state(alice, t3)
+    assert after["next"] == [], "a compaction never starts an agent node"
+    summary = after["values"]["summary_text"]
+    assert summary.startswith('The user said "chapter 0') and "chapter 1" in summary
+    assert len(after["values"]["messages"]) == 6
+    assert result["output_sha256"] == sha256(summary)
+
+    again = alice.post(f"/threads/{t3}/compact")
+    assert again.status_code == 409 and again.json()["error"] == "nothing_to_compact"
+
+    out = run_wait(alice, t3, "what happened so far?")
+    assert out["summary_text"] == summary
+    # The model call of that run got the summary in its hidden context block (C3).
+    block = context_block(state(alice, t3)["values"])
+    assert "<summary>" in block
+    durable = [
+        e for e in events(alice, t3, "memory") if e["payload"].get("source") == "durable_context"
+    ]
+    assert durable and durable[-1]["payload"]["sha256"] == sha256(block)
