@@ -51,7 +51,7 @@ local tat = tonumber(redis.call('GET', KEYS[1]) or now)
 if tat < now then tat = now end
 if now < tat - burst then return {0, tat - burst - now} end
 local new_tat = tat + interval
-redis.call('SET', KEYS[1], new_tat, 'PX', new_tat - now + 1)
+redis.call('SET', KEYS[1], new_tat, 'PX', math.ceil(new_tat - now) + 1)
 return {1, 0}
 """
 

@@ -47,9 +47,27 @@ def _default(obj: Any) -> Any:
     return repr(obj)
 
 
+def _no_big_ints(obj: Any) -> Any:
+    """Integers beyond 64 bits as floats (or strings beyond a double), through dicts and lists."""
+    if isinstance(obj, int) and not isinstance(obj, bool) and not -(2**63) <= obj < 2**64:
+        return float(obj) if abs(obj) < 1e308 else str(obj)
+    if isinstance(obj, dict):
+        return {k: _no_big_ints(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_no_big_ints(v) for v in obj]
+    return obj
+
+
 def dumps(obj: Any) -> bytes:
     """Encode to JSON bytes, converting LangChain/pydantic objects on the way."""
-    return orjson.dumps(obj, default=_default, option=_OPTS)
+    try:
+        return orjson.dumps(obj, default=_default, option=_OPTS)
+    except TypeError as exc:
+        # jsonb keeps numbers exact: a client's 1.5e20 comes back from Postgres as the int
+        # 150000000000000000000, which orjson refuses (found by tests/e2e/test_fuzz.py).
+        if "64-bit" not in str(exc):
+            raise
+        return orjson.dumps(_no_big_ints(obj), default=_default, option=_OPTS)
 
 
 def dumps_str(obj: Any) -> str:

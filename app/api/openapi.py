@@ -48,6 +48,7 @@ QUERIES: dict[str, type[BaseModel]] = {
     "ops.audit": ops_api.OpsAuditQuery,
 }
 STREAMING = {"runs.create_stream", "runs.join_stream"}
+PLAIN_TEXT = {"ops.metrics_endpoint"}  # Prometheus exposition format
 _PARAM = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
 ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -59,10 +60,12 @@ def _error_responses() -> dict[str, Any]:
         for code, why in (
             ("400", "malformed request or cursor"),
             ("401", "missing or invalid API key"),
+            ("403", "the ops role or an allowed Origin is required"),
             ("404", "not found (or another user's)"),
             ("409", "conflict (busy thread, existing thread)"),
             ("413", "body too large"),
-            ("422", "invalid field (named in `field`)"),
+            ("422", "invalid field (named in `field`), or a size limit (named in `limit`)"),
+            ("429", "a per-user limit (named in `limit`); see Retry-After"),
         )
     }
 
@@ -105,6 +108,8 @@ def build(app: Flask) -> dict[str, Any]:
                             (
                                 "text/event-stream"
                                 if rule.endpoint in STREAMING
+                                else "text/plain"
+                                if rule.endpoint in PLAIN_TEXT
                                 else "application/json"
                             ): {}
                         },
