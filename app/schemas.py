@@ -181,10 +181,6 @@ class RunCreate(Strict):
 
     @model_validator(mode="after")
     def _checks(self) -> RunCreate:
-        if self.multitask_strategy == "rollback":
-            raise ValueError(
-                "multitask_strategy: 'rollback' is not supported yet; use interrupt or enqueue"
-            )
         if self.input is not None and self.command is not None:
             raise ValueError("input and command are mutually exclusive")
         return self
@@ -214,12 +210,6 @@ class CancelQuery(Strict):
     @classmethod
     def _bool(cls, v: Any) -> Any:
         return {"1": True, "0": False, "true": True, "false": False}.get(str(v).lower(), v)
-
-    @model_validator(mode="after")
-    def _no_rollback_yet(self) -> CancelQuery:
-        if self.action == "rollback":
-            raise ValueError("action: 'rollback' is not supported yet; use interrupt")
-        return self
 
 
 class RunListQuery(Strict):

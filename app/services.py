@@ -17,6 +17,7 @@ from shared.runs.manager import RunManager
 from shared.runs.store import RunStore
 from shared.settings import Settings
 from shared.state.accessor import CheckpointStateAccessor
+from shared.state.modes import ensure_recorded_mode
 from shared.taskqueue import Dispatcher, make_celery
 
 
@@ -37,6 +38,8 @@ class Services:
     def build(cls, settings: Settings) -> Services:
         """Open pools and clients for this process."""
         pool = make_pool(settings, name="web")
+        with pool.connection() as conn:
+            ensure_recorded_mode(conn, settings)  # S4: refuse to start in another mode
         # Blocking reads (XREAD BLOCK for one heartbeat) must never hit the socket timeout
         # (redis-py's default is 5 s, equal to the default heartbeat): give them a margin.
         client = redis.Redis.from_url(
@@ -57,7 +60,7 @@ class Services:
             runs=manager,
             store=store,
             subscriber=StreamSubscriber(client, keys, settings, hub=SubscriptionHub(client)),
-            state=CheckpointStateAccessor(pool, registry),
+            state=CheckpointStateAccessor.for_pool(pool, registry, mode=settings.checkpoint_mode),
             redis=client,
             events=RunEventStore(
                 pool,

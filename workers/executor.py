@@ -19,8 +19,6 @@ from typing import Any
 
 import psycopg
 import redis
-from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.pregel import Pregel
 from langgraph.types import Command
 
 from shared import logs, metrics, serde
@@ -29,7 +27,7 @@ from shared.errors import LeaseLost
 from shared.journal import RunJournal, settle_delivery, write_delivery_receipt
 from shared.leases import RenewOutcome, lease_value
 from shared.runs.store import ClaimOutcome
-from shared.state.fenced_saver import LEASE_KEY, RUN_KEY
+from shared.state.savers import LEASE_KEY, RUN_KEY
 from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -41,6 +39,7 @@ class StopReason(enum.Enum):
     """Why an attempt stopped before the graph finished."""
 
     CANCEL_INTERRUPT = "interrupt"
+    CANCEL_ROLLBACK = "rollback"  # stop, then restore the pre-run state (R5)
     LEASE_LOST = "lease_lost"
     SHUTDOWN = "shutdown"
     INFRASTRUCTURE = "infrastructure"  # Postgres or Redis went away under the run
@@ -77,6 +76,16 @@ class RunAttempt:
         """The fencing token of this attempt."""
         return int(self.run["owner_epoch"])
 
+    @property
+    def fence(self) -> dict[str, str]:
+        """configurable keys that fence this attempt's checkpoint writes (L2)."""
+        return {RUN_KEY: self.run_id, LEASE_KEY: self.lease}
+
+    def cancel(self, action: str) -> None:
+        """A cancel request (R5) reached this attempt."""
+        rollback = action == "rollback"
+        self.stop(StopReason.CANCEL_ROLLBACK if rollback else StopReason.CANCEL_INTERRUPT)
+
     def stop(self, reason: StopReason) -> None:
         """Ask the graph task to stop at its next await (a safe point)."""
         if self.stop_reason is None:
@@ -98,7 +107,25 @@ async def execute_run(rt: WorkerRuntime, run_id: str) -> str:
     rt.active[run_id] = attempt
     ensure_lease_keeper(rt)
     try:
-        outcome = await execute(rt, attempt)
+        cancel_action = attempt.run.get("cancel_action")
+        if cancel_action:
+            # A cancel recorded before this attempt (its predecessor died or handed the
+            # run back before honouring it): honour it now instead of running the graph.
+            open_sink(rt, attempt)
+            attempt.cancel(cancel_action)
+            outcome: tuple[str, dict[str, Any] | None, str] = ("interrupted", None, "idle")
+        else:
+            outcome = await execute(rt, attempt)
+        # Only a cancel that stopped the graph rolls back: one that lost the race with
+        # completion leaves the run's outcome as it is (one terminal status, R5).
+        if attempt.stop_reason is StopReason.CANCEL_ROLLBACK and outcome[0] == "interrupted":
+            try:
+                await restore_pre_run_state(rt, attempt)
+            except LeaseLost:
+                attempt.stop_reason = StopReason.LEASE_LOST
+            except TRANSIENT_ERRORS as exc:
+                # The request stays on the run row: the next attempt restores instead.
+                return await hand_back(rt, attempt, f"rollback failed: {exc}")
         if attempt.stop_reason is StopReason.LEASE_LOST:
             log.warning("lease lost; skipping finalization", extra={"run_id": run_id})
             return "lease_lost"
@@ -170,7 +197,7 @@ async def keep_leases(rt: WorkerRuntime) -> None:
                 continue
             last_ok[a.run_id] = now
             if cancel:
-                a.stop(StopReason.CANCEL_INTERRUPT)
+                a.cancel(cancel)
         for run_id in set(last_ok) - {a.run_id for a in attempts}:
             del last_ok[run_id]
 
@@ -196,44 +223,74 @@ def run_config(run: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-async def graph_input(rt: WorkerRuntime, attempt: RunAttempt, graph: Pregel) -> Any:
-    """The input of this attempt: the request's, or None to resume from the checkpoint (L5)."""
+async def graph_input(rt: WorkerRuntime, attempt: RunAttempt) -> Any:
+    """The input of this attempt: the request's, or None to resume from the checkpoint (L5).
+
+    The first attempt that gets here records the pre-run rollback point (R5) before the
+    graph writes anything: the head checkpoint's id, or '' for a thread with none yet.
+    A later attempt that finds the head moved past that point resumes from the head.
+    """
     run = attempt.run
-    saver = graph.checkpointer
-    assert isinstance(saver, BaseCheckpointSaver)
-    head = await saver.aget_tuple(
-        {"configurable": {"thread_id": attempt.thread_id, "checkpoint_ns": ""}}
-    )
-    head_id = head.checkpoint["id"] if head else None
-    if int(run["attempt"]) == 1:
+    head_id = await rt.state.ahead_id(attempt.thread_id) or ""
+    pre = run.get("pre_run_checkpoint_id")
+    if pre is None:
         await asyncio.to_thread(
             rt.store.set_pre_run_checkpoint, attempt.run_id, attempt.epoch, head_id
         )
-    elif head_id is not None and head_id != run.get("pre_run_checkpoint_id"):
+        run["pre_run_checkpoint_id"] = head_id
+    elif head_id != pre:
         return None  # a previous attempt checkpointed progress: resume from it
     if run.get("command"):
         return Command(**run["command"])
     return run.get("input")
 
 
-# --- execute ---------------------------------------------------------------------------------
-async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str, Any] | None, str]:
-    """Run the graph, publishing every chunk; returns (status, error, thread status)."""
-    run = attempt.run
+def open_sink(rt: WorkerRuntime, attempt: RunAttempt) -> EventSink:
+    """The attempt's fenced event sink; its first event is `metadata` with the attempt (L5)."""
     attempt.sink = EventSink(
         rt.batcher,
         attempt.run_id,
         attempt.lease,
-        on_cancel=lambda _action: attempt.stop(StopReason.CANCEL_INTERRUPT),
+        on_cancel=attempt.cancel,
         on_lost=lambda _exc: attempt.stop(StopReason.LEASE_LOST),
     )
-    sink = attempt.sink
-    sink.emit("metadata", serde.dumps({"run_id": attempt.run_id, "attempt": run["attempt"]}))
+    payload = {"run_id": attempt.run_id, "attempt": attempt.run["attempt"]}
+    attempt.sink.emit("metadata", serde.dumps(payload))
+    return attempt.sink
+
+
+async def restore_pre_run_state(rt: WorkerRuntime, attempt: RunAttempt) -> None:
+    """R5 rollback: the pre-run state becomes the thread's new head checkpoint.
+
+    Runs before the terminal status, so the run stays `running` — and no later run of
+    the thread can be claimed — until the restore is committed (the finalizing barrier).
+    Fenced like every checkpoint write of the attempt.
+    """
+    pre = attempt.run.get("pre_run_checkpoint_id")
+    if pre is None:
+        return  # the graph never started: nothing to undo
+    restored = await rt.state.arollback(
+        attempt.thread_id,
+        attempt.run["graph_id"],
+        pre or None,
+        configurable=attempt.fence,
+        metadata={"threadrun_rollback_of": attempt.run_id, "threadrun_restored_from": pre},
+    )
+    log.info(
+        "pre-run state restored",
+        extra={"run_id": attempt.run_id, "checkpoint_id": restored, "restored_from": pre},
+    )
+
+
+# --- execute ---------------------------------------------------------------------------------
+async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str, Any] | None, str]:
+    """Run the graph, publishing every chunk; returns (status, error, thread status)."""
+    run = attempt.run
+    sink = open_sink(rt, attempt)
     await asyncio.sleep(0)  # let the batcher send it before the synchronous set-up below
     config = run_config(run)
-    # L2 for checkpoints: the saver refuses writes once this lease is not current.
-    config["configurable"][RUN_KEY] = attempt.run_id
-    config["configurable"][LEASE_KEY] = attempt.lease
+    # L2 for checkpoints: the saver writes only while this epoch owns the run.
+    config["configurable"].update(attempt.fence)
     if rt.settings.journal_enabled:
         attempt.journal = RunJournal(
             rt.events,
@@ -248,7 +305,7 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
     modes = [STREAM_MODE_ALIASES.get(m, m) for m in kwargs.get("stream_mode") or ["values"]]
     subgraphs = bool(kwargs.get("stream_subgraphs"))
     try:
-        inp = await graph_input(rt, attempt, graph)
+        inp = await graph_input(rt, attempt)
         options: dict[str, Any] = {
             "stream_mode": modes,
             "subgraphs": subgraphs,
@@ -302,9 +359,7 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
         return "error", error, "error"
     thread_status = "idle"
     try:
-        snap = await graph.aget_state(
-            {"configurable": {"thread_id": attempt.thread_id, "checkpoint_ns": ""}}
-        )
+        snap = await rt.state.aget_snapshot(attempt.thread_id, run["graph_id"])
         if snap.next or snap.interrupts:
             thread_status = "interrupted"
     except Exception:  # noqa: BLE001 - the run succeeded; the thread status is a hint

@@ -29,7 +29,9 @@ from shared.leases import LeaseManager
 from shared.redis_keys import Keys
 from shared.runs.store import RunStore
 from shared.settings import Settings
-from shared.state.fenced_saver import FencedPostgresSaver
+from shared.state.accessor import CheckpointStateAccessor
+from shared.state.modes import ensure_recorded_mode
+from shared.state.savers import FencedPostgresSaver
 from shared.taskqueue import Dispatcher, make_celery
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,8 @@ class WorkerRuntime:
         pool = make_pool(
             settings, name="worker-store", max_size=2 * settings.worker_concurrency + 2
         )
+        with pool.connection() as conn:
+            ensure_recorded_mode(conn, settings)  # S4: refuse to start in another mode
         self.store = RunStore(pool)
         self.events = RunEventStore(
             pool,
@@ -85,9 +89,11 @@ class WorkerRuntime:
         # savers on the same pool let runs checkpoint in parallel.
         self.leases = LeaseManager(self.redis, self.keys, ttl_s=s.lease_ttl_s)
         self.savers = [
-            FencedPostgresSaver(self.apool, self.leases) for _ in range(s.checkpoint_savers)
+            FencedPostgresSaver(self.apool, mode=s.checkpoint_mode)
+            for _ in range(s.checkpoint_savers)
         ]
-        self.saver = self.savers[0]
+        # S5: the run's head lookup, pre-run rollback point and rollback go through here.
+        self.state = CheckpointStateAccessor(self.savers[0], self.registry)
         self.publisher = StreamPublisher(self.redis, self.keys, s)
         self.batcher = PublishBatcher(self.publisher)
         # Bind every graph to every saver now: the first copy of a graph costs ~150 ms,

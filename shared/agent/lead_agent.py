@@ -46,6 +46,7 @@ from shared.agent.tools import list_artifacts, read_artifact, write_artifact
 from shared.memory.manager import MemoryManager
 from shared.memory.services import memory_manager
 from shared.settings import Settings
+from shared.state.modes import thread_state_schema
 from shared.state.thread_state import ThreadState
 
 GRAPH_ID = "lead_agent"
@@ -120,7 +121,10 @@ def build_lead_agent(settings: Settings | None = None) -> CompiledStateGraph[Any
         list(LEAD_TOOLS),
         system_prompt=SYSTEM_PROMPT,
         middleware=lead_middleware(settings, model),
-        state_schema=ThreadState,
+        # S4: the checkpoint mode is fixed here, when the process builds its graph.
+        state_schema=thread_state_schema(
+            settings.checkpoint_mode, settings.checkpoint_snapshot_every
+        ),
         name=GRAPH_ID,
     )
 

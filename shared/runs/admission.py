@@ -13,6 +13,7 @@ class AdmissionOutcome(enum.Enum):
     QUEUED = "queued"  # enqueue: create pending behind the inflight runs (FIFO)
     REJECTED = "rejected"  # reject: nothing created (409)
     INTERRUPT = "interrupt"  # cancel the inflight runs (keep progress), then run
+    ROLLBACK = "rollback"  # cancel the inflight runs, restore the pre-run state, then run
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,12 @@ class Inflight:
 
     run_id: str
     status: str
+    attempt: int = 0  # > 0 for a pending run that already ran (requeued after a failure)
+
+    @property
+    def has_progress(self) -> bool:
+        """Whether the run may have written checkpoints (running, or ran before)."""
+        return self.status == "running" or self.attempt > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +49,7 @@ class AdmissionDecision:
 
 
 def decide(strategy: str, inflight: list[Inflight]) -> AdmissionDecision:
-    """Decide admission. `rollback` is refused before this point (not yet supported)."""
+    """Decide admission (R3): what happens to the new run and to the inflight ones."""
     if not inflight:
         return AdmissionDecision(AdmissionOutcome.DISPATCH)
     if strategy == "reject":
@@ -51,4 +58,6 @@ def decide(strategy: str, inflight: list[Inflight]) -> AdmissionDecision:
         return AdmissionDecision(AdmissionOutcome.QUEUED)
     if strategy == "interrupt":
         return AdmissionDecision(AdmissionOutcome.INTERRUPT, cancel=list(inflight))
+    if strategy == "rollback":
+        return AdmissionDecision(AdmissionOutcome.ROLLBACK, cancel=list(inflight))
     raise ValueError(f"unknown multitask_strategy {strategy!r}")

@@ -58,7 +58,7 @@ class RunManager:
                 f"thread {thread_id} already has a run in progress (multitask_strategy=reject)"
             )
         for victim in admission.cancel_running:
-            self._signal_cancel(victim, "interrupt")
+            self._signal_cancel(victim, admission.cancel_action)
         for run_id in admission.dispatch:
             self._dispatch(run_id)
         assert admission.run is not None

@@ -61,7 +61,7 @@ THREAD_SORT_COLUMNS = {"thread_id", "status", "created_at", "updated_at"}
 
 # --- admission (R2): one transaction, thread row locked, no IO in between -----------------
 INFLIGHT_RUNS_SQL = """
-SELECT run_id::text, status FROM runs
+SELECT run_id::text, status, attempt FROM runs
 WHERE thread_id = %(thread_id)s AND status IN ('pending', 'running')
 ORDER BY seq
 LIMIT %(limit)s
@@ -87,13 +87,19 @@ WHERE thread_id = %(thread_id)s
 """
 INTERRUPT_PENDING_SQL = """
 UPDATE runs SET status = 'interrupted', ended_at = now(), updated_at = now(),
-       cancel_action = 'interrupt'
+       cancel_action = %(action)s
 WHERE run_id = %(run_id)s AND status = 'pending'
 """
 REQUEST_CANCEL_RUNNING_SQL = """
 UPDATE runs SET cancel_action = %(action)s, updated_at = now()
 WHERE run_id = %(run_id)s AND status = 'running' AND cancel_action IS NULL
 """
+REQUEST_ROLLBACK_PENDING_SQL = """
+UPDATE runs SET cancel_action = 'rollback', updated_at = now()
+WHERE run_id = %(run_id)s AND status = 'pending' AND cancel_action IS NULL
+"""
+"""A pending run that already ran (requeued) may have written checkpoints: it stays
+pending, and the attempt that claims it restores the pre-run state instead of running."""
 
 # --- runs -------------------------------------------------------------------------------
 GET_RUN_SQL = """
@@ -212,6 +218,7 @@ class Admission:
     run: dict[str, Any] | None
     dispatch: list[str]
     cancel_running: list[str]
+    cancel_action: str = "interrupt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,30 +355,28 @@ class RunStore:
             thread = conn.execute(LOCK_THREAD_SQL, params).fetchone()
             if thread is None:
                 raise ThreadNotFound(f"thread {thread_id} not found")
-            # reject/enqueue only need to know whether anything is inflight; interrupt
-            # needs every inflight run (a long queue must not slow every admission).
-            limit = None if strategy == "interrupt" else 1
+            # reject/enqueue only need to know whether anything is inflight; interrupt and
+            # rollback need every inflight run (a long queue must not slow every admission).
+            limit = None if strategy in ("interrupt", "rollback") else 1
             inflight = [
-                Inflight(r["run_id"], r["status"])
+                Inflight(r["run_id"], r["status"], int(r["attempt"]))
                 for r in conn.execute(INFLIGHT_RUNS_SQL, {**params, "limit": limit}).fetchall()
             ]
             decision = decide(strategy, inflight)
             if not decision.creates:
                 return Admission(decision, None, [], [])
+            action = "rollback" if decision.outcome is AdmissionOutcome.ROLLBACK else "interrupt"
             cancel_running: list[str] = []
+            still_inflight = False
             for victim in decision.cancel:
-                if victim.status == "pending":
-                    conn.execute(INTERRUPT_PENDING_SQL, {"run_id": victim.run_id})
-                    self._lifecycle(
-                        conn, victim.run_id, thread_id, "interrupted", {"by": run["run_id"]}
-                    )
-                else:
-                    conn.execute(
-                        REQUEST_CANCEL_RUNNING_SQL, {"run_id": victim.run_id, "action": "interrupt"}
-                    )
+                outcome = self._cancel_victim(conn, victim, thread_id, action, by=run["run_id"])
+                if outcome is not CancelOutcome.CANCELLED:
+                    still_inflight = True
+                if outcome is CancelOutcome.REQUESTED and victim.status == "running":
                     cancel_running.append(victim.run_id)
             dispatch_now = decision.outcome is AdmissionOutcome.DISPATCH or (
-                decision.outcome is AdmissionOutcome.INTERRUPT and not cancel_running
+                decision.outcome in (AdmissionOutcome.INTERRUPT, AdmissionOutcome.ROLLBACK)
+                and not still_inflight
             )
             row = conn.execute(
                 INSERT_RUN_SQL,
@@ -398,7 +403,40 @@ class RunStore:
             self._lifecycle(
                 conn, run["run_id"], thread_id, "created", {"outcome": decision.outcome.value}
             )
-        return Admission(decision, row, [run["run_id"]] if dispatch_now else [], cancel_running)
+        return Admission(
+            decision, row, [run["run_id"]] if dispatch_now else [], cancel_running, action
+        )
+
+    def _cancel_victim(
+        self,
+        conn: psycopg.Connection[DictRow],
+        victim: Inflight,
+        thread_id: str,
+        action: str,
+        *,
+        by: str,
+    ) -> CancelOutcome:
+        """Cancel one inflight run in the caller's transaction (thread row locked).
+
+        A pending run with no progress ends `interrupted` at once. A running run (and, for
+        rollback, a pending run that already ran) gets the request recorded; its executor
+        stops at the next safe point and, for rollback, restores the pre-run state first.
+        """
+        if victim.status == "pending" and not (action == "rollback" and victim.has_progress):
+            conn.execute(INTERRUPT_PENDING_SQL, {"run_id": victim.run_id, "action": action})
+            self._lifecycle(conn, victim.run_id, thread_id, "interrupted", {"by": by})
+            return CancelOutcome.CANCELLED
+        sql = (
+            REQUEST_CANCEL_RUNNING_SQL
+            if victim.status == "running"
+            else REQUEST_ROLLBACK_PENDING_SQL
+        )
+        if conn.execute(sql, {"run_id": victim.run_id, "action": action}).rowcount == 0:
+            return CancelOutcome.ALREADY_REQUESTED
+        self._lifecycle(
+            conn, victim.run_id, thread_id, "cancel_requested", {"action": action, "by": by}
+        )
+        return CancelOutcome.REQUESTED
 
     # runs -------------------------------------------------------------------------------
     def get_run(self, thread_id: str, run_id: str, owner: str) -> dict[str, Any]:
@@ -464,21 +502,14 @@ class RunStore:
                 raise RunNotFound(f"run {run_id} not found")
             if run["status"] in TERMINAL:
                 return CancelOutcome.ALREADY_DONE, None
-            if run["status"] == "pending":
-                inflight = conn.execute(
-                    INFLIGHT_RUNS_SQL, {"thread_id": thread_id, "limit": 1}
-                ).fetchall()
-                was_head = inflight[0]["run_id"] == str(run_id)
-                conn.execute(INTERRUPT_PENDING_SQL, {"run_id": run_id})
-                self._lifecycle(conn, run_id, thread_id, "interrupted", {"by": "cancel"})
-                # Only the head's successor needs a dispatch; behind others nothing changes.
-                nxt = self._settle_thread(conn, thread_id, "idle") if was_head else None
-                return CancelOutcome.CANCELLED, nxt
-            cur = conn.execute(REQUEST_CANCEL_RUNNING_SQL, {"run_id": run_id, "action": action})
-            if cur.rowcount == 0:
-                return CancelOutcome.ALREADY_REQUESTED, None
-            self._lifecycle(conn, run_id, thread_id, "cancel_requested", {"action": action})
-            return CancelOutcome.REQUESTED, None
+            head = conn.execute(INFLIGHT_RUNS_SQL, {"thread_id": thread_id, "limit": 1}).fetchone()
+            victim = Inflight(str(run_id), run["status"], int(run["attempt"]))
+            outcome = self._cancel_victim(conn, victim, thread_id, action, by="cancel")
+            # Only the head's successor needs a dispatch; behind others nothing changes.
+            nxt = None
+            if outcome is CancelOutcome.CANCELLED and head and head["run_id"] == str(run_id):
+                nxt = self._settle_thread(conn, thread_id, "idle")
+            return outcome, nxt
 
     # worker side ---------------------------------------------------------------------------
     def claim(self, run_id: str, owner: str) -> Claim:

@@ -1,23 +1,42 @@
-"""`CheckpointStateAccessor`: the only path from the API to a thread's checkpointed state (S5).
+"""`CheckpointStateAccessor`: the only path to a thread's checkpointed state (S5).
 
-The web process reads and updates state through the thread's graph bound to a sync
-PostgresSaver, so values, next nodes and interrupts come out exactly as LangGraph
-computes them.
+Reads and writes go through the thread's graph bound to one of our savers
+(`shared.state.savers`), so values, next nodes and interrupts come out exactly as
+LangGraph computes them, and every checkpoint is mode-stamped and mode-checked (S4).
+The web binds it to the sync `StatePostgresSaver` (get, history, update); a worker binds
+it to its async `FencedPostgresSaver` (the pre-run rollback point and the rollback
+itself, fenced by the run's epoch).
+
+Rollback and other state replacements use a *state-only graph*: the agent's assembled
+state schema with a single node that is never run. `update_state(..., as_node=that
+node)` with `Overwrite` values writes one new head checkpoint through LangGraph's own
+versioning (delta channels get a fresh snapshot), and no agent node starts. Nothing
+outside `shared/state/` opens a saver (tests/unit/test_state_boundary.py).
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.channels.base import BaseChannel
+from langgraph.channels.binop import BinaryOperatorAggregate
+from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph import START, StateGraph
 from langgraph.pregel import Pregel
-from langgraph.types import StateSnapshot
+from langgraph.types import Overwrite, StateSnapshot
 
 from shared import serde
 from shared.agent.graphs import GraphRegistry
 from shared.db import DictPool
+from shared.state.modes import CheckpointMode
+from shared.state.savers import StatePostgresSaver
+
+RESTORE_NODE = "threadrun_restore"
+"""The one node of a state-only graph; `update_state` writes as it, it never runs."""
 
 
 def _checkpoint_ref(config: RunnableConfig | dict[str, Any] | None) -> dict[str, Any] | None:
@@ -81,29 +100,55 @@ def empty_state(thread_id: str) -> dict[str, Any]:
 
 
 class CheckpointStateAccessor:
-    """get / history / update of a thread's state through its graph (sync, web side)."""
+    """get / history / update / rollback of a thread's state through its graph (S5)."""
 
-    def __init__(self, pool: DictPool, registry: GraphRegistry) -> None:
-        self._saver = PostgresSaver(pool)  # type: ignore[arg-type]
+    def __init__(self, saver: BaseCheckpointSaver[Any], registry: GraphRegistry) -> None:
+        self._saver = saver
         self._registry = registry
-        self._graphs: dict[str, Pregel] = {}
+        self._graphs: dict[tuple[str, bool], Pregel] = {}
         self._lock = threading.Lock()
 
-    def _graph(self, graph_id: str) -> Pregel:
+    @classmethod
+    def for_pool(
+        cls, pool: DictPool, registry: GraphRegistry, *, mode: CheckpointMode
+    ) -> CheckpointStateAccessor:
+        """The web's accessor: sync, over a connection pool."""
+        return cls(StatePostgresSaver(pool, mode=mode), registry)
+
+    @property
+    def mode(self) -> CheckpointMode:
+        """The checkpoint mode this accessor stamps and checks."""
+        return getattr(self._saver, "mode", "full")  # type: ignore[no-any-return]
+
+    def _graph(self, graph_id: str, *, state_only: bool = False) -> Pregel:
         with self._lock:
-            graph = self._graphs.get(graph_id)
+            graph = self._graphs.get((graph_id, state_only))
             if graph is None:
-                graph = self._registry.get(graph_id).copy(update={"checkpointer": self._saver})
-                self._graphs[graph_id] = graph
+                agent = self._registry.get(graph_id)
+                if state_only:
+                    graph = state_only_graph(agent, self._saver)
+                else:
+                    graph = agent.copy(update={"checkpointer": self._saver})
+                self._graphs[(graph_id, state_only)] = graph
             return graph
 
     @staticmethod
-    def _config(thread_id: str, checkpoint: dict[str, Any] | None = None) -> RunnableConfig:
-        conf: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ""}
+    def _config(
+        thread_id: str,
+        checkpoint: dict[str, Any] | None = None,
+        *,
+        configurable: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> RunnableConfig:
+        conf: dict[str, Any] = {**(configurable or {}), "thread_id": thread_id, "checkpoint_ns": ""}
         if checkpoint:
             conf.update({k: v for k, v in checkpoint.items() if v is not None and k != "thread_id"})
-        return {"configurable": conf}
+        config: RunnableConfig = {"configurable": conf}
+        if metadata:
+            config["metadata"] = metadata
+        return config
 
+    # --- web (sync) ---------------------------------------------------------------------
     def get(
         self, thread_id: str, graph_id: str | None, checkpoint: dict[str, Any] | None = None
     ) -> dict[str, Any]:
@@ -155,3 +200,89 @@ class CheckpointStateAccessor:
     def delete_thread(self, thread_id: str) -> None:
         """Drop every checkpoint of the thread."""
         self._saver.delete_thread(thread_id)
+
+    # --- workers (async) -----------------------------------------------------------------
+    async def ahead_id(self, thread_id: str) -> str | None:
+        """The id of the thread's head checkpoint (mode-checked), or None for a new thread."""
+        tup = await self._saver.aget_tuple(self._config(thread_id))
+        return str(tup.checkpoint["id"]) if tup is not None else None
+
+    async def aget_snapshot(self, thread_id: str, graph_id: str) -> StateSnapshot:
+        """The head StateSnapshot through the agent graph (values, next, interrupts)."""
+        return await self._graph(graph_id).aget_state(self._config(thread_id))
+
+    async def arollback(
+        self,
+        thread_id: str,
+        graph_id: str,
+        to_checkpoint_id: str | None,
+        *,
+        configurable: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> str | None:
+        """Restore the state of `to_checkpoint_id` (None: the empty thread) as a new head.
+
+        History stays linear: the restore is a child of the current head, with every
+        channel's value overwritten by its value at the target (a channel the target did
+        not have is reset to null). Returns the new head's id, or None when nothing was
+        written after the target. `configurable` carries the run's fence keys, so a stale
+        attempt cannot restore over a newer owner's work.
+        """
+        graph = self._graph(graph_id, state_only=True)
+        head = await graph.aget_state(self._config(thread_id))
+        head_id = (head.config or {}).get("configurable", {}).get("checkpoint_id")
+        if head_id is None or head_id == to_checkpoint_id:
+            return None
+        target: dict[str, Any] = {}
+        if to_checkpoint_id is not None:
+            snap = await graph.aget_state(
+                self._config(thread_id, {"checkpoint_id": to_checkpoint_id})
+            )
+            target = dict(snap.values)
+        updates = {
+            key: _replacement(
+                graph.channels[key],
+                target[key] if key in target else _empty_value(graph.channels[key]),
+            )
+            for key in sorted(set(target) | set(head.values))
+            if key in graph.channels
+        }
+        if not updates:
+            return None
+        cfg = await graph.aupdate_state(
+            self._config(thread_id, configurable=configurable, metadata=metadata),
+            updates,
+            as_node=RESTORE_NODE,
+        )
+        return str(cfg["configurable"]["checkpoint_id"])
+
+
+def state_only_graph(agent: Pregel, saver: BaseCheckpointSaver[Any]) -> Pregel:
+    """The agent's assembled state schema with one node that never runs (S5)."""
+    builder = getattr(agent, "builder", None)
+    schema = getattr(builder, "state_schema", None)
+    if schema is None:
+        raise TypeError(f"graph {agent.name!r} is not a StateGraph: no state schema to restore")
+    sg: StateGraph[Any] = StateGraph(schema)
+    sg.add_node(RESTORE_NODE, _never_runs)
+    sg.add_edge(START, RESTORE_NODE)
+    return sg.compile(checkpointer=saver, name=f"{agent.name}:state")
+
+
+def _replacement(spec: BaseChannel, value: Any) -> Any:
+    """A write that sets the channel to `value`: `Overwrite` past a reducer, else the value
+    itself (a plain last-value channel stores its write as is)."""
+    if isinstance(spec, BinaryOperatorAggregate | DeltaChannel):
+        return Overwrite(value)
+    return value
+
+
+def _empty_value(spec: BaseChannel) -> Any:
+    """A channel's value before any write: [] / {} for containers, else None."""
+    if isinstance(spec, DeltaChannel) or not spec.is_available():
+        return None  # a DeltaChannel turns Overwrite(None) into its empty container
+    return copy.deepcopy(spec.get())
+
+
+def _never_runs(state: Any) -> dict[str, Any]:
+    raise RuntimeError("the state-only graph's node is never executed")

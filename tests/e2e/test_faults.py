@@ -703,6 +703,45 @@ def test_r5_cancel_from_the_other_web_process(duo: tuple[Cluster, str]) -> None:
         assert_nothing_inflight(dsn)
 
 
+def test_r5_rollback_from_the_other_web_process(duo: tuple[Cluster, str]) -> None:
+    """R5, S5: a run created through web 0 that wrote several checkpoints is cancelled with
+    action=rollback through web 1: it ends interrupted (one outcome, `end` on its stream), the
+    thread's state equals the state before the run, the restore is one new head checkpoint
+    (linear history) that names the run it undid, and the next run starts from it."""
+    c, dsn = duo
+    with api(c.urls[0]) as web0, api(c.urls[1]) as web1:
+        tid = new_thread(web0)
+        first = web0.post(f"/threads/{tid}/runs/wait", json=run_body("keep me"))
+        assert first.status_code == 200, first.text
+        before = web0.get(f"/threads/{tid}/state").json()
+        n_hist = len(web0.post(f"/threads/{tid}/history", json={"limit": 100}).json())
+        res = web0.post(f"/threads/{tid}/runs", json=run_body("undo me", tokens=400, delay_ms=20))
+        assert res.status_code == 200, res.text
+        run_id = res.json()["run_id"]
+        wait_for(lambda: len(checkpoint_ids(dsn, tid)) > n_hist, 30, "the run's checkpoints", c)
+        cancel = web1.post(
+            f"/threads/{tid}/runs/{run_id}/cancel",
+            params={"action": "rollback", "wait": 1},
+            timeout=30,
+        )
+        assert cancel.status_code == 200, cancel.text
+        assert cancel.json()["status"] == "interrupted", cancel.json()
+        assert assert_one_outcome(dsn, run_id) == "interrupted"
+        events = read_stream(web0, tid, run_id)
+        assert_single_end(events, "interrupted")
+        after = web1.get(f"/threads/{tid}/state").json()
+        assert humans(after) == humans(before) == ["keep me"]
+        assert after["values"]["messages"] == before["values"]["messages"]
+        assert after["metadata"]["threadrun_rollback_of"] == run_id
+        hist = web1.post(f"/threads/{tid}/history", json={"limit": 100}).json()
+        assert hist[0]["parent_checkpoint"]["checkpoint_id"] == hist[1]["checkpoint_id"]
+        assert len(hist) > n_hist + 1  # the undone run's checkpoints stay in the history
+        again = web1.post(f"/threads/{tid}/runs/wait", json=run_body("next"))
+        assert again.status_code == 200, again.text
+        assert humans(web1.get(f"/threads/{tid}/state").json()) == ["keep me", "next"]
+        assert_nothing_inflight(dsn)
+
+
 def test_l1_j5_slow_terminal_write_keeps_the_lease_and_ends_the_stream(
     duo: tuple[Cluster, str],
 ) -> None:

@@ -306,6 +306,36 @@ def test_r5_cancel_interrupt_keeps_progress(cluster: Cluster) -> None:
     run(scenario, cluster.url)
 
 
+def test_r3_rollback_strategy_undoes_the_inflight_run(cluster: Cluster) -> None:
+    """R3: a new run with multitask_strategy=rollback cancels the inflight run, restores the
+    thread to its pre-run state, then runs: the undone run's message is gone, the earlier
+    conversation and the new run's are there."""
+
+    async def scenario(c: LangGraphClient) -> None:
+        tid = (await c.threads.create())["thread_id"]
+        await c.runs.wait(tid, "lead_agent", input=human("earlier"), config=knobs())
+        long = await c.runs.create(
+            tid, "lead_agent", input=human("undone"), config=knobs(tokens=400, delay_ms=10)
+        )
+        await asyncio.sleep(0.5)
+        new = await c.runs.create(
+            tid,
+            "lead_agent",
+            input=human("instead"),
+            config=knobs(),
+            multitask_strategy="rollback",
+        )
+        await c.runs.join(tid, new["run_id"])
+        assert (await c.runs.get(tid, long["run_id"]))["status"] == "interrupted"
+        got = await c.runs.get(tid, new["run_id"])
+        assert got["status"] == "success", got.get("error")
+        state = await c.threads.get_state(tid)
+        humans = [m["content"] for m in state["values"]["messages"] if m["type"] == "human"]
+        assert humans == ["earlier", "instead"]
+
+    run(scenario, cluster.url)
+
+
 def test_r6_on_disconnect_cancel(cluster: Cluster) -> None:
     """R6: a stream created with on_disconnect=cancel is cancelled when the client goes away."""
 

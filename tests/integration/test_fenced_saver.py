@@ -1,69 +1,136 @@
-"""L2 for checkpoints: a stale attempt's checkpoint writes are refused by the fenced saver."""
+"""L2 for checkpoints: a stale attempt's checkpoint writes are refused, atomically with the
+write, by the epoch fence of FencedPostgresSaver."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
-import redis.asyncio as aredis
 
 from shared.agent.lead_agent import build_lead_agent
-from shared.db import make_async_pool
+from shared.db import make_async_pool, make_pool
 from shared.errors import LeaseLost
-from shared.leases import LeaseManager, lease_value
-from shared.redis_keys import Keys
+from shared.leases import lease_value
+from shared.runs.store import ClaimOutcome, RunStore
 from shared.settings import Settings
-from shared.state.fenced_saver import LEASE_KEY, RUN_KEY, FencedPostgresSaver
+from shared.state.savers import LEASE_KEY, RUN_KEY, FencedPostgresSaver
+
+
+def _claimed_run(store: RunStore, owner: str) -> tuple[str, str, int]:
+    tid = str(store.create_thread(None, "alice", {}, "raise")["thread_id"])
+    run_id = str(uuid.uuid4())
+    store.admit(
+        thread_id=tid,
+        owner="alice",
+        run={"run_id": run_id, "assistant_id": "lead_agent", "graph_id": "lead_agent"},
+        strategy="enqueue",
+        create_thread=False,
+    )
+    claim = store.claim(run_id, owner)
+    assert claim.outcome is ClaimOutcome.CLAIMED and claim.run is not None
+    return tid, run_id, int(claim.run["owner_epoch"])
+
+
+def _config(tid: str, run_id: str, epoch: int, owner: str, ws: Path) -> dict[str, Any]:
+    return {
+        "configurable": {
+            "thread_id": tid,
+            "workspace_dir": ws,
+            "tokens": 3,
+            RUN_KEY: run_id,
+            LEASE_KEY: lease_value(epoch, owner),
+        }
+    }
+
+
+def _hi(text: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}]}
 
 
 def test_l2_stale_attempt_cannot_write_a_checkpoint(settings: Settings, tmp_path: Path) -> None:
-    """L2: with the lease taken over by a newer epoch, the old attempt's next write raises
-    LeaseLost and the thread's checkpoints stay exactly as the new owner left them."""
+    """L2: once the run is re-claimed by a newer epoch, the old attempt's next checkpoint write
+    raises LeaseLost and the thread's checkpoints stay exactly as the new owner left them."""
+    pool = make_pool(settings, name="test-fence-store", max_size=2)
+    store = RunStore(pool)
+    tid, run_id, old_epoch = _claimed_run(store, "old")
 
     async def scenario() -> None:
-        client = aredis.Redis.from_url(settings.redis_url)
-        pool = await make_async_pool(settings, name="test-fenced", max_size=2)
+        apool = await make_async_pool(settings, name="test-fenced", max_size=2)
         try:
-            keys = Keys(f"{settings.redis_prefix}fence{uuid.uuid4().hex[:6]}:")
-            leases = LeaseManager(client, keys, ttl_s=30)
-            saver = FencedPostgresSaver(pool, leases)
-            graph = build_lead_agent().copy(update={"checkpointer": saver})
-            run_id, thread_id = str(uuid.uuid4()), str(uuid.uuid4())
-
-            def config(lease: str) -> dict[str, object]:
-                return {
-                    "configurable": {
-                        "thread_id": thread_id,
-                        "workspace_dir": tmp_path,
-                        "tokens": 3,
-                        RUN_KEY: run_id,
-                        LEASE_KEY: lease,
-                    }
-                }
-
-            old = lease_value(1, "old")
-            assert await leases.acquire(run_id, 1, "old")
-            await graph.ainvoke({"messages": [{"role": "user", "content": "hi"}]}, config(old))
-            written = [c async for c in saver.alist({"configurable": {"thread_id": thread_id}})]
+            saver = FencedPostgresSaver(apool, mode="full")
+            graph = build_lead_agent(settings).copy(update={"checkpointer": saver})
+            old = _config(tid, run_id, old_epoch, "old", tmp_path)
+            await graph.ainvoke(_hi("hi"), old)
+            written = [c async for c in saver.alist({"configurable": {"thread_id": tid}})]
             assert written
-            assert await leases.acquire(run_id, 2, "new")  # a newer owner takes over
+            # The reaper requeues the run and another worker claims it: epoch + 1.
+            assert await asyncio.to_thread(store.requeue, run_id, old_epoch, "test")
+            claim = await asyncio.to_thread(store.claim, run_id, "new")
+            assert claim.run is not None
+            new_epoch = int(claim.run["owner_epoch"])
+            assert new_epoch == old_epoch + 1
             with pytest.raises(LeaseLost):
-                await graph.ainvoke(
-                    {"messages": [{"role": "user", "content": "again"}]}, config(old)
-                )
-            after = [c async for c in saver.alist({"configurable": {"thread_id": thread_id}})]
+                await graph.ainvoke(_hi("again"), old)
+            after = [c async for c in saver.alist({"configurable": {"thread_id": tid}})]
             assert [c.checkpoint["id"] for c in after] == [c.checkpoint["id"] for c in written]
             # The current owner writes normally.
-            new = lease_value(2, "new")
-            await graph.ainvoke({"messages": [{"role": "user", "content": "ok"}]}, config(new))
-            assert len(
-                [c async for c in saver.alist({"configurable": {"thread_id": thread_id}})]
-            ) > len(written)
-            await client.delete(keys.lease(run_id))
+            await graph.ainvoke(_hi("ok"), _config(tid, run_id, new_epoch, "new", tmp_path))
+            final = [c async for c in saver.alist({"configurable": {"thread_id": tid}})]
+            assert len(final) > len(written)
         finally:
-            await pool.close()
-            await client.aclose()
+            await apool.close()
 
-    asyncio.run(scenario())
+    try:
+        asyncio.run(scenario())
+    finally:
+        pool.close()
+
+
+def test_l2_checkpoint_fence_has_no_window(settings: Settings, tmp_path: Path) -> None:
+    """L2: the epoch check and the checkpoint write are one transaction. A write that starts
+    while a re-claim is committing (the run row locked, the epoch about to change) waits for
+    it and is then refused — it can never land just after the epoch moved on."""
+    pool = make_pool(settings, name="test-fence-store2", max_size=2)
+    store = RunStore(pool)
+    tid, run_id, epoch = _claimed_run(store, "old")
+    locked, release = threading.Event(), threading.Event()
+
+    def reclaim_slowly() -> None:
+        with psycopg.connect(settings.dsn) as conn:  # one transaction, committed on exit
+            conn.execute(
+                "UPDATE runs SET owner_epoch = owner_epoch + 1, owner = 'new' WHERE run_id = %s",
+                (run_id,),
+            )
+            locked.set()
+            release.wait(10)
+
+    async def scenario() -> None:
+        apool = await make_async_pool(settings, name="test-fenced2", max_size=2)
+        try:
+            saver = FencedPostgresSaver(apool, mode="full")
+            graph = build_lead_agent(settings).copy(update={"checkpointer": saver})
+            t = threading.Thread(target=reclaim_slowly)
+            t.start()
+            assert locked.wait(10)
+            write = asyncio.create_task(
+                graph.ainvoke(_hi("racing"), _config(tid, run_id, epoch, "old", tmp_path))
+            )
+            await asyncio.sleep(0.5)
+            assert not write.done()  # blocked on the row the re-claim holds
+            release.set()
+            with pytest.raises(LeaseLost):
+                await write
+            t.join(10)
+            assert [c async for c in saver.alist({"configurable": {"thread_id": tid}})] == []
+        finally:
+            await apool.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        pool.close()

@@ -214,6 +214,33 @@ def test_r3_interrupt_strategy_cancels_inflight(store: RunStore) -> None:
     assert store.run_status(b) == "interrupted"
 
 
+def test_r3_rollback_strategy_flags_runs_with_progress(store: RunStore) -> None:
+    """R3, R5: rollback flags the running run for rollback, ends a never-started pending run at
+    once, and keeps a requeued run (one that already ran) pending with the rollback request,
+    so the attempt that claims it restores the pre-run state instead of running."""
+    tid = new_thread(store)
+    a = str(admit(store, tid).run["run_id"])
+    run_a = store.claim(a, "w").run
+    b = str(admit(store, tid).run["run_id"])
+    adm = admit(store, tid, "rollback")
+    assert adm.cancel_running == [a] and adm.cancel_action == "rollback" and adm.dispatch == []
+    assert store.run_status(b) == "interrupted"
+    assert store.get_run_by_id(a)["cancel_action"] == "rollback"  # type: ignore[index]
+    # A requeued run (its worker died) is pending with progress: it keeps a rollback request.
+    tid2 = new_thread(store)
+    c = str(admit(store, tid2).run["run_id"])
+    run_c = store.claim(c, "w").run
+    assert store.requeue(c, run_c["owner_epoch"], "worker died")
+    assert store.request_cancel(tid2, c, OWNER, "rollback") == (CancelOutcome.REQUESTED, None)
+    row = store.get_run_by_id(c)
+    assert row is not None and (row["status"], row["cancel_action"]) == ("pending", "rollback")
+    claimed = store.claim(c, "w2").run
+    assert claimed is not None and claimed["cancel_action"] == "rollback"
+    store.finish(
+        a, tid, run_a["owner_epoch"], status="interrupted", error=None, thread_status="idle"
+    )
+
+
 def _admit_in_child(args: tuple[str, str, str, Any]) -> str:
     dsn, tid, strategy, barrier = args
     settings = Settings(database_url=dsn)  # type: ignore[arg-type]

@@ -8,9 +8,14 @@ from hypothesis import strategies as st
 
 from shared.runs.admission import AdmissionOutcome, Inflight, decide
 
-STRATEGIES = ["reject", "interrupt", "enqueue"]
+STRATEGIES = ["reject", "interrupt", "rollback", "enqueue"]
 inflight_lists = st.lists(
-    st.builds(Inflight, run_id=st.uuids().map(str), status=st.sampled_from(["pending", "running"])),
+    st.builds(
+        Inflight,
+        run_id=st.uuids().map(str),
+        status=st.sampled_from(["pending", "running"]),
+        attempt=st.integers(0, 3),
+    ),
     max_size=5,
 )
 
@@ -45,6 +50,16 @@ def test_r3_interrupt_cancels_every_inflight_run() -> None:
     assert decision.cancel == inflight
 
 
+def test_r3_rollback_cancels_every_inflight_run() -> None:
+    """R3: rollback cancels every inflight run; a run has progress to undo when it is
+    running or when it already ran (a pending run requeued after a failure)."""
+    inflight = [Inflight("a", "running", 1), Inflight("b", "pending"), Inflight("c", "pending", 2)]
+    decision = decide("rollback", inflight)
+    assert decision.outcome is AdmissionOutcome.ROLLBACK
+    assert decision.cancel == inflight
+    assert [v.has_progress for v in inflight] == [True, False, True]
+
+
 def test_unknown_strategy_raises() -> None:
     """A strategy the schema should have refused is a programming error."""
     with pytest.raises(ValueError):
@@ -58,5 +73,7 @@ def test_r2_decision_invariants(strategy: str, inflight: list[Inflight]) -> None
     assert decision.dispatch_now == (not inflight)
     if inflight and strategy == "reject":
         assert not decision.creates
-    if strategy != "interrupt":
+    if strategy in ("interrupt", "rollback"):
+        assert decision.cancel == inflight
+    else:
         assert decision.cancel == []

@@ -1,0 +1,187 @@
+"""Our checkpoint savers: LangGraph's Postgres savers plus the mode stamp (S4) and, for the
+worker, the epoch fence (L2).
+
+`StatePostgresSaver` (sync, web side) and `FencedPostgresSaver` (async, workers) both
+stamp every checkpoint's metadata with the process's checkpoint mode and check it on every
+read (`shared.state.modes`), so a `full` process never mistakes a `delta` checkpoint for an
+empty thread.
+
+The fence: a run attempt's checkpoint writes carry its run id and lease in `configurable`.
+`FencedPostgresSaver` opens the write's transaction with
+
+    SELECT 1 FROM runs WHERE run_id = … AND owner_epoch = … AND status = 'running' FOR SHARE
+
+and writes the checkpoint rows in the same transaction. The share lock holds until commit
+and conflicts with the `UPDATE` that re-claims (epoch + 1), requeues or fails the run, so
+either the write commits while the attempt is still the owner, or it sees a newer epoch and
+raises `LeaseLost` — no check-then-write window. The Postgres epoch is the fencing token
+(L1); the Redis lease only decides when a re-claim may happen.
+
+Why a private hook: LangGraph's `AsyncPostgresSaver` opens its own cursor per write
+(`_cursor`), with no way to pass a transaction in, so we override `_cursor` for fenced
+writes only (reads and unfenced writes take LangGraph's path unchanged). The test
+`tests/integration/test_fenced_saver.py` pins the behaviour against the installed version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+from langgraph.checkpoint.postgres import PostgresSaver, _ainternal
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from psycopg import AsyncCursor
+from psycopg.rows import DictRow, dict_row
+
+from shared.errors import LeaseLost
+from shared.state.modes import METADATA_KEY, CheckpointMode, check_readable
+
+RUN_KEY = "__threadrun_run_id"
+LEASE_KEY = "__threadrun_lease"
+"""configurable keys naming the run and the lease (`{epoch}|{owner}`) the writer holds
+("__" keys are LangGraph-internal style: never copied into checkpoint metadata)."""
+
+FENCE_SQL = """
+SELECT 1 FROM runs
+WHERE run_id = %s::uuid AND owner_epoch = %s AND status = 'running'
+FOR SHARE
+"""
+
+_fence: ContextVar[tuple[str, int] | None] = ContextVar("threadrun_fence", default=None)
+
+
+def fence_of(config: RunnableConfig) -> tuple[str, int] | None:
+    """(run_id, epoch) of a run attempt's config, or None for an unfenced write."""
+    conf = config.get("configurable") or {}
+    run_id, lease = conf.get(RUN_KEY), conf.get(LEASE_KEY)
+    if not run_id or not lease:
+        return None
+    epoch, _, _owner = str(lease).partition("|")
+    return str(run_id), int(epoch)
+
+
+def _stamp(metadata: CheckpointMetadata, mode: CheckpointMode) -> CheckpointMetadata:
+    return {**metadata, METADATA_KEY: mode}  # type: ignore[typeddict-unknown-key]
+
+
+def _checked(tup: CheckpointTuple | None, mode: CheckpointMode) -> CheckpointTuple | None:
+    if tup is not None:
+        check_readable(mode, tup.metadata)
+    return tup
+
+
+class StatePostgresSaver(PostgresSaver):
+    """The web's sync saver: stamps and checks the checkpoint mode (S4)."""
+
+    def __init__(self, conn: Any, *, mode: CheckpointMode) -> None:
+        super().__init__(conn)
+        self.mode = mode
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Write a checkpoint stamped with this process's mode."""
+        return super().put(config, checkpoint, _stamp(metadata, self.mode), new_versions)
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """A checkpoint this process can read, or CheckpointModeMismatch."""
+        return _checked(super().get_tuple(config), self.mode)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """History, each checkpoint checked."""
+        for tup in super().list(config, filter=filter, before=before, limit=limit):
+            check_readable(self.mode, tup.metadata)
+            yield tup
+
+
+class FencedPostgresSaver(AsyncPostgresSaver):
+    """The workers' async saver: mode stamp and check, and writes fenced by the run epoch."""
+
+    def __init__(self, conn: Any, *, mode: CheckpointMode) -> None:
+        super().__init__(conn)
+        self.mode = mode
+
+    @asynccontextmanager
+    async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
+        fence = _fence.get()
+        if fence is None:
+            async with super()._cursor(pipeline=pipeline) as cur:
+                yield cur
+            return
+        async with (
+            self.lock,
+            _ainternal.get_connection(self.conn) as conn,
+            conn.transaction(),
+            conn.cursor(binary=True, row_factory=dict_row) as cur,
+        ):
+            await cur.execute(FENCE_SQL, fence)
+            if await cur.fetchone() is None:
+                raise LeaseLost(
+                    f"run {fence[0]}: checkpoint write fenced (epoch {fence[1]} is not current)"
+                )
+            yield cur
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Write a checkpoint (stamped) in the same transaction as the epoch check."""
+        token = _fence.set(fence_of(config))
+        try:
+            return await super().aput(config, checkpoint, _stamp(metadata, self.mode), new_versions)
+        finally:
+            _fence.reset(token)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Write pending writes in the same transaction as the epoch check."""
+        token = _fence.set(fence_of(config))
+        try:
+            await super().aput_writes(config, writes, task_id, task_path)
+        finally:
+            _fence.reset(token)
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """A checkpoint this process can read, or CheckpointModeMismatch."""
+        return _checked(await super().aget_tuple(config), self.mode)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """History, each checkpoint checked."""
+        async for tup in super().alist(config, filter=filter, before=before, limit=limit):
+            check_readable(self.mode, tup.metadata)
+            yield tup
