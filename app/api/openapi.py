@@ -16,6 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 from app import schemas
 from app.api import events as events_api
+from app.api import memory as memory_api
 from app.api import ops as ops_api
 from app.api.meta import VERSION
 
@@ -46,6 +47,7 @@ QUERIES: dict[str, type[BaseModel]] = {
     "events.message_page": events_api.ThreadEventsQuery,
     "ops.runs": ops_api.OpsRunsQuery,
     "ops.audit": ops_api.OpsAuditQuery,
+    "memory.list_facts": memory_api.FactsQuery,
 }
 STREAMING = {"runs.create_stream", "runs.join_stream"}
 PLAIN_TEXT = {"ops.metrics_endpoint"}  # Prometheus exposition format

@@ -172,6 +172,20 @@ def test_c1_c2_manual_compact_and_the_next_run_sees_the_summary(mc: Cluster) -> 
     again = alice.post(f"/threads/{t3}/compact")
     assert again.status_code == 409 and again.json()["error"] == "nothing_to_compact"
 
+    # A thread with nothing a summary can say (no user lines): "generation failed",
+    # distinct from "nothing to compact", and the state is unchanged.
+    t4 = new_thread(alice)
+    said = [{"role": "assistant", "content": f"note {i}"} for i in range(8)]
+    r = alice.post(
+        f"/threads/{t4}/runs/wait",
+        json={"assistant_id": "lead_agent", "input": {"messages": said}},
+    )
+    assert r.status_code == 200, r.text
+    before = state(alice, t4)["values"]
+    failed = alice.post(f"/threads/{t4}/compact")
+    assert failed.status_code == 502 and failed.json()["error"] == "summary_failed"
+    assert state(alice, t4)["values"] == before
+
     out = run_wait(alice, t3, "what happened so far?")
     assert out["summary_text"] == summary
     # The model call of that run got the summary in its hidden context block (C3).
