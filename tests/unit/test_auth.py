@@ -106,7 +106,9 @@ def test_a4_jwt_rs256_pem_and_jwks(tmp_path: Path, rsa_key: rsa.RSAPrivateKey) -
     token = jwt.encode(_claims(), rsa_key, algorithm="RS256", headers={"kid": "k1"})
     v = JwtVerifier(
         Settings(
-            jwt_public_key_file=pem_file, jwt_issuer="https://issuer.example", jwt_audience="threadrun"
+            jwt_public_key_file=pem_file,
+            jwt_issuer="https://issuer.example",
+            jwt_audience="threadrun",
         )
     )
     assert v.verify(token).user_id == "alice"
@@ -115,7 +117,9 @@ def test_a4_jwt_rs256_pem_and_jwks(tmp_path: Path, rsa_key: rsa.RSAPrivateKey) -
     jwks_file.write_text(json.dumps({"keys": [{**jwk, "kid": "k1", "use": "sig"}]}))
     vj = JwtVerifier(
         Settings(
-            jwt_public_key_file=jwks_file, jwt_issuer="https://issuer.example", jwt_audience="threadrun"
+            jwt_public_key_file=jwks_file,
+            jwt_issuer="https://issuer.example",
+            jwt_audience="threadrun",
         )
     )
     assert vj.verify(token).user_id == "alice"

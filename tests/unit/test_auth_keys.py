@@ -95,9 +95,7 @@ def test_a4_cli_create_list_revoke(
 
 @pytest.fixture
 def app(settings: Settings) -> Flask:
-    return create_app(
-        _settings(settings, api_keys=f"{ENV_KEY}:alice", api_key_cache_ttl_s=0.2)
-    )
+    return create_app(_settings(settings, api_keys=f"{ENV_KEY}:alice", api_key_cache_ttl_s=0.2))
 
 
 @pytest.fixture
@@ -138,9 +136,7 @@ def test_g4_no_secret_in_logs_on_auth_failure(
         r = client.get("/threads/x", headers={"Authorization": f"Bearer {cred}"})
         assert r.status_code == 401
         assert cred not in r.get_data(as_text=True)
-    logged = "\n".join(
-        f"{rec.getMessage()} {rec.__dict__}" for rec in caplog.records
-    )
+    logged = "\n".join(f"{rec.getMessage()} {rec.__dict__}" for rec in caplog.records)
     assert "authentication failed" in logged
     password = settings.dsn
     for secret in [*presented, ENV_KEY, secret_jwt, password]:
