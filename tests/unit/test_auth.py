@@ -213,14 +213,19 @@ def test_a4_origin_lists() -> None:
 
 def test_g4_settings_repr_redacts_secrets() -> None:
     """Secrets never appear in the settings' repr, str or JSON dump."""
-    secrets_ = ["pg-pass-123", "key-secret-456", "sk-model-789", "jwt-secret-abc"]
+    secrets_ = ["pg-pass-123", "key-secret-456", "sk-model-789", "jwt-secret-abc", "redis-pw-0"]
     s = Settings(
         database_url=f"postgresql://u:{secrets_[0]}@db/threadrun",  # type: ignore[arg-type]
         api_keys=f"{secrets_[1]}:alice",  # type: ignore[arg-type]
         model_api_key=secrets_[2],  # type: ignore[arg-type]
         jwt_secret=secrets_[3],  # type: ignore[arg-type]
+        redis_url=f"redis://:{secrets_[4]}@cache:6379/0",
     )
-    for text in (repr(s), str(s), s.model_dump_json()):
+    for text in (repr(s), str(s)):
         for secret in secrets_:
             assert secret not in text
+    assert "redis://**@cache:6379/0" in repr(s)
+    for secret in secrets_[:4]:
+        assert secret not in s.model_dump_json()
+    assert s.redis_url.startswith(f"redis://:{secrets_[4]}@")  # the value itself is intact
     assert s.api_key_map == {secrets_[1]: ("alice", "user")}
