@@ -57,7 +57,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # --- the cluster ----------------------------------------------------------------------------------
 NO_USER_LIMITS = {
-    "THREADRUN_RUNS_PER_MINUTE": "60000",  # a divisor of 60,000: app/limits.py needs whole ms
+    "THREADRUN_RUNS_PER_MINUTE": "60000",
     "THREADRUN_MAX_ACTIVE_RUNS": "1000000",
     "THREADRUN_MAX_CONNECTIONS_PER_USER": "1000000",
 }

@@ -301,6 +301,20 @@ def test_k8s_one_deployment_per_role_with_probes_resources_and_non_root() -> Non
     runs = _container(deps["threadrun-runs-worker"])
     assert option(runs["command"], "-c") == "$(THREADRUN_WORKER_CONCURRENCY)"
 
+    # Metrics: web pods on /metrics, workers on THREADRUN_WORKER_METRICS_PORT, each pod's
+    # multi-process files on an emptyDir of its own at THREADRUN_METRICS_DIR.
+    (cm,) = by_kind("ConfigMap").values()
+    port, mdir = cm["data"]["THREADRUN_WORKER_METRICS_PORT"], cm["data"]["THREADRUN_METRICS_DIR"]
+    for name in ("threadrun-web", "threadrun-runs-worker", "threadrun-memory-worker"):
+        pod = deps[name]["spec"]["template"]
+        c = _container(deps[name])
+        (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == mdir]
+        (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+        assert "emptyDir" in vol, name
+        want = "8000" if name == "threadrun-web" else port
+        assert pod["metadata"]["annotations"]["prometheus.io/port"] == want, name
+        assert want in {str(p["containerPort"]) for p in c["ports"]}, name
+
 
 def test_k8s_services_pdbs_and_hpa_select_real_pods() -> None:
     """Services and PodDisruptionBudgets select the pods of a Deployment; the HPA scales the
@@ -355,6 +369,7 @@ def test_k8s_settings_config_parses_and_keeps_the_spec_defaults() -> None:
     fields = {k[10:].lower(): v for k, v in data.items() if k[10:].lower() in Settings.model_fields}
     s = Settings.model_validate({k: v for k, v in fields.items() if v != ""})
     overrides = {"config", "data_dir", "redis_url", "database_url", "api_keys", "model_api_key"}
+    overrides |= {"metrics_dir", "worker_metrics_port"}
     for name in fields:
         if name not in overrides:
             assert getattr(s, name) == getattr(DEFAULTS, name), name
