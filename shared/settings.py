@@ -289,6 +289,13 @@ class Settings(BaseSettings):
             raise ValueError("redis_prefix must not be empty")
         return v if v.endswith(":") else v + ":"
 
+    def __repr_args__(self) -> Any:
+        """repr() without the password a Redis URL may carry (`redis://:pw@host`)."""
+        for name, value in super().__repr_args__():
+            if name == "redis_url" and isinstance(value, str):
+                value = re.sub(r"//([^/@]*)@", "//**@", value)
+            yield name, value
+
     @property
     def dsn(self) -> str:
         """The database URL (secret; never log it)."""
@@ -302,13 +309,6 @@ class Settings(BaseSettings):
         for entry in filter(None, (p.strip() for p in raw.split(","))):
             parts = entry.split(":")
             key, user = parts[0], parts[1] if len(parts) > 1 else ""
-    def __repr_args__(self) -> Any:
-        """repr() without the password a Redis URL may carry (`redis://:pw@host`)."""
-        for name, value in super().__repr_args__():
-            if name == "redis_url" and isinstance(value, str):
-                value = re.sub(r"//([^/@]*)@", "//**@", value)
-            yield name, value
-
             role = parts[2] if len(parts) == 3 else "user"
             if not key or not user or len(parts) > 3 or role not in ("user", "ops"):
                 raise ValueError(
