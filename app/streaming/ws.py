@@ -111,9 +111,32 @@ def ws_thread(ws: Server, thread_id: str) -> None:
     _serve(ws, thread_id)
 
 
+class _WholeFrames:
+    """The upgraded socket, written one whole frame at a time.
+
+    simple-websocket writes with `sock.send()`, ignores a short write, and writes from two
+    threads (our frames; pings from its reader). Once a slow reader's buffers are full a
+    gevent socket's send() writes only what fits, cutting a frame, and two writers could
+    interleave the parts of a large one. `sendall` under one lock prevents both.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+
+    def send(self, data: bytes, flags: int = 0) -> int:
+        with self._lock:
+            self._sock.sendall(data, flags)
+        return len(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
 def _serve(ws: Server, default_thread_id: str | None) -> None:
     # Nothing may escape: after the upgrade an exception would become an HTTP 500 written
     # onto the WebSocket.
+    ws.sock = _WholeFrames(ws.sock)
     session = None
     ticket = TRACKER.open("ws")  # the ops view's open connections
     try:
