@@ -188,6 +188,9 @@ class Settings(BaseSettings):
     ops_runs_limit: int = Field(default=200, ge=1, description="Runs listed by the ops view.")
     ops_token_hours: int = Field(default=24, ge=1, description="Hours of the token chart.")
     ops_refresh_s: float = Field(default=3.0, gt=0, description="Ops page refresh period.")
+    ops_lock_timeout_s: float = Field(
+        default=2.0, gt=0, description="Ops cancel/requeue wait at most this for a locked run."
+    )
     metrics_require_ops: bool = Field(
         default=False, description="GET /metrics needs an ops key (off: scrapers need none)."
     )

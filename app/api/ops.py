@@ -19,7 +19,8 @@ from typing import Literal
 
 from flask import Blueprint, Response, current_app, request, send_from_directory
 from flask.blueprints import BlueprintSetupState
-from pydantic import BaseModel, ConfigDict, Field
+from psycopg.conninfo import make_conninfo
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from werkzeug.exceptions import Forbidden, NotFound
 
 from app.auth import authenticate, require_ops
@@ -32,6 +33,8 @@ from shared.ops.collector import OpsCollector
 from shared.ops.connections import TRACKER, ConnectionReporter
 from shared.ops.store import OpsStore
 from shared.redis_keys import Keys
+from shared.runs.manager import RunManager
+from shared.runs.store import RunStore
 from shared.taskqueue import Dispatcher, make_celery
 
 bp = Blueprint("ops", __name__)
@@ -89,8 +92,15 @@ def _init(state: BlueprintSetupState) -> None:
     settings = svc.settings
     metrics.configure(settings)
     logs.configure(settings)
-    store = OpsStore(make_pool(settings, name="ops", max_size=OPS_POOL_MAX))
+    # Actions wait at most ops_lock_timeout_s for a run row (see shared/ops/actions.py).
+    timeout_ms = int(settings.ops_lock_timeout_s * 1000)
+    dsn = make_conninfo(settings.dsn, options=f"-c lock_timeout={timeout_ms}")
+    ops_settings = settings.model_copy(update={"database_url": SecretStr(dsn)})
+    pool = make_pool(ops_settings, name="ops", max_size=OPS_POOL_MAX)
+    store = OpsStore(pool)
     celery = make_celery(settings)
+    dispatcher = Dispatcher(celery)
+    manager = RunManager(RunStore(pool), dispatcher, svc.redis, Keys(settings.redis_prefix))
     reporter = ConnectionReporter(
         svc.redis, Keys(settings.redis_prefix), TRACKER, settings.ops_report_s
     )
@@ -98,7 +108,7 @@ def _init(state: BlueprintSetupState) -> None:
     atexit.register(reporter.stop)
     app.extensions["threadrun_ops"] = OpsServices(
         collector=OpsCollector(settings, store, svc.redis, celery),
-        actions=OpsActions(settings, svc.runs, store, Dispatcher(celery), svc.redis),
+        actions=OpsActions(settings, manager, store, dispatcher, svc.redis),
         reporter=reporter,
     )
 
@@ -194,12 +204,13 @@ def run(run_id: str) -> Response:
 
 @bp.post("/ops/api/runs/<run_id>/cancel")
 def cancel(run_id: str) -> Response:
-    """Cancel any user's run; audited."""
+    """Cancel any user's run; audited. 409 `locked` when the run row stays locked."""
     who = require_ops()
     rid = _run_id(run_id)
     body = parse_body(OpsCancel, allow_empty=True)
     res = _ops().actions.cancel(who.user_id, rid, body.action)
-    return json_response({"outcome": res.outcome, "ok": res.ok, "audit": res.audit})
+    doc = {"outcome": res.outcome, "ok": res.ok, "audit": res.audit}
+    return json_response(doc, status=409 if res.outcome == "locked" else 200)
 
 
 @bp.post("/ops/api/runs/<run_id>/requeue")

@@ -6,6 +6,10 @@ reaper: a cancel is `RunManager.cancel`; a requeue of a running run is `RunStore
 is gone and the run has not been touched for a lease TTL (the reaper's own rule), and a
 requeue of a pending run is a re-dispatch, allowed only when the run was never dispatched.
 A duplicate dispatch is harmless: the claim lets one executor in (L3).
+
+The caller gives a manager whose store's connections carry a `lock_timeout`
+(`ops_lock_timeout_s`): an owner frozen inside a transaction (e.g. mid checkpoint write,
+holding its run row) makes the action answer `locked` instead of hanging the request.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import redis
 
 from shared.errors import RunNotFound
@@ -39,6 +44,7 @@ class RequeueOutcome(enum.Enum):
     ALREADY_DISPATCHED = "already_dispatched"  # pending and in the queue already
     NOT_INFLIGHT = "not_inflight"  # terminal
     RACED = "raced"  # the run changed between our read and the fenced write
+    LOCKED = "locked"  # the run row stayed locked past `ops_lock_timeout_s`
 
     @property
     def done(self) -> bool:
@@ -79,11 +85,16 @@ class OpsActions:
         if run is None:
             self._audit(actor, "cancel", run_id, {"action": action}, "not_found", {})
             raise RunNotFound(f"run {run_id} not found")
-        outcome = self._manager.cancel(
-            owner=run["user_id"], thread_id=run["thread_id"], run_id=run_id, action=action
-        )
-        ok = outcome in (CancelOutcome.CANCELLED, CancelOutcome.REQUESTED)
         detail = {"status_before": run["status"], "epoch": run["owner_epoch"]}
+        try:
+            outcome = self._manager.cancel(
+                owner=run["user_id"], thread_id=run["thread_id"], run_id=run_id, action=action
+            )
+        except psycopg.errors.LockNotAvailable:
+            locked = RequeueOutcome.LOCKED.value
+            audit = self._audit(actor, "cancel", run_id, {"action": action}, locked, detail)
+            return ActionResult(locked, False, audit)
+        ok = outcome in (CancelOutcome.CANCELLED, CancelOutcome.REQUESTED)
         audit = self._audit(actor, "cancel", run_id, {"action": action}, outcome.value, detail)
         return ActionResult(outcome.value, ok, audit)
 
@@ -94,7 +105,10 @@ class OpsActions:
         if run is None:
             self._audit(actor, "requeue", run_id, params, "not_found", {})
             raise RunNotFound(f"run {run_id} not found")
-        outcome = self._requeue(run, f"ops requeue by {actor}: {reason}")
+        try:
+            outcome = self._requeue(run, f"ops requeue by {actor}: {reason}")
+        except psycopg.errors.LockNotAvailable:
+            outcome = RequeueOutcome.LOCKED
         detail = {
             "status_before": run["status"],
             "epoch": run["owner_epoch"],

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -302,7 +303,7 @@ def test_requeue_of_a_run_whose_owner_froze(ops_cluster: Cluster, store: RunStor
     row = store.get_run_by_id(rid)
     assert row is not None
     pid = int(row["owner"].split(":")[1])
-    os.kill(pid, signal.SIGSTOP)
+    freeze_outside_a_transaction(pid, ops_cluster.settings)
     try:
         with client(ops_cluster) as ops:
 
@@ -322,6 +323,47 @@ def test_requeue_of_a_run_whose_owner_froze(ops_cluster: Cluster, store: RunStor
     assert wait_status(store, rid) == "success"
     final = store.get_run_by_id(rid)
     assert final is not None and final["attempt"] == 2 and final["owner_epoch"] == 2
+
+
+def freeze_outside_a_transaction(pid: int, settings: Settings) -> None:
+    """SIGSTOP the worker at a moment none of its database sessions is inside a transaction
+    (a session frozen mid-transaction keeps its row locks; see the `locked` test)."""
+    for _ in range(50):
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.3)
+        with psycopg.connect(settings.dsn) as conn:
+            row = conn.execute(BUSY_SESSIONS_SQL).fetchone()
+        if row is not None and row[0] == 0:
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError("the worker was always inside a transaction")
+
+
+BUSY_SESSIONS_SQL = """
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND state IN ('active', 'idle in transaction')
+"""
+
+
+def test_actions_on_a_locked_run_answer_locked(ops_cluster: Cluster, store: RunStore) -> None:
+    """A transaction holding the run's rows (as an owner frozen mid-write does): ops cancel
+    gives up after ops_lock_timeout_s with `locked` (409, audited) instead of hanging."""
+    run = new_run(ops_cluster, tokens=1000, delay_ms=50)
+    rid = run["run_id"]
+    wait_status(store, rid, frozenset({"running"}))
+    with psycopg.connect(ops_cluster.settings.dsn) as holder:
+        holder.execute("SELECT 1 FROM threads WHERE thread_id = %s FOR UPDATE", [run["thread_id"]])
+        with client(ops_cluster) as ops:
+            res = ops.post(f"/ops/api/runs/{rid}/cancel")
+            assert res.status_code == 409 and res.json()["outcome"] == "locked"
+        holder.rollback()
+    with client(ops_cluster) as ops:
+        assert ops.post(f"/ops/api/runs/{rid}/cancel").json()["outcome"] == "requested"
+        audit = ops.get("/ops/api/audit", params={"run_id": rid}).json()["audit"]
+    assert [a["result"] for a in audit] == ["requested", "locked"]
+    assert wait_status(store, rid) == "interrupted"
 
 
 def test_metrics_parse_and_have_the_contract(ops_cluster: Cluster, store: RunStore) -> None:
@@ -410,3 +452,38 @@ def test_flower_sees_our_workers_with_auth(ops_cluster: Cluster) -> None:
         assert wait_for(queues, 10, "flower to list the worker") == ["memory", "runs"]
     finally:
         Proc("flower", proc, Path(os.devnull)).stop()
+
+
+def test_ops_page_draws_live_figures_and_cancels(ops_cluster: Cluster, store: RunStore) -> None:
+    """The page in headless Chromium: it fills the panels from the API, refreshes live, and
+    its cancel button cancels a running run (audited) with no script error."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS
+
+    run = new_run(ops_cluster, tokens=1000, delay_ms=50)  # runs until cancelled
+    rid = run["run_id"]
+    wait_status(store, rid, frozenset({"running"}))
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.goto(f"{ops_cluster.url}/ops?api_key={OPS}")
+            row = page.locator("#runs tbody tr", has_text=rid[:8])
+            row.wait_for(timeout=10_000)
+            assert page.locator("#queues tbody tr").count() == 2
+            row.locator("button", has_text="cancel").click()
+            page.locator("#action-result", has_text="requested").wait_for(timeout=10_000)
+            page.locator("#audit tbody tr", has_text="requested").first.wait_for(timeout=10_000)
+            first = page.locator("#status").inner_text()
+            page.wait_for_function(
+                "t => document.getElementById('status').textContent !== t", arg=first
+            )  # refreshed live
+            assert page.locator("#status").inner_text().startswith("updated")
+        finally:
+            browser.close()
+    assert wait_status(store, rid) == "interrupted"
+    assert errors == []
