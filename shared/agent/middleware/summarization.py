@@ -375,7 +375,8 @@ def compact_thread(
     """Manual compact through the state accessor; never starts an agent node (C1, C2, S5).
 
     Raises `NothingToCompact` or `SummaryFailed` (distinct answers); the state is
-    unchanged in both cases.
+    unchanged in both cases. There is no run (and no run journal) here: the source and
+    output hashes go to the log line and the response instead.
     """
     values = accessor.get(thread_id, graph_id)["values"] or {}
     messages = messages_from_json(values.get("messages") or [])
