@@ -37,9 +37,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     ):
         app.register_blueprint(bp)
     ws.init_app(app)  # flask-sock: /ws and /threads/<thread_id>/ws (A2)
-    from app.api import ops
-
-    app.register_blueprint(ops.bp)  # the ops view and /metrics (issue 8)
     from app.api import memory
 
     app.register_blueprint(memory.bp)  # memory facts and /compact (issue 7)

@@ -16,7 +16,6 @@ from pydantic.json_schema import models_json_schema
 
 from app import schemas
 from app.api import events as events_api
-from app.api import ops as ops_api
 from app.api import memory as memory_api
 from app.api import ops as ops_api
 from app.api.meta import VERSION
