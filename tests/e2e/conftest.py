@@ -28,6 +28,13 @@ FAST_LEASES = {
 }
 """Short leases and a fast reaper, for clusters whose tests kill or freeze owners."""
 ALICE, BOB = "key-alice", "key-bob"
+NO_USER_LIMITS = {
+    "THREADRUN_RUNS_PER_MINUTE": "100000",
+    "THREADRUN_MAX_ACTIVE_RUNS": "100000",
+    "THREADRUN_MAX_CONNECTIONS_PER_USER": "100000",
+}
+"""Per-user limits (A4) every Cluster gets unless its env sets them: tests that push many runs
+through one user are not about limits (tests/e2e/test_limits.py is)."""
 
 
 def free_port() -> int:
@@ -68,6 +75,10 @@ class Cluster:
     logs: Path
     procs: list[Proc] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name, value in NO_USER_LIMITS.items():
+            self.env.setdefault(name, value)
 
     @property
     def url(self) -> str:
