@@ -161,3 +161,33 @@ def test_a4_stored_key_turns_open_mode_off(settings: Settings, store: ApiKeyStor
     time.sleep(0.15)
     assert client.post("/threads/count").status_code == 401
     assert client.post("/threads/count", headers={"x-api-key": secret}).status_code == 200
+
+
+def test_a4_bearer_jwt_over_http(settings: Settings) -> None:
+    """A4: a valid bearer JWT authenticates as its `sub`; the role claim grants ops (403 without)."""
+    import jwt as pyjwt
+
+    secret = "jwt-http-secret-0123456789abcdef0123"
+    app = create_app(
+        _settings(settings, jwt_secret=secret, jwt_issuer="iss-t", jwt_audience="aud-t")
+    )
+    client = app.test_client()
+
+    def bearer(**claims: Any) -> dict[str, str]:
+        body = {"iss": "iss-t", "aud": "aud-t", "exp": int(time.time()) + 60, **claims}
+        return {"Authorization": f"Bearer {pyjwt.encode(body, secret, algorithm='HS256')}"}
+
+    r = client.post("/threads", json={}, headers=bearer(sub="gina"))
+    assert r.status_code == 200
+    tid = r.get_json()["thread_id"]
+    assert client.get(f"/threads/{tid}", headers=bearer(sub="gina")).status_code == 200
+    assert client.get(f"/threads/{tid}", headers=bearer(sub="hank")).status_code == 404
+    assert client.post("/threads/count", headers=bearer(sub="gina", aud="x")).status_code == 401
+    assert client.post("/threads/count").status_code == 401  # JWT configured: no open mode
+    ops_path = next(
+        r.rule
+        for r in app.url_map.iter_rules()
+        if r.rule.startswith("/ops/api/") and not r.arguments and "GET" in (r.methods or ())
+    )
+    assert client.get(ops_path, headers=bearer(sub="gina")).status_code == 403
+    assert client.get(ops_path, headers=bearer(sub="ivy", role="ops")).status_code == 200
