@@ -242,6 +242,11 @@ class Settings(BaseSettings):
     memory_debounce_s: float = Field(
         default=30.0, ge=0, description="Debounce window per agent/user/thread (M4)."
     )
+    memory_max_wait_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="A bucket is extracted at most this long after its first update.",
+    )
     memory_backlog_limit: int = Field(
         default=1000, ge=1, description="Backlog past which ordinary updates are skipped (M5)."
     )
@@ -257,6 +262,12 @@ class Settings(BaseSettings):
     )
     memory_model: str | None = Field(
         default=None, description="Model for memory extraction; unset = `model` (M4)."
+    )
+    memory_db_pool_max: int = Field(
+        default=4, ge=1, description="Memory store connections per process."
+    )
+    memory_list_max: int = Field(
+        default=500, ge=1, description="Largest page of GET /memory/facts (M6)."
     )
 
     # --- database -----------------------------------------------------------------

@@ -20,12 +20,10 @@ from shared.agent.middleware.summarization import (
     build_summarizer,
     compact_thread,
 )
-from shared.errors import Conflict
+from shared.errors import Conflict, ValidationFailed
 from shared.memory.services import memory_manager
 
 bp = Blueprint("memory", __name__)
-
-MAX_FACTS_PAGE = 500
 
 
 class FactsQuery(BaseModel):
@@ -33,14 +31,19 @@ class FactsQuery(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     agent_name: str | None = Field(default=None, min_length=1, max_length=200)
-    limit: int = Field(default=100, ge=1, le=MAX_FACTS_PAGE)
+    limit: int = Field(default=100, ge=1)
 
 
 @bp.get("/memory/facts")
 def list_facts() -> Response:
     """The caller's memory facts, newest first."""
     q = parse_query(FactsQuery)
-    manager = memory_manager(current_services().settings)
+    settings = current_services().settings
+    if q.limit > settings.memory_list_max:
+        raise ValidationFailed(
+            f"limit: at most {settings.memory_list_max}", field="limit", status=422
+        )
+    manager = memory_manager(settings)
     facts = manager.list_facts(principal().user_id, q.agent_name, q.limit)
     return json_response({"facts": [f.as_json() for f in facts]})
 

@@ -8,8 +8,10 @@ once and only a *due* bucket becomes a Celery task:
 
 - `updates:<bucket>` — a list of the bucket's admitted updates (JSON), in order;
 - `due` — a sorted set bucket -> due time; each admission moves the time to
-  now + debounce (latest wins), an urgent one to now, and an urgent bucket is never
-  pushed back by a later ordinary admission (`urgent` hash);
+  now + debounce (latest wins), but never past the bucket's first admission + max wait
+  (`first` hash), so a thread that keeps talking is still extracted; an urgent
+  admission makes it due now, and an urgent bucket is never pushed back by a later
+  ordinary admission (`urgent` hash);
 - `claims`/`leases` — a drain pass (`claim`) atomically renames a due bucket's list to
   `batch:<token>` and leases the token until now + claim_ttl; then it sends the
   extraction task with the token. The task acks (`ack`) after the facts are stored.
@@ -39,8 +41,9 @@ import redis
 
 from shared.memory.base import AdmitOutcome, MemoryUpdate
 
-# KEYS: due, updates:<bucket>, leases, stats, urgent
-# ARGV: bucket, update JSON, due time, backlog limit, priority (0|1), urgent (0|1), now
+# KEYS: due, updates:<bucket>, leases, stats, urgent, first
+# ARGV: bucket, update JSON, now + debounce, backlog limit, priority (0|1), urgent (0|1),
+#       now, max wait
 # Returns 0 skipped, 1 admitted (new pending bucket), 2 merged into a pending bucket.
 ADMIT_LUA = """
 local pending = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -56,7 +59,13 @@ if ARGV[6] == '1' then
   redis.call('HSET', KEYS[5], ARGV[1], '1')
   redis.call('ZADD', KEYS[1], ARGV[7], ARGV[1])
 elseif redis.call('HEXISTS', KEYS[5], ARGV[1]) == 0 then
-  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+  local first = redis.call('HGET', KEYS[6], ARGV[1])
+  if not first then
+    redis.call('HSET', KEYS[6], ARGV[1], ARGV[7])
+    first = ARGV[7]
+  end
+  local due = math.min(tonumber(ARGV[3]), tonumber(first) + tonumber(ARGV[8]))
+  redis.call('ZADD', KEYS[1], due, ARGV[1])
 end
 if pending then
   redis.call('HINCRBY', KEYS[4], 'merged', 1)
@@ -66,7 +75,7 @@ redis.call('HINCRBY', KEYS[4], 'admitted', 1)
 return 1
 """
 
-# KEYS: due, updates:<bucket>, batch:<token>, leases, claims, urgent
+# KEYS: due, updates:<bucket>, batch:<token>, leases, claims, urgent, first
 # ARGV: bucket, token, now, lease deadline
 # Returns 1 when the bucket was due and is now the leased batch <token>, else 0.
 CLAIM_LUA = """
@@ -74,6 +83,7 @@ local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not s or tonumber(s) > tonumber(ARGV[3]) then return 0 end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[6], ARGV[1])
+redis.call('HDEL', KEYS[7], ARGV[1])
 if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 redis.call('RENAME', KEYS[2], KEYS[3])
 redis.call('ZADD', KEYS[4], ARGV[4], ARGV[2])
@@ -131,6 +141,11 @@ class MemoryKeys:
         return self._k("urgent")
 
     @property
+    def first(self) -> str:
+        """Hash: pending bucket -> time of its first admission (bounds the debounce)."""
+        return self._k("first")
+
+    @property
     def leases(self) -> str:
         """Sorted set: claimed batch token -> lease deadline."""
         return self._k("leases")
@@ -169,6 +184,7 @@ class MemoryQueue:
         prefix: str,
         *,
         debounce_s: float,
+        max_wait_s: float | None = None,
         backlog_limit: int,
         claim_ttl_s: float,
         max_attempts: int,
@@ -177,6 +193,7 @@ class MemoryQueue:
         self.redis = client
         self.keys = MemoryKeys(prefix)
         self.debounce_s = debounce_s
+        self.max_wait_s = max_wait_s if max_wait_s is not None else 10 * debounce_s
         self.backlog_limit = backlog_limit
         self.claim_ttl_s = claim_ttl_s
         self.max_attempts = max_attempts
@@ -192,7 +209,7 @@ class MemoryQueue:
         bucket = bucket_of(update.agent_name, update.user_id, update.thread_id)
         now = self.clock()
         code = self._admit(
-            keys=[k.due, k.updates(bucket), k.leases, k.stats, k.urgent],
+            keys=[k.due, k.updates(bucket), k.leases, k.stats, k.urgent, k.first],
             args=[
                 bucket,
                 json.dumps(update.as_json()),
@@ -201,6 +218,7 @@ class MemoryQueue:
                 "1" if update.priority else "0",
                 "1" if update.urgent else "0",
                 now,
+                self.max_wait_s,
             ],
         )
         return {0: AdmitOutcome.SKIPPED, 1: AdmitOutcome.ADMITTED}.get(
@@ -216,7 +234,15 @@ class MemoryQueue:
             bucket = raw.decode() if isinstance(raw, bytes) else str(raw)
             token = uuid.uuid4().hex
             claimed = self._claim(
-                keys=[k.due, k.updates(bucket), k.batch(token), k.leases, k.claims, k.urgent],
+                keys=[
+                    k.due,
+                    k.updates(bucket),
+                    k.batch(token),
+                    k.leases,
+                    k.claims,
+                    k.urgent,
+                    k.first,
+                ],
                 args=[bucket, token, now, now + self.claim_ttl_s],
             )
             if int(claimed) == 1:

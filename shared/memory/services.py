@@ -19,8 +19,6 @@ from shared.memory.postgres import PostgresMemoryBackend
 from shared.memory.queue import MemoryQueue
 from shared.settings import Settings
 
-MEMORY_POOL_MAX = 4
-
 _managers: dict[tuple[str, str, str, str], MemoryManager] = {}
 _lock = threading.Lock()
 
@@ -29,7 +27,7 @@ def make_backend(settings: Settings) -> MemoryBackend:
     """The backend `settings.memory_backend` names (M1)."""
     spec = settings.memory_backend
     if spec == "postgres":
-        pool = make_pool(settings, name="memory", max_size=MEMORY_POOL_MAX)
+        pool = make_pool(settings, name="memory", max_size=settings.memory_db_pool_max)
         return PostgresMemoryBackend(pool, owns_pool=True)
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
@@ -47,6 +45,7 @@ def make_queue(settings: Settings, client: redis.Redis) -> MemoryQueue:
         client,
         settings.redis_prefix,
         debounce_s=settings.memory_debounce_s,
+        max_wait_s=settings.memory_max_wait_s,
         backlog_limit=settings.memory_backlog_limit,
         claim_ttl_s=settings.memory_claim_ttl_s,
         max_attempts=settings.memory_max_attempts,

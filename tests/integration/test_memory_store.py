@@ -131,6 +131,21 @@ def test_m4_burst_of_20_is_one_batch_latest_wins_messages_merged(
     assert q.backlog() == 0 and q.counters()["extracted"] == 1
 
 
+def test_m4_debounce_never_postpones_a_bucket_past_its_max_wait(
+    queue_parts: tuple[MemoryQueue, Clock, redis.Redis],
+) -> None:
+    q, clock, _ = queue_parts  # debounce 30 s, max wait 10 x debounce
+    m = manager(q)
+    deadline = clock.now + q.max_wait_s
+    for i in range(15):  # an update every 20 s keeps the debounce window open
+        m.add("chatty", said(f"message {i}", i), "agent", "alice")
+        clock.now += 20
+        if clock.now < deadline:
+            assert q.claim_due(10) == []
+    assert clock.now == deadline
+    assert len(q.claim_due(10)) == 1
+
+
 def test_m4_keeps_only_user_inputs_and_final_replies(
     queue_parts: tuple[MemoryQueue, Clock, redis.Redis],
 ) -> None:
