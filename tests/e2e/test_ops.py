@@ -487,3 +487,85 @@ def test_ops_page_draws_live_figures_and_cancels(ops_cluster: Cluster, store: Ru
             browser.close()
     assert wait_status(store, rid) == "interrupted"
     assert errors == []
+
+
+def _metric(c: Cluster, name: str) -> float:
+    text = httpx.get(f"{c.url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and not s.labels:
+                return float(s.value)
+    raise AssertionError(f"{name} not exported")
+
+
+def test_gaps_sent_are_counted_over_sse_and_ws(ops_cluster: Cluster, store: RunStore) -> None:
+    """B5 + metrics: a join on a finished run whose stream expired gets a gap, over SSE and
+    over the WebSocket; /metrics and the ops view count both."""
+    import redis
+    from websockets.sync.client import connect
+
+    from shared.redis_keys import Keys
+
+    run = new_run(ops_cluster, tokens=2)
+    rid, tid = run["run_id"], run["thread_id"]
+    wait_status(store, rid)
+    r = redis.Redis.from_url(ops_cluster.settings.redis_url)
+    keys = Keys(ops_cluster.settings.redis_prefix)
+    r.delete(keys.stream(rid), keys.stream_meta(rid))  # as if it had expired
+    r.close()
+    before = _metric(ops_cluster, "threadrun_stream_gaps_total")
+    with client(ops_cluster, ALICE) as alice:
+        body = alice.get(f"/threads/{tid}/runs/{rid}/stream", headers={"Last-Event-ID": "-1"})
+        assert "event: gap" in body.text
+    ws_url = ops_cluster.url.replace("http://", "ws://") + f"/threads/{tid}/ws?api_key={ALICE}"
+    with connect(ws_url, open_timeout=10) as ws:
+        ws.send(json.dumps({"type": "run.join", "run_id": rid, "last_event_id": "-1"}))
+        frame = json.loads(ws.recv(timeout=10))
+        while frame["type"] not in ("gap", "error", "end"):
+            frame = json.loads(ws.recv(timeout=10))
+    assert frame["type"] == "gap" and frame["run_id"] == rid, frame
+    assert _metric(ops_cluster, "threadrun_stream_gaps_total") == before + 2
+    with client(ops_cluster) as ops:
+        assert ops.get("/ops/api/overview").json()["gaps_sent_this_host"] == before + 2
+
+
+def test_cli_status_runs_workers_queues_and_actions(
+    ops_cluster: Cluster, store: RunStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`threadrun status|runs|workers|queues|migrate` against the cluster with the ops key;
+    a user key is refused with exit 1."""
+    from shared.cli import main
+
+    base = ["--url", ops_cluster.url, "--api-key", OPS]
+    run = new_run(ops_cluster, tokens=1000, delay_ms=50)
+    rid = run["run_id"]
+    wait_status(store, rid, frozenset({"running"}))
+
+    assert main(["status", *base]) == 0
+    out = capsys.readouterr().out
+    assert "running 1" in out and "queue     runs:" in out and "memory    backlog" in out
+    assert main(["runs", "list", *base]) == 0
+    assert rid in capsys.readouterr().out
+    assert main(["runs", "show", rid, *base]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == rid
+    assert main(["workers", *base]) == 0
+    assert "memory,runs" in capsys.readouterr().out
+    assert main(["queues", "--json", *base]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == {"runs", "memory"}
+    assert main(["runs", "requeue", rid, *base]) == 1  # its lease is held
+    assert "lease_held" in capsys.readouterr().out
+    assert main(["runs", "cancel", rid, *base]) == 0
+    assert f"cancel {rid}: requested" in capsys.readouterr().out
+    assert main(["status", "--url", ops_cluster.url, "--api-key", ALICE]) == 1
+    assert "403" in capsys.readouterr().err
+    assert wait_status(store, rid) == "interrupted"
+    env = {**os.environ, **settings_env(ops_cluster.settings)}
+    done = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "migrate"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 0 and "schema up to date" in done.stdout, done.stderr
