@@ -44,7 +44,11 @@ class MemoryWorker:
             self.proc = subprocess.Popen(
                 argv, env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT
             )
-        wait_for(lambda: "memory drain started" in self.text(), 60, self.text)
+        try:
+            wait_for(lambda: "memory drain started" in self.text(), 60, self.text)
+        except BaseException:
+            self.stop(signal.SIGKILL)
+            raise
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
