@@ -249,7 +249,11 @@ class OpsGauges(Collector):
         self._figures = figures
 
     def collect(self) -> Iterable[Metric]:
-        f = self._figures()
+        try:
+            f = self._figures()
+        except Exception:  # noqa: BLE001 - Redis/Postgres down: the counters still export
+            log.exception("ops gauges unavailable for this scrape")
+            return
         runs = GaugeMetricFamily(f"{PREFIX}runs", "Runs by status.", labels=["status"])
         by_status = f["runs_by_status"]
         for status in sorted(set(RUN_STATUSES) | set(by_status)):

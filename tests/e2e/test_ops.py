@@ -243,6 +243,15 @@ def test_inflight_run_lease_stream_and_sse_subscriber(
         assert 0 < mine["lease"]["ttl_s"] <= 3
         worker = next(w for w in o["workers"] if w["name"].startswith("ops-"))
         assert rid in worker["active_runs"]
+        with client(ops_cluster) as ops:
+            streams = ops.get("/ops/api/streams").json()
+            mine_s = next(s for s in streams["streams"] if s["run_id"] == rid)
+            assert mine_s["length"] > 0 and mine_s["subscribers"] >= 1
+            assert streams["connections"]["web_processes"] == 1
+            workers = ops.get("/ops/api/workers").json()
+            assert workers["online"] == {"runs": 1, "memory": 1}
+            assert rid in workers["workers"][0]["active_runs"]
+            assert set(ops.get("/ops/api/queues").json()) == {"runs", "memory"}
     with client(ops_cluster) as ops:
         ops.post(f"/ops/api/runs/{rid}/cancel")
     wait_status(store, rid)

@@ -111,6 +111,18 @@ def test_gauges_come_from_the_figures_at_scrape_time(multiproc: Path) -> None:
     assert s[("threadrun_memory_updates_skipped_total", ())] == 2
 
 
+def test_a_failing_figures_source_drops_only_the_gauges(multiproc: Path) -> None:
+    """With Redis or Postgres down the scrape still answers with the counters."""
+
+    def broken() -> dict[str, Any]:
+        raise ConnectionError("redis is down")
+
+    metrics.run_started()
+    s = _samples(metrics.render(metrics.OpsGauges(broken)).decode())
+    assert s[("threadrun_runs_started_total", ())] == 1
+    assert not [k for k in s if k[0] == "threadrun_queue_depth"]
+
+
 def test_counter_values_and_a_failing_hook_never_raise(
     multiproc: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
