@@ -191,3 +191,37 @@ def test_a4_bearer_jwt_over_http(settings: Settings) -> None:
     )
     assert client.get(ops_path, headers=bearer(sub="gina")).status_code == 403
     assert client.get(ops_path, headers=bearer(sub="ivy", role="ops")).status_code == 200
+
+
+def test_a4_migration_0003_schema(settings: Settings) -> None:
+    """A4: migration 0003 declares the key table: hash and prefix unique, role checked."""
+    with psycopg.connect(settings.dsn) as conn:
+        cols = dict(
+            conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns"
+                " WHERE table_name = 'api_keys'"
+            ).fetchall()
+        )
+        uniques = {
+            r[0]
+            for r in conn.execute(
+                "SELECT indexdef FROM pg_indexes WHERE tablename = 'api_keys'"
+            ).fetchall()
+        }
+    assert cols == {
+        "key_id": "uuid",
+        "prefix": "text",
+        "key_hash": "bytea",
+        "user_id": "text",
+        "role": "text",
+        "name": "text",
+        "created_at": "timestamp with time zone",
+        "revoked_at": "timestamp with time zone",
+    }
+    assert any("UNIQUE" in d and "(key_hash)" in d for d in uniques)
+    assert any("UNIQUE" in d and "(prefix)" in d for d in uniques)
+    with pytest.raises(psycopg.errors.CheckViolation), psycopg.connect(settings.dsn) as conn:
+        conn.execute(
+            "INSERT INTO api_keys (key_id, prefix, key_hash, user_id, role)"
+            " VALUES (gen_random_uuid(), 'p', 'h', 'u', 'root')"
+        )
