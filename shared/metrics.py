@@ -178,12 +178,16 @@ def run_started() -> None:
     _safe(lambda i: i.runs_started.inc())
 
 
-def run_finished(status: str, duration_s: float, usage: Mapping[str, Any] | None = None) -> None:
-    """A worker wrote a run's terminal status; `usage` is the run's usage summary (J2)."""
+def run_finished(
+    status: str, duration_s: float | None, usage: Mapping[str, Any] | None = None
+) -> None:
+    """A worker (or the reaper, with no duration) wrote a run's terminal status; `usage` is
+    the run's usage summary (J2)."""
 
     def count(i: Instruments) -> None:
         i.runs_finished.labels(status=status).inc()
-        i.run_duration.observe(max(duration_s, 0.0))
+        if duration_s is not None:
+            i.run_duration.observe(max(duration_s, 0.0))
         total = (usage or {}).get("total") or {}
         for kind in TOKEN_KINDS:
             n = total.get(f"{kind}_tokens")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from shared import serde
+from shared import metrics, serde
 from shared.bridge.base import END_EVENT
 from shared.bridge.publisher import PublishCall
 from shared.leases import lease_value
@@ -49,6 +49,7 @@ async def reap_once(rt: WorkerRuntime) -> dict[str, int]:
             continue
         if await fail_run(rt, run_id, epoch, reason):
             counts["failed"] += 1
+            metrics.run_finished("error", None)  # L5: its owners kept dying
     return counts
 
 

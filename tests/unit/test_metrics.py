@@ -111,6 +111,14 @@ def test_gauges_come_from_the_figures_at_scrape_time(multiproc: Path) -> None:
     assert s[("threadrun_memory_updates_skipped_total", ())] == 2
 
 
+def test_a_reaped_run_counts_as_finished_without_a_duration(multiproc: Path) -> None:
+    """L5: the reaper ends a run `error` with no attempt to time; the histogram is untouched."""
+    metrics.run_finished("error", None)
+    s = _samples(metrics.render(None).decode())
+    assert s[("threadrun_runs_finished_total", (("status", "error"),))] == 1
+    assert s[("threadrun_run_duration_seconds_count", ())] == 0
+
+
 def test_a_failing_figures_source_drops_only_the_gauges(multiproc: Path) -> None:
     """With Redis or Postgres down the scrape still answers with the counters."""
 
