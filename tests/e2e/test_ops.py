@@ -66,6 +66,7 @@ def ops_cluster(
             "THREADRUN_OPS_REPORT_S": "0.5",
             "THREADRUN_OPS_INSPECT_CACHE_S": "0",
             "THREADRUN_FLOWER_BASIC_AUTH": FLOWER_AUTH,
+            "THREADRUN_WORKER_METRICS_PORT": str(free_port()),
         }
         env.pop("THREADRUN_CONFIG", None)
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
@@ -403,6 +404,12 @@ def test_metrics_parse_and_have_the_contract(ops_cluster: Cluster, store: RunSto
         assert ("threadrun_fenced_writes_total", (("sink", sink),)) in samples
     for transport in ("sse", "ws"):
         assert ("threadrun_connections_open", (("transport", transport),)) in samples
+    # The worker serves the same counters itself (k8s scrapes each worker pod).
+    port = ops_cluster.env["THREADRUN_WORKER_METRICS_PORT"]
+    own = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+    names = {f.name for f in text_string_to_metric_families(own.text)}
+    assert {"threadrun_runs_started", "threadrun_tokens", "threadrun_fenced_writes"} <= names
+    assert "threadrun_queue_depth" not in names  # gauges come from the web processes
 
 
 def test_worker_logs_are_json_with_run_identities(ops_cluster: Cluster, store: RunStore) -> None:
