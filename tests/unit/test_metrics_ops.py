@@ -70,3 +70,30 @@ def test_tracker_counts_connections_and_subscribers() -> None:
     for ticket in (a, b, c):
         t.close(ticket)
     assert t.snapshot() == {}
+
+
+def test_task_events_follow_the_setting() -> None:
+    """Flower needs task events: on by default (worker and sent events), off by setting."""
+    from shared.settings import Settings
+    from shared.taskqueue import make_celery
+
+    on = make_celery(Settings(redis_prefix="t:"))
+    assert on.conf.worker_send_task_events and on.conf.task_send_sent_event
+    off = make_celery(Settings(redis_prefix="t:", task_events=False))
+    assert not off.conf.worker_send_task_events and not off.conf.task_send_sent_event
+    assert {q.name for q in on.conf.task_queues} == {"runs", "memory"}
+
+
+def test_flower_spec_keeps_the_password_out_of_argv() -> None:
+    """`--flower` / `make flower`: Flower on flower_port; basic auth only through the env."""
+    from pydantic import SecretStr
+
+    from shared.settings import Settings
+    from shared.supervisor import flower_env, flower_spec
+
+    s = Settings(flower_port=5601, flower_basic_auth=SecretStr("ops:pw"))
+    spec = flower_spec(s)
+    assert spec.name == "flower" and "flower" in spec.argv and "--port=5601" in spec.argv
+    assert not any("pw" in a for a in spec.argv)
+    assert flower_env(s) == {"FLOWER_BASIC_AUTH": "ops:pw"}
+    assert flower_env(Settings()) == {}
