@@ -276,6 +276,16 @@ class Settings(BaseSettings):
         ge=1,
         description="Checkpoint savers per worker process (each serialises its own writes).",
     )
+    checkpoint_mode: Literal["full", "delta"] = Field(
+        default="full",
+        description=(
+            "S4: 'full' (plain channels) or 'delta' (messages as a DeltaChannel). Fixed per"
+            " deployment; see shared/state/modes.py for the full -> delta migration."
+        ),
+    )
+    checkpoint_snapshot_every: int = Field(
+        default=10, ge=1, description="S4: delta mode writes a full snapshot every K updates."
+    )
     db_pool_min: int = Field(default=1, ge=0)
     db_pool_max: int = Field(default=20, ge=1)
 

@@ -227,18 +227,18 @@ async def graph_input(rt: WorkerRuntime, attempt: RunAttempt) -> Any:
     """The input of this attempt: the request's, or None to resume from the checkpoint (L5).
 
     The first attempt that gets here records the pre-run rollback point (R5) before the
-    graph writes anything: the head checkpoint's id, or '' for a thread with none yet.
-    A later attempt that finds the head moved past that point resumes from the head.
+    graph writes anything: the head checkpoint's id ('' for a thread with none yet) and a
+    copy of its pending writes. A later attempt that finds the head moved past that
+    point resumes from the head.
     """
     run = attempt.run
-    head_id = await rt.state.ahead_id(attempt.thread_id) or ""
-    pre = run.get("pre_run_checkpoint_id")
-    if pre is None:
+    if run.get("pre_run_checkpoint_id") is None:
+        head_id, writes = await rt.state.arollback_point(attempt.thread_id)
         await asyncio.to_thread(
-            rt.store.set_pre_run_checkpoint, attempt.run_id, attempt.epoch, head_id
+            rt.store.set_pre_run_checkpoint, attempt.run_id, attempt.epoch, head_id or "", writes
         )
-        run["pre_run_checkpoint_id"] = head_id
-    elif head_id != pre:
+        run["pre_run_checkpoint_id"], run["pre_run_writes"] = head_id or "", writes
+    elif (await rt.state.ahead_id(attempt.thread_id) or "") != run["pre_run_checkpoint_id"]:
         return None  # a previous attempt checkpointed progress: resume from it
     if run.get("command"):
         return Command(**run["command"])
@@ -273,6 +273,7 @@ async def restore_pre_run_state(rt: WorkerRuntime, attempt: RunAttempt) -> None:
         attempt.thread_id,
         attempt.run["graph_id"],
         pre or None,
+        pending_writes=rt.state.load_writes(attempt.run.get("pre_run_writes") or []),
         configurable=attempt.fence,
         metadata={"threadrun_rollback_of": attempt.run_id, "threadrun_restored_from": pre},
     )

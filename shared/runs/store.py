@@ -133,7 +133,7 @@ WHERE r.run_id = %(run_id)s AND r.status = 'pending'
 RETURNING r.*, (SELECT t.owner FROM threads t WHERE t.thread_id = r.thread_id) AS user_id
 """
 SET_PRE_RUN_CHECKPOINT_SQL = """
-UPDATE runs SET pre_run_checkpoint_id = %(checkpoint_id)s
+UPDATE runs SET pre_run_checkpoint_id = %(checkpoint_id)s, pre_run_writes = %(writes)s
 WHERE run_id = %(run_id)s AND owner_epoch = %(epoch)s AND status = 'running'
   AND pre_run_checkpoint_id IS NULL
 """
@@ -536,14 +536,24 @@ class RunStore:
             return Claim(ClaimOutcome.NOT_HEAD)
         return Claim(ClaimOutcome.NOT_PENDING)
 
-    def set_pre_run_checkpoint(self, run_id: str, epoch: int, checkpoint_id: str | None) -> None:
-        """Record the rollback point of the first attempt (R5)."""
-        if checkpoint_id is None:
-            return
+    def set_pre_run_checkpoint(
+        self,
+        run_id: str,
+        epoch: int,
+        checkpoint_id: str,
+        writes: list[Any] | None = None,
+    ) -> None:
+        """Record the rollback point of the run (R5): the head checkpoint's id ('' for a
+        thread with none) and a copy of its pending writes."""
         with self._pool.connection() as conn:
             conn.execute(
                 SET_PRE_RUN_CHECKPOINT_SQL,
-                {"run_id": run_id, "epoch": epoch, "checkpoint_id": checkpoint_id},
+                {
+                    "run_id": run_id,
+                    "epoch": epoch,
+                    "checkpoint_id": checkpoint_id,
+                    "writes": _json(writes or None),
+                },
             )
 
     def finish(

@@ -16,15 +16,23 @@ outside `shared/state/` opens a saver (tests/unit/test_state_boundary.py).
 
 from __future__ import annotations
 
+import base64
 import copy
 import threading
+from datetime import UTC, datetime
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.channels.base import BaseChannel
 from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.channels.delta import DeltaChannel
-from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    CheckpointTuple,
+    PendingWrite,
+    copy_checkpoint,
+)
+from langgraph.checkpoint.base.id import uuid6
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.graph import START, StateGraph
 from langgraph.pregel import Pregel
 from langgraph.types import Overwrite, StateSnapshot
@@ -32,8 +40,12 @@ from langgraph.types import Overwrite, StateSnapshot
 from shared import serde
 from shared.agent.graphs import GraphRegistry
 from shared.db import DictPool
+from shared.errors import NotFound
 from shared.state.modes import CheckpointMode
 from shared.state.savers import StatePostgresSaver
+
+NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
+"""LangGraph's task id for writes no task owns (its constant is private since v1)."""
 
 RESTORE_NODE = "threadrun_restore"
 """The one node of a state-only graph; `update_state` writes as it, it never runs."""
@@ -211,40 +223,162 @@ class CheckpointStateAccessor:
         """The head StateSnapshot through the agent graph (values, next, interrupts)."""
         return await self._graph(graph_id).aget_state(self._config(thread_id))
 
+    async def arollback_point(self, thread_id: str) -> tuple[str | None, list[list[str]]]:
+        """The thread's rollback point before a run (R5): the head checkpoint's id (None for
+        a thread with none) and a JSON-safe copy of its pending writes.
+
+        The copy matters: a run that resumes the head (a Command, an interrupt answered)
+        adds its own writes to that same checkpoint.
+        """
+        head = await self._saver.aget_tuple(self._config(thread_id))
+        if head is None:
+            return None, []
+        return str(head.checkpoint["id"]), self.dump_writes(head.pending_writes or [])
+
+    def dump_writes(self, writes: list[PendingWrite]) -> list[list[str]]:
+        """Pending writes as JSON rows, values serialized by the saver's own serde."""
+        rows = []
+        for task_id, channel, value in writes:
+            typ, data = self._saver.serde.dumps_typed(value)
+            rows.append([task_id, channel, typ, base64.b64encode(data).decode()])
+        return rows
+
+    def load_writes(self, rows: list[list[str]]) -> list[PendingWrite]:
+        """The inverse of `dump_writes`."""
+        return [
+            (task_id, channel, self._saver.serde.loads_typed((typ, base64.b64decode(data))))
+            for task_id, channel, typ, data in rows
+        ]
+
     async def arollback(
         self,
         thread_id: str,
         graph_id: str,
         to_checkpoint_id: str | None,
         *,
+        pending_writes: list[PendingWrite] | None = None,
         configurable: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> str | None:
         """Restore the state of `to_checkpoint_id` (None: the empty thread) as a new head.
 
-        History stays linear: the restore is a child of the current head, with every
-        channel's value overwritten by its value at the target (a channel the target did
-        not have is reset to null). Returns the new head's id, or None when nothing was
-        written after the target. `configurable` carries the run's fence keys, so a stale
-        attempt cannot restore over a newer owner's work.
+        History stays linear: the restore is a child of the current head. `pending_writes`
+        are the target's pending writes as recorded before the run (default: as they are
+        now). Returns the new head's id, or None when nothing was written after the
+        target. `configurable` carries the run's fence keys, so a stale attempt cannot
+        restore over a newer owner's work; `metadata` (primitive values) is recorded on
+        the new checkpoint.
         """
+        head = await self._saver.aget_tuple(self._config(thread_id))
+        if head is None:
+            return None
+        if head.checkpoint["id"] == to_checkpoint_id and pending_writes is None:
+            return None
+        if to_checkpoint_id is None:
+            return await self._aclear(thread_id, graph_id, configurable, metadata)
+        return await self._acopy_as_head(
+            thread_id, graph_id, head, to_checkpoint_id, pending_writes, configurable, metadata
+        )
+
+    async def _acopy_as_head(
+        self,
+        thread_id: str,
+        graph_id: str,
+        head: CheckpointTuple,
+        to_checkpoint_id: str,
+        pending_writes: list[PendingWrite] | None,
+        configurable: dict[str, Any] | None,
+        metadata: dict[str, Any] | None,
+    ) -> str:
+        """The target checkpoint, copied as a child of the head: values, channel versions,
+        what each node has seen (so the same nodes are next), and its pending writes
+        re-keyed to the copy's tasks (so an interrupt waits again, finished tasks stay
+        finished). This is what LangGraph's own fork does to a checkpoint, with the head
+        as parent instead of the target's parent, plus the pending writes it leaves out.
+
+        Delta channels get a full snapshot under a fresh version: their value must not
+        be rebuilt by replaying the head's ancestors, which include the undone run.
+        """
+        target_cfg = self._config(thread_id, {"checkpoint_id": to_checkpoint_id})
+        target = await self._saver.aget_tuple(target_cfg)
+        if target is None:
+            raise NotFound(f"checkpoint {to_checkpoint_id} of thread {thread_id} not found")
+        agent = self._graph(graph_id)
+        new = copy_checkpoint(target.checkpoint)
+        new_versions: dict[str, Any] = {}
+        deltas = [k for k, ch in agent.channels.items() if isinstance(ch, DeltaChannel)]
+        if deltas:
+            values = (await self._graph(graph_id, state_only=True).aget_state(target_cfg)).values
+            for key in deltas:
+                if key not in values:
+                    continue
+                old = new["channel_versions"].get(key)
+                version = self._saver.get_next_version(old, None)
+                new["channel_versions"][key] = version
+                new["channel_values"][key] = _DeltaSnapshot(values[key])
+                new_versions[key] = version
+                for seen in new["versions_seen"].values():
+                    if key in seen and seen[key] == old:
+                        seen[key] = version
+        step = int(head.metadata.get("step", -1)) + 1
+        new["id"] = str(uuid6(clock_seq=step))
+        new["ts"] = datetime.now(UTC).isoformat()
+        meta: dict[str, Any] = {
+            "source": "update",
+            "step": step,
+            "parents": target.metadata.get("parents", {}),
+            **{
+                k: v for k, v in (metadata or {}).items() if isinstance(v, str | int | float | bool)
+            },
+        }
+        put_cfg = self._config(
+            thread_id, {"checkpoint_id": head.checkpoint["id"]}, configurable=configurable
+        )
+        cfg = await self._saver.aput(put_cfg, new, meta, new_versions)  # type: ignore[arg-type]
+        writes = (target.pending_writes or []) if pending_writes is None else pending_writes
+        await self._acopy_pending_writes(agent, target.config, writes, cfg, configurable)
+        return str(cfg["configurable"]["checkpoint_id"])
+
+    async def _acopy_pending_writes(
+        self,
+        agent: Pregel,
+        target_cfg: RunnableConfig,
+        writes: list[PendingWrite],
+        new_cfg: RunnableConfig,
+        configurable: dict[str, Any] | None,
+    ) -> None:
+        """The target's pending writes, under the ids its tasks have on the copy."""
+        if not writes:
+            return
+        old_tasks = (await agent.aget_state(target_cfg)).tasks
+        new_tasks = (await agent.aget_state(new_cfg)).tasks
+        by_key = {(t.name, tuple(t.path)): t.id for t in new_tasks}
+        renamed = {t.id: by_key.get((t.name, tuple(t.path))) for t in old_tasks}
+        grouped: dict[str, list[tuple[str, Any]]] = {}
+        for task_id, channel, value in writes:
+            new_id = task_id if task_id == NULL_TASK_ID else renamed.get(task_id)
+            if new_id is None:
+                raise RuntimeError(f"rollback: no task on the copy for pending write {task_id}")
+            grouped.setdefault(new_id, []).append((channel, value))
+        write_cfg: RunnableConfig = {
+            "configurable": {**(configurable or {}), **new_cfg["configurable"]}
+        }
+        for task_id, task_writes in grouped.items():
+            await self._saver.aput_writes(write_cfg, task_writes, task_id)
+
+    async def _aclear(
+        self,
+        thread_id: str,
+        graph_id: str,
+        configurable: dict[str, Any] | None,
+        metadata: dict[str, Any] | None,
+    ) -> str | None:
+        """Back to the empty thread: every channel reset through the state-only graph."""
         graph = self._graph(graph_id, state_only=True)
         head = await graph.aget_state(self._config(thread_id))
-        head_id = (head.config or {}).get("configurable", {}).get("checkpoint_id")
-        if head_id is None or head_id == to_checkpoint_id:
-            return None
-        target: dict[str, Any] = {}
-        if to_checkpoint_id is not None:
-            snap = await graph.aget_state(
-                self._config(thread_id, {"checkpoint_id": to_checkpoint_id})
-            )
-            target = dict(snap.values)
         updates = {
-            key: _replacement(
-                graph.channels[key],
-                target[key] if key in target else _empty_value(graph.channels[key]),
-            )
-            for key in sorted(set(target) | set(head.values))
+            key: _replacement(graph.channels[key], _empty_value(graph.channels[key]))
+            for key in sorted(head.values)
             if key in graph.channels
         }
         if not updates:
@@ -269,7 +403,7 @@ def state_only_graph(agent: Pregel, saver: BaseCheckpointSaver[Any]) -> Pregel:
     return sg.compile(checkpointer=saver, name=f"{agent.name}:state")
 
 
-def _replacement(spec: BaseChannel, value: Any) -> Any:
+def _replacement(spec: Any, value: Any) -> Any:
     """A write that sets the channel to `value`: `Overwrite` past a reducer, else the value
     itself (a plain last-value channel stores its write as is)."""
     if isinstance(spec, BinaryOperatorAggregate | DeltaChannel):
@@ -277,7 +411,7 @@ def _replacement(spec: BaseChannel, value: Any) -> Any:
     return value
 
 
-def _empty_value(spec: BaseChannel) -> Any:
+def _empty_value(spec: Any) -> Any:
     """A channel's value before any write: [] / {} for containers, else None."""
     if isinstance(spec, DeltaChannel) or not spec.is_available():
         return None  # a DeltaChannel turns Overwrite(None) into its empty container

@@ -58,7 +58,8 @@ def add_messages_batch(state: list[AnyMessage], writes: Sequence[Any]) -> list[A
     Folding one write at a time makes it batching-invariant by construction:
     f(f(s, xs), ys) == f(s, xs + ys).
     """
-    return cast(list[AnyMessage], functools.reduce(add_messages, writes, state))
+    merge: Any = add_messages
+    return cast(list[AnyMessage], functools.reduce(merge, writes, state))
 
 
 @functools.cache
@@ -69,7 +70,9 @@ def thread_state_schema(mode: CheckpointMode, snapshot_every: int) -> type:
     """
     if mode == "full":
         return ThreadState
-    channel = DeltaChannel(add_messages_batch, snapshot_frequency=snapshot_every)
+    channel: DeltaChannel[list[AnyMessage]] = DeltaChannel(
+        add_messages_batch, snapshot_frequency=snapshot_every
+    )
     annotations = {"messages": Required[Annotated[list[AnyMessage], channel]]}
     return types.new_class(
         "DeltaThreadState",

@@ -70,7 +70,8 @@ def fence_of(config: RunnableConfig) -> tuple[str, int] | None:
 
 
 def _stamp(metadata: CheckpointMetadata, mode: CheckpointMode) -> CheckpointMetadata:
-    return {**metadata, METADATA_KEY: mode}  # type: ignore[typeddict-unknown-key]
+    stamped: dict[str, Any] = {**metadata, METADATA_KEY: mode}
+    return stamped  # type: ignore[return-value]
 
 
 def _checked(tup: CheckpointTuple | None, mode: CheckpointMode) -> CheckpointTuple | None:

@@ -5,6 +5,7 @@ linear head checkpoint."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -12,8 +13,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from langchain_core.messages import AIMessage
 from langgraph.channels.delta import DeltaChannel
+from langgraph.graph import END, START, StateGraph
 from langgraph.pregel import Pregel
+from langgraph.types import Command, interrupt
 from psycopg.rows import dict_row
 
 from shared.agent.lead_agent import build_lead_agent
@@ -27,6 +31,7 @@ from shared.state.modes import (
     CheckpointModeRecordMismatch,
     ensure_recorded_mode,
     migrate_recorded_mode,
+    thread_state_schema,
 )
 from shared.state.savers import FencedPostgresSaver, StatePostgresSaver
 from tests.conftest import private_settings
@@ -259,3 +264,65 @@ def test_s5_rollback_of_a_first_run_empties_the_thread(settings: Settings, tmp_p
         assert texts(values) == [] and not values.get("artifacts")
 
     with_envs(settings, tmp_path, scenario)
+
+
+@pytest.mark.parametrize("mode", ["full", "delta"])
+def test_s5_rollback_restores_a_paused_thread_with_next_and_pending_writes(
+    settings: Settings, mode: CheckpointMode
+) -> None:
+    """S5, R5: the pre-run state of a resume run is a paused thread: one task waiting on an
+    interrupt, a parallel task already finished (its writes pending on the checkpoint).
+    After the resume run is rolled back, the same task is next, the same interrupt waits,
+    and resuming again does not re-run the finished task (its pending writes came back)."""
+    ran: list[str] = []
+
+    def fast(state: dict[str, Any]) -> dict[str, Any]:
+        ran.append("fast")
+        return {"messages": [AIMessage(content="fast done")]}
+
+    def ask(state: dict[str, Any]) -> dict[str, Any]:
+        answer = interrupt("approve?")
+        return {"messages": [AIMessage(content=f"answer: {answer}")]}
+
+    async def scenario() -> None:
+        pool = await make_async_pool(settings, name="test-paused", max_size=2)
+        try:
+            saver = FencedPostgresSaver(pool, mode=mode)
+            b: StateGraph[Any] = StateGraph(thread_state_schema(mode, 3))
+            b.add_node("fast", fast)
+            b.add_node("ask", ask)
+            b.add_edge(START, "fast")
+            b.add_edge(START, "ask")
+            b.add_edge("fast", END)
+            b.add_edge("ask", END)
+            graph = b.compile()
+            accessor = CheckpointStateAccessor(saver, _Registry({"g": graph}))  # type: ignore[arg-type]
+            bound = graph.copy(update={"checkpointer": saver})
+            cfg = {"configurable": {"thread_id": str(uuid.uuid4())}}
+            tid = cfg["configurable"]["thread_id"]
+            await bound.ainvoke({"messages": [{"role": "user", "content": "go"}]}, cfg)
+            paused = await accessor.aget_snapshot(tid, "g")
+            assert paused.next == ("ask",) and len(paused.interrupts) == 1
+            pre_id, recorded = await accessor.arollback_point(tid)  # as the executor does
+            recorded = json.loads(json.dumps(recorded))  # through the runs row (jsonb)
+            await bound.ainvoke(Command(resume="yes"), cfg)  # the run to undo
+            done = await accessor.aget_snapshot(tid, "g")
+            assert done.next == () and "answer: yes" in texts(done.values)
+            assert ran == ["fast"]
+            # The resume wrote onto the pre-run checkpoint itself: its pending writes now
+            # hold the answer, so only the copy taken at run start restores the pause.
+            await accessor.arollback(
+                tid, "g", pre_id, pending_writes=accessor.load_writes(recorded)
+            )
+            again = await accessor.aget_snapshot(tid, "g")
+            assert again.next == ("ask",)
+            assert [i.value for i in again.interrupts] == ["approve?"]
+            assert texts(again.values) == texts(paused.values)
+            await bound.ainvoke(Command(resume="no"), cfg)
+            final = await accessor.aget_snapshot(tid, "g")
+            assert sorted(texts(final.values)) == sorted(["go", "fast done", "answer: no"])
+            assert ran == ["fast"]  # restored from its pending writes, not run again
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
