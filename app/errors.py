@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import psycopg
 from flask import Flask, Response
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
@@ -60,6 +61,14 @@ def register(app: Flask) -> None:
     @app.errorhandler(LeaseLost)
     def _lease(exc: LeaseLost) -> Response:
         return json_response(error_body(exc.code, str(exc)), 409)
+
+    @app.errorhandler(psycopg.errors.DataError)
+    def _data(exc: psycopg.errors.DataError) -> Response:
+        # A value PostgreSQL cannot represent (an integer beyond bigint, a NUL in text) is the
+        # client's input: 422, not 500. Models bound what they can and name the field first.
+        log.warning("request refused by PostgreSQL: %s", type(exc).__name__)
+        msg = "a value is out of range or cannot be stored"
+        return json_response(error_body("invalid_request", msg), 422)
 
     @app.errorhandler(ThreadrunError)
     def _ours(exc: ThreadrunError) -> Response:

@@ -36,10 +36,39 @@ def parse_body(model: type[M], *, allow_empty: bool = False) -> M:
     return validate(model, data)
 
 
+def nul_field(value: Any, path: str = "") -> str | None:
+    """The path of the first string or key holding a NUL character, else None."""
+    if isinstance(value, str):
+        return (path or "body") if "\x00" in value else None
+    items: Any = ()
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    for key, item in items:
+        here = f"{path}.{key}" if path else str(key)
+        if isinstance(key, str) and "\x00" in key:
+            return here.replace("\x00", "\\u0000")
+        found = nul_field(item, here)
+        if found is not None:
+            return found.replace("\x00", "\\u0000")
+    return None
+
+
 def validate(model: type[M], data: dict[str, Any]) -> M:
-    """Validate a dict against a model, mapping errors to ValidationFailed."""
+    """Validate a dict against a model, mapping errors to ValidationFailed.
+
+    Strings with a NUL character are refused here (422 naming the field): PostgreSQL text
+    and jsonb cannot hold one, so they would fail later as a 500 (found by the fuzzer).
+    """
     from app.errors import validation_failed
 
+    if b"\\u0000" in serde.dumps(data):  # cheap pre-check; the walk names the field
+        field = nul_field(data)
+        if field is not None:
+            raise ValidationFailed(
+                f"{field}: the NUL character (\\u0000) is not allowed", field=field
+            )
     try:
         return model.model_validate(data)
     except ValidationError as exc:

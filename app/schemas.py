@@ -17,6 +17,7 @@ UNSUPPORTED_RUN_FIELDS = {
     "langsmith_tracer": "langsmith tracing is not supported",
 }
 STREAM_MODES = {"values", "updates", "messages-tuple", "custom", "debug", "tasks", "checkpoints"}
+PG_BIGINT_MAX = 2**63 - 1  # larger offsets fail in PostgreSQL (found by the fuzzer)
 
 
 class Strict(BaseModel):
@@ -46,7 +47,7 @@ class ThreadSearch(Strict):
     ids: list[uuid.UUID] | None = None
     status: Literal["idle", "busy", "interrupted", "error"] | None = None
     limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=PG_BIGINT_MAX)
     sort_by: Literal["thread_id", "status", "created_at", "updated_at"] = "created_at"
     sort_order: Literal["asc", "desc"] = "desc"
 
@@ -105,7 +106,7 @@ class AssistantSearch(Strict):
     name: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=PG_BIGINT_MAX)
     sort_by: str | None = None
     sort_order: Literal["asc", "desc"] | None = None
     select: list[str] | None = None
@@ -216,7 +217,7 @@ class RunListQuery(Strict):
     """GET /threads/{id}/runs query string."""
 
     limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=PG_BIGINT_MAX)
     status: Literal["pending", "running", "success", "error", "timeout", "interrupted"] | None = (
         None
     )

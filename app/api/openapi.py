@@ -51,6 +51,13 @@ QUERIES: dict[str, type[BaseModel]] = {
 }
 STREAMING = {"runs.create_stream", "runs.join_stream"}
 PLAIN_TEXT = {"ops.metrics_endpoint"}  # Prometheus exposition format
+OTHER_SUCCESS: dict[str, dict[str, Any]] = {
+    "runs.cancel": {
+        "202": {"description": "cancel accepted (wait=0)", "content": {"application/json": {}}}
+    },
+    "runs.delete": {"204": {"description": "deleted"}},
+    "threads.delete": {"204": {"description": "deleted"}},
+}
 _PARAM = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
 ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -116,6 +123,7 @@ def build(app: Flask) -> dict[str, Any]:
                             ): {}
                         },
                     },
+                    **OTHER_SUCCESS.get(rule.endpoint, {}),
                     **_error_responses(),
                 },
             }

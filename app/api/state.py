@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, Response, request
+from langgraph.errors import InvalidUpdateError
 
 from app.api.threads import owned_thread
 from app.http import json_response, parse_body
@@ -71,8 +72,9 @@ def update_state(thread_id: str) -> Response:
             as_node=body.as_node,
             checkpoint=checkpoint,
         )
-    except (ValueError, KeyError) as exc:  # LangGraph's InvalidUpdateError is a ValueError
-        raise ValidationFailed(f"state update refused: {exc}", field="values") from exc
+    except (ValueError, KeyError, InvalidUpdateError) as exc:  # (the last found by the fuzzer)
+        field = "as_node" if body.as_node and "does not exist" in str(exc) else "values"
+        raise ValidationFailed(f"state update refused: {exc}", field=field) from exc
     return json_response(out)
 
 

@@ -79,6 +79,7 @@ class Committed:
     fuzz_thread: str
     fuzz_run: str
     before: dict[str, Any]
+    play: dict[str, str] | None = None  # the fuzzer's thread that schemathesis may change
 
 
 @pytest.fixture(scope="module")
@@ -149,39 +150,52 @@ def snapshot_all(url: str, c: Committed) -> dict[str, Any]:
 def committed(fz: Cluster) -> Committed:
     owner = [_run(fz.url, OWNER, f"owner-{i}") for i in range(2)]
     ftid, frid = _run(fz.url, FUZZER, "fuzzer-own")
-    c = Committed(owner, ftid, frid, {})
+    ptid, prid = _run(fz.url, FUZZER, "fuzzer-play")
+    c = Committed(owner, ftid, frid, {}, {"thread_id": ptid, "run_id": prid})
     c.before = snapshot_all(fz.url, c)
     return c
 
 
 def test_a3_schemathesis_openapi_no_5xx_and_conformance(fz: Cluster, committed: Committed) -> None:
     """A3/A5: generated valid and invalid requests for every operation of /openapi.json get
-    no 5xx, and status, content type and body conform to the document."""
+    no 5xx, and status, content type and body conform to the document. A second pass aims
+    the operations of a thread or run at the fuzzer's own live thread and run, so bodies
+    and queries reach the code behind the ownership check."""
     doc = httpx.get(f"{fz.url}/openapi.json", timeout=30).json()
     schema = schemathesis.openapi.from_dict(doc)
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 30
-    failures: list[str] = []
-    started = time.monotonic()
+    assert committed.play is not None
+    play = committed.play
+    passes: list[tuple[Any, GenerationMode, dict[str, str] | None]] = []
     for op in operations:
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            passes.append((op, mode, None))
+    for op in operations:
+        names = {p.name for p in op.path_parameters}
+        if "thread_id" in names and op.method.upper() != "DELETE":
+            passes.append((op, GenerationMode.POSITIVE, {k: play[k] for k in names & set(play)}))
+    failures: list[str] = []
+    started = time.monotonic()
+    for op, mode, path_parameters in passes:
 
-            @settings(
-                max_examples=EXAMPLES_PER_OPERATION,
-                deadline=None,
-                database=None,
-                phases=[Phase.generate],
-                suppress_health_check=list(HealthCheck),
-            )
-            @given(case=op.as_strategy(generation_mode=mode))
-            def call(case: Any) -> None:
-                response = case.call(base_url=fz.url, headers={"x-api-key": FUZZER}, timeout=20)
-                case.validate_response(response, checks=CHECKS)
+        @settings(
+            max_examples=EXAMPLES_PER_OPERATION,
+            deadline=None,
+            database=None,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(case=op.as_strategy(generation_mode=mode, path_parameters=path_parameters))
+        def call(case: Any) -> None:
+            response = case.call(base_url=fz.url, headers={"x-api-key": FUZZER}, timeout=20)
+            case.validate_response(response, checks=CHECKS)
 
-            try:
-                call()
-            except Exception as exc:  # noqa: BLE001 - collect every operation's failure
-                failures.append(f"{op.label} [{mode.value}]: {str(exc)[:1500]}")
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - collect every operation's failure
+            aimed = " (own thread)" if path_parameters else ""
+            failures.append(f"{op.label} [{mode.value}]{aimed}: {str(exc)[:1500]}")
     assert not failures, "\n\n".join(failures)
     assert time.monotonic() - started < 120
 

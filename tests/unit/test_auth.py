@@ -229,3 +229,18 @@ def test_g4_settings_repr_redacts_secrets() -> None:
         assert secret not in s.model_dump_json()
     assert s.redis_url.startswith(f"redis://:{secrets_[4]}@")  # the value itself is intact
     assert s.api_key_map == {secrets_[1]: ("alice", "user")}
+
+
+def test_a3_nul_characters_are_refused_naming_the_field() -> None:
+    """A3: PostgreSQL cannot store NUL: a string or key holding one is a 422 naming the field."""
+    from app.http import nul_field, validate
+    from app.schemas import RunCreate
+    from shared.errors import ValidationFailed
+
+    assert nul_field({"a": {"b": ["x", "y\x00"]}}) == "a.b.1"
+    assert nul_field({"k\x00": 1}) == "k\\u0000"
+    assert nul_field({"a": "fine", "b": ["\\u0000 as text"]}) is None
+    body = {"assistant_id": "lead_agent", "input": {"messages": [{"content": "a\x00b"}]}}
+    with pytest.raises(ValidationFailed) as err:
+        validate(RunCreate, body)
+    assert err.value.field == "input.messages.0.content" and err.value.status == 422
