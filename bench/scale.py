@@ -13,7 +13,8 @@ runs/s = runs / (last ended_at - first created_at), server-side timestamps; even
 events in those runs' Redis Streams / the same window. Beside each phase, in the same run, the
 raw baselines: XADD pipelined 100 per round trip on one connection, and one-row INSERT
 transactions on 8 connections. `cpu busy` is the whole machine (/proc/stat) during the
-window, `cpu ms/run` the CPU time of our web and worker processes per run.
+window, `ours` the share of it used by our web and worker processes, `cpu ms/run` their CPU
+time per run.
 """
 
 from __future__ import annotations
@@ -77,11 +78,10 @@ class ScaleCluster(ChaosCluster):
         self.urls = []
         for i in range(n):
             port = free_port()
+            # The deployment's server model (app/gunicorn_conf.py), one process each.
             argv = [
-                sys.executable, "-m", "gunicorn", "app:create_app()",
-                "--bind", f"127.0.0.1:{port}",
-                "--worker-class", "gthread", "--workers", "1", "--threads", "64",
-                "--timeout", "0", "--graceful-timeout", "3",
+                sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf",
+                "--bind", f"127.0.0.1:{port}", "--workers", "1", "app:create_app()",
             ]  # fmt: skip
             proc = self._spawn(f"web{i}", argv)
             url = f"http://127.0.0.1:{port}"
@@ -206,6 +206,7 @@ class Phase:
     events: int
     events_per_s: float
     cpu_busy: float
+    cpu_ours: float
     cpu_ms_per_run: float
     xadd_per_s: float
     insert_per_s: float
@@ -272,10 +273,10 @@ def measure(
         xadd = raw_xadd_rate(rclient, s.redis_prefix, BASELINE_S)
         insert = raw_insert_rate(s.dsn, BASELINE_S)
         roots = [p.popen.pid for p in c.procs if p.alive()]
-        cpu0, m0 = tree_cpu_s(roots), machine_cpu()
+        cpu0, m0, t0 = tree_cpu_s(roots), machine_cpu(), time.monotonic()
         ids = admit(c.urls, runs, tokens)
         wait_done(s.dsn, ids, 300)
-        cpu1, m1 = tree_cpu_s(roots), machine_cpu()
+        cpu1, m1, t1 = tree_cpu_s(roots), machine_cpu(), time.monotonic()
         row = sql(
             s.dsn,
             "SELECT extract(epoch FROM max(ended_at) - min(created_at)) AS window_s, "
@@ -300,6 +301,7 @@ def measure(
             events=events,
             events_per_s=events / window,
             cpu_busy=busy,
+            cpu_ours=(cpu1 - cpu0) / ((t1 - t0) * len(os.sched_getaffinity(0))),
             cpu_ms_per_run=1000 * (cpu1 - cpu0) / runs,
             xadd_per_s=xadd,
             insert_per_s=insert,
@@ -325,6 +327,7 @@ def report(phases: list[Phase], cpus: int) -> str:
             f"{p.insert_per_s:,.0f}",
             f"{p.insert_per_s / p.runs_per_s:,.0f}",
             f"{p.cpu_busy:.0%}",
+            f"{p.cpu_ours:.0%}",
             f"{p.cpu_ms_per_run:,.0f}",
             str(p.failed),
         )
@@ -342,6 +345,7 @@ def report(phases: list[Phase], cpus: int) -> str:
         "raw INSERT tx/s",
         "INSERTs per our run",
         "cpu busy",
+        "ours",
         "cpu ms/run",
         "failed",
     )
@@ -362,7 +366,9 @@ def report(phases: list[Phase], cpus: int) -> str:
     out.append(
         f"Why: everything (web, workers, Redis, PostgreSQL, this client and whatever else runs "
         f"here) shares {cpus} CPUs; the machine was {base.cpu_busy:.0%} busy with one worker "
-        f"and {last.cpu_busy:.0%} with {last.workers}. A run costs ~{base.cpu_ms_per_run:.0f} ms "
+        f"and {last.cpu_busy:.0%} with {last.workers}, our web and worker processes using "
+        f"{base.cpu_ours:.0%} and {last.cpu_ours:.0%} of it (the rest: Redis, PostgreSQL, the "
+        f"client, other work). A run costs ~{base.cpu_ms_per_run:.0f} ms "
         "of CPU in our web and worker processes, plus Redis and PostgreSQL time, so once the "
         "CPUs are saturated another worker process adds contention, not capacity. Redis and "
         f"PostgreSQL are not the limit: the runs' events are {last.events_per_s / last.xadd_per_s:.1%} "
@@ -428,7 +434,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     cluster.stop()
                 rclient.close()
         print(
-            f"threadrun scale-out: {WEBS} web processes, {args.runs} runs x {args.tokens} tokens "
+            f"threadrun scale-out: {WEBS} web processes ({base.web_worker_class}), "
+            f"{args.runs} runs x {args.tokens} tokens "
             f"per worker count, worker concurrency {base.worker_concurrency}, {cpus} CPUs, "
             f"{time.time() - started:.0f} s"
         )
@@ -448,10 +455,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log("scale: interrupted")
         rc = 130
     except (RuntimeError, subprocess.SubprocessError, httpx.HTTPError, psycopg.Error) as exc:
-        log(f"scale: failed: {exc!r}")
         if cluster is not None:
             for p in cluster.procs:
                 log(f"--- {p.name} ---\n{p.tail()}")
+        log(f"scale: failed: {exc!r}")
         rc = 1
     finally:
         signal.signal(signal.SIGTERM, old_term)
