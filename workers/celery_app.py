@@ -28,12 +28,10 @@ def _on_ready(sender: object = None, **_: object) -> None:
     """Build the runtime eagerly on the runs queue and start the reaper there."""
     from workers.tasks import start_runs_services
 
-    consumer = getattr(sender, "consumer", None) if sender is not None else None
-    queues = (
-        {q.name for q in consumer.task_consumer.queues}
-        if consumer is not None and consumer.task_consumer
-        else set()
-    )
+    # worker_ready's sender is the worker's Consumer (it has the task consumer itself).
+    consumer = sender if hasattr(sender, "task_consumer") else getattr(sender, "consumer", None)
+    task_consumer = getattr(consumer, "task_consumer", None)
+    queues = {q.name for q in task_consumer.queues} if task_consumer else set()
     if not queues or "runs" in queues:
         start_runs_services()
 
