@@ -42,7 +42,10 @@ async def reap_once(rt: WorkerRuntime) -> dict[str, int]:
         if await rt.leases.is_held(run_id):
             continue
         reason = f"owner lease expired after attempt {attempt}"
-        if attempt < s.max_attempts:
+        # A rollback requested of a run whose owner then died still gets done: one more
+        # attempt, which restores the pre-run state instead of running the graph (R5).
+        rollback_due = run.get("cancel_action") == "rollback" and attempt == s.max_attempts
+        if attempt < s.max_attempts or rollback_due:
             if await asyncio.to_thread(rt.store.requeue, run_id, epoch, reason):
                 counts["requeued"] += 1
                 await asyncio.to_thread(rt.dispatcher.dispatch_run, run_id)

@@ -169,7 +169,7 @@ WHERE r.status = 'pending'
 RETURNING r.run_id::text
 """
 RUNNING_RUNS_SQL = """
-SELECT run_id::text, thread_id::text, owner_epoch, attempt FROM runs
+SELECT run_id::text, thread_id::text, owner_epoch, attempt, cancel_action FROM runs
 WHERE status = 'running' AND updated_at < now() - make_interval(secs => %(min_age_s)s)
 """
 FAIL_EXPIRED_SQL = """

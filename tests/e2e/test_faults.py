@@ -781,6 +781,43 @@ def test_l1_j5_slow_terminal_write_keeps_the_lease_and_ends_the_stream(
         assert_nothing_inflight(dsn)
 
 
+def test_r5_rollback_survives_the_owner_dying(duo: tuple[Cluster, str]) -> None:
+    """R5, L4, L5: a rollback is requested of a run whose owner is frozen, then the owner is
+    killed. Even with max_attempts exhausted (1), the reaper gives the run one more attempt,
+    which restores the pre-run state instead of running the graph: the run ends
+    `interrupted` (not MaxAttemptsExceeded), once, and the state is the one before it."""
+    c, dsn = duo
+    with api(c.urls[0]) as web0, api(c.urls[1]) as web1:
+        tid = new_thread(web0)
+        first = web0.post(f"/threads/{tid}/runs/wait", json=run_body("keep me"))
+        assert first.status_code == 200, first.text
+        before = web0.get(f"/threads/{tid}/state").json()
+        n_before = len(checkpoint_ids(dsn, tid))
+        res = web0.post(f"/threads/{tid}/runs", json=run_body("undo me", tokens=400, delay_ms=20))
+        assert res.status_code == 200, res.text
+        run_id = res.json()["run_id"]
+        wait_for(lambda: len(checkpoint_ids(dsn, tid)) > n_before, 30, "the run's checkpoints", c)
+        pid = int(run_row(dsn, run_id)["owner"].split(":")[1])
+        victim = next(p for p in c.procs if p.popen.pid == pid)
+        os.kill(pid, signal.SIGSTOP)
+        cancel = web1.post(
+            f"/threads/{tid}/runs/{run_id}/cancel", params={"action": "rollback"}, timeout=30
+        )
+        assert cancel.status_code in (200, 202), cancel.text
+        os.kill(pid, signal.SIGKILL)
+        victim.popen.wait(timeout=10)
+        c.start_worker("w3", 4)  # the next tests need two workers
+        status = wait_for(lambda: terminal_status(dsn, run_id), 40, "the rollback attempt", c)
+        row = run_row(dsn, run_id)
+        assert status == "interrupted" and row["attempt"] == 2, row
+        assert assert_one_outcome(dsn, run_id) == "interrupted"
+        after = web1.get(f"/threads/{tid}/state").json()
+        assert after["values"]["messages"] == before["values"]["messages"]
+        assert after["metadata"]["threadrun_rollback_of"] == run_id
+        assert_single_end(read_stream(web0, tid, run_id, within=15), "interrupted")
+        assert_nothing_inflight(dsn)
+
+
 def test_l5_max_attempts_exhausted_run_ends_its_stream(duo: tuple[Cluster, str]) -> None:
     """L5, B7, A1, R1: the owner of a streaming run is killed (-9) and max_attempts (1) is
     exhausted, so the reaper ends the run `error` (MaxAttemptsExceeded). One outcome, and every
