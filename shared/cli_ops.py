@@ -91,8 +91,9 @@ def _age(ts: str | None) -> str:
 
 
 # --- commands -------------------------------------------------------------------------------
-def cmd_status(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def cmd_status(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """One screen: runs, queues, workers, connections, memory."""
+    out = out or sys.stdout
     _, o = _call(args, "GET", "/ops/api/overview")
     if args.json:
         _dump(o, out)
@@ -120,8 +121,9 @@ def cmd_status(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     return EXIT_OK
 
 
-def cmd_runs_list(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def cmd_runs_list(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Inflight runs (or runs of --status) with their leases."""
+    out = out or sys.stdout
     query = f"?limit={args.limit}" + (f"&status={args.status}" if args.status else "")
     _, doc = _call(args, "GET", "/ops/api/runs" + query)
     if args.json:
@@ -145,8 +147,9 @@ def cmd_runs_list(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     return EXIT_OK
 
 
-def cmd_runs_show(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def cmd_runs_show(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """One run with its lease, stream and audit (JSON)."""
+    out = out or sys.stdout
     _, doc = _call(args, "GET", f"/ops/api/runs/{args.run_id}")
     _dump(doc, out)
     return EXIT_OK
@@ -161,18 +164,21 @@ def _action(args: argparse.Namespace, out: TextIO, what: str, body: dict[str, An
     return EXIT_OK if status < 400 and doc.get("ok") else EXIT_FAILED
 
 
-def cmd_runs_cancel(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def cmd_runs_cancel(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Cancel a run (audited)."""
+    out = out or sys.stdout
     return _action(args, out, "cancel", {"action": args.action})
 
 
-def cmd_runs_requeue(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def cmd_runs_requeue(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Requeue a stuck run (audited); refused unless its lease expired or it was never sent."""
+    out = out or sys.stdout
     return _action(args, out, "requeue", {"reason": args.reason})
 
 
-def cmd_workers(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def cmd_workers(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Workers answering, their queues and active runs."""
+    out = out or sys.stdout
     _, doc = _call(args, "GET", "/ops/api/workers")
     if args.json:
         _dump(doc, out)
@@ -184,8 +190,9 @@ def cmd_workers(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     return EXIT_OK
 
 
-def cmd_queues(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def cmd_queues(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Depth and oldest message age of the runs and memory queues."""
+    out = out or sys.stdout
     _, doc = _call(args, "GET", "/ops/api/queues")
     if args.json:
         _dump(doc, out)
@@ -195,8 +202,9 @@ def cmd_queues(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     return EXIT_OK
 
 
-def cmd_migrate(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def cmd_migrate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Apply pending migrations to THREADRUN_DATABASE_URL (idempotent)."""
+    out = out or sys.stdout
     del args
     from shared.db.migrate import migrate
     from shared.settings import Settings

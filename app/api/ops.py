@@ -41,7 +41,6 @@ bp = Blueprint("ops", __name__)
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 _STATIC_FILES = frozenset({"ops.js", "ops.css"})
 OPS_POOL_MAX = 4
-RUN_STATUSES = ("pending", "running", "success", "error", "timeout", "interrupted")
 
 
 class _Strict(BaseModel):
@@ -104,7 +103,9 @@ def _init(state: BlueprintSetupState) -> None:
     reporter = ConnectionReporter(
         svc.redis, Keys(settings.redis_prefix), TRACKER, settings.ops_report_s
     )
-    reporter.start()
+    # Started by the first request, so an app built only to be inspected (tests, scripts)
+    # runs no background thread.
+    app.before_request(reporter.start)
     atexit.register(reporter.stop)
     app.extensions["threadrun_ops"] = OpsServices(
         collector=OpsCollector(settings, store, svc.redis, celery),

@@ -97,15 +97,19 @@ class ConnectionReporter:
     proc: str = field(default_factory=process_id)
     min_gap_s: float = 0.2
     _stop: threading.Event = field(default_factory=threading.Event)
+    _start_lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Start the daemon thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="threadrun-ops-report", daemon=True
-            )
-            self._thread.start()
+        """Start the daemon thread (idempotent, thread-safe; cheap once started)."""
+        if self._thread is not None:
+            return
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="threadrun-ops-report", daemon=True
+                )
+                self._thread.start()
 
     def stop(self) -> None:
         """Stop reporting and remove this process's record."""
