@@ -174,7 +174,7 @@ class RunCreate(Strict):
         if not isinstance(v, list) or not v:
             raise ValueError("must be a stream mode or a non-empty list of them")
         for mode in v:
-            if mode not in STREAM_MODES:
+            if not isinstance(mode, str) or mode not in STREAM_MODES:  # a dict: TypeError, 500
                 raise ValueError(
                     f"unsupported stream mode {mode!r}; supported: {', '.join(sorted(STREAM_MODES))}"
                 )

@@ -76,6 +76,9 @@ def _error_responses() -> dict[str, Any]:
             ("422", "invalid field (named in `field`), or a size limit (named in `limit`)"),
             ("429", "a per-user limit (named in `limit`); see Retry-After"),
         )
+    } | {
+        # Refused by gunicorn before the app sees it (request line > 4094 bytes), in HTML.
+        "414": {"description": "request line too long", "content": {"text/html": {}}}
     }
 
 

@@ -244,3 +244,14 @@ def test_a3_nul_characters_are_refused_naming_the_field() -> None:
     with pytest.raises(ValidationFailed) as err:
         validate(RunCreate, body)
     assert err.value.field == "input.messages.0.content" and err.value.status == 422
+
+
+def test_a3_non_string_stream_mode_is_a_422() -> None:
+    """A3: a stream_mode entry that is an object is refused naming the field (was a 500)."""
+    from app.http import validate
+    from app.schemas import RunCreate
+    from shared.errors import ValidationFailed
+
+    with pytest.raises(ValidationFailed) as err:
+        validate(RunCreate, {"assistant_id": "a", "stream_mode": [{"k": 1}]})
+    assert err.value.field == "stream_mode"
