@@ -276,6 +276,20 @@ class Settings(BaseSettings):
         ge=1,
         description="Checkpoint savers per worker process (each serialises its own writes).",
     )
+    fence_idle_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "L2: a fenced write holds its run row (FOR SHARE) until commit; if its client goes"
+            " silent this long inside the transaction (a frozen owner), PostgreSQL ends the"
+            " session and the row is free for the reaper."
+        ),
+    )
+    reaper_lock_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="The reaper skips a run whose row stays locked this long (next pass retries).",
+    )
     checkpoint_mode: Literal["full", "delta"] = Field(
         default="full",
         description=(

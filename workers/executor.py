@@ -379,8 +379,13 @@ async def finalize(
     """J5, in order: flush the journal -> delivery receipt -> terminal status (fenced) -> `end`."""
     sink = attempt.sink
     assert sink is not None
-    # (1) journal flush (fails open) and (2) the idempotent delivery receipt.
-    status, error, usage, demoted = await settle_journal(rt, attempt, status, error)
+    # (1) journal flush (fails open) and (2) the idempotent, fenced delivery receipt.
+    try:
+        status, error, usage, demoted = await settle_journal(rt, attempt, status, error)
+    except LeaseLost:
+        metrics.fenced_write("receipt")
+        log.warning("receipt fenced: a newer owner exists", extra={"run_id": attempt.run_id})
+        return "lease_lost"
     if demoted:
         thread_status = "error"
         sink.emit("error", serde.dumps(error))  # G4: the client learns why
@@ -448,6 +453,7 @@ async def settle_journal(
         rt.settings.workspace_dir,
         attempts=rt.settings.delivery_receipt_attempts,
         backoff_s=rt.settings.delivery_receipt_backoff_s,
+        epoch=attempt.epoch,  # L2: only the current owner writes the receipt
     )
     new_status, new_error = settle_delivery(status, error, journal.produced_output, outcome)
     usage = journal.usage()

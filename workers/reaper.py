@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import psycopg
+
 from shared import metrics, serde
 from shared.bridge.base import END_EVENT
 from shared.bridge.publisher import PublishCall
@@ -33,7 +35,7 @@ async def _lead(rt: WorkerRuntime, ttl_ms: int) -> bool:
 async def reap_once(rt: WorkerRuntime) -> dict[str, int]:
     """One pass: re-dispatch lost pending heads, re-queue running runs with no live lease."""
     s = rt.settings
-    counts = {"redispatched": 0, "requeued": 0, "failed": 0}
+    counts = {"redispatched": 0, "requeued": 0, "failed": 0, "locked": 0}
     for run_id in await asyncio.to_thread(rt.store.stale_pending_heads, s.dispatch_stale_s):
         await asyncio.to_thread(rt.dispatcher.dispatch_run, run_id)
         counts["redispatched"] += 1
@@ -45,21 +47,36 @@ async def reap_once(rt: WorkerRuntime) -> dict[str, int]:
         # A rollback requested of a run whose owner then died still gets done: one more
         # attempt, which restores the pre-run state instead of running the graph (R5).
         rollback_due = run.get("cancel_action") == "rollback" and attempt == s.max_attempts
-        if attempt < s.max_attempts or rollback_due:
-            if await asyncio.to_thread(rt.store.requeue, run_id, epoch, reason):
-                counts["requeued"] += 1
-                await asyncio.to_thread(rt.dispatcher.dispatch_run, run_id)
-            continue
-        if await fail_run(rt, run_id, epoch, reason):
-            counts["failed"] += 1
-            metrics.run_finished("error", None)  # L5: its owners kept dying
+        try:
+            if attempt < s.max_attempts or rollback_due:
+                requeued = await asyncio.to_thread(
+                    rt.store.requeue, run_id, epoch, reason, lock_timeout_s=s.reaper_lock_timeout_s
+                )
+                if requeued:
+                    counts["requeued"] += 1
+                    await asyncio.to_thread(rt.dispatcher.dispatch_run, run_id)
+                continue
+            if await fail_run(rt, run_id, epoch, reason):
+                counts["failed"] += 1
+                metrics.run_finished("error", None)  # L5: its owners kept dying
+        except psycopg.errors.LockNotAvailable:
+            # A frozen owner is inside a fenced write; PostgreSQL ends its session after
+            # fence_idle_timeout_s, and the next pass gets the row. Never hang the pass.
+            counts["locked"] += 1
     return counts
 
 
 async def fail_run(rt: WorkerRuntime, run_id: str, epoch: int, reason: str) -> bool:
     """L5: end the run `error`, then, as its new owner, publish `error` and `end` (A1, G4)
     so that every stream, join and wait on it finishes."""
-    expired = await asyncio.to_thread(rt.store.fail_expired, run_id, epoch, rt.worker_id, reason)
+    expired = await asyncio.to_thread(
+        rt.store.fail_expired,
+        run_id,
+        epoch,
+        rt.worker_id,
+        reason,
+        lock_timeout_s=rt.settings.reaper_lock_timeout_s,
+    )
     if expired is None:
         return False
     if expired.next_run_id:

@@ -58,6 +58,7 @@ class WorkerRuntime:
             max_payload_bytes=settings.event_payload_max_bytes,
             page_size=settings.event_page_size,
             page_size_max=settings.event_page_size_max,
+            fence_idle_timeout_s=settings.fence_idle_timeout_s,
         )
         self.dispatcher = Dispatcher(make_celery(settings))
         self.active: dict[str, Any] = {}  # run_id -> executor.RunAttempt
@@ -89,7 +90,9 @@ class WorkerRuntime:
         # savers on the same pool let runs checkpoint in parallel.
         self.leases = LeaseManager(self.redis, self.keys, ttl_s=s.lease_ttl_s)
         self.savers = [
-            FencedPostgresSaver(self.apool, mode=s.checkpoint_mode)
+            FencedPostgresSaver(
+                self.apool, mode=s.checkpoint_mode, idle_timeout_s=s.fence_idle_timeout_s
+            )
             for _ in range(s.checkpoint_savers)
         ]
         # S5: the run's head lookup, pre-run rollback point and rollback go through here.

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from shared.errors import LeaseLost
 from shared.journal.event_store import DELIVERY_TYPE, Category, EventStore, RunEvent
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ def write_delivery_receipt(
     attempts: int = DEFAULT_ATTEMPTS,
     backoff_s: float = DEFAULT_BACKOFF_S,
     sleep: Callable[[float], None] = time.sleep,
+    epoch: int | None = None,
 ) -> DeliveryOutcome:
     """Write the attempt's receipt once, with up to `attempts` tries and doubling back-off.
 
@@ -105,6 +107,7 @@ def write_delivery_receipt(
     run's `configurable.workspace_dir`); presented paths are relative to
     `<workspace_root>/<thread_id>`, as the artifact tools report them. Blocking (file
     hashing, the store): call it through `asyncio.to_thread` from the event loop.
+    With `epoch`, the write is fenced (L2): LeaseLost is raised at once, never retried.
     """
     payload = build_receipt(
         run_id, attempt, produced_output, presented_paths, Path(workspace_root) / str(thread_id)
@@ -115,7 +118,9 @@ def write_delivery_receipt(
         if i:
             sleep(backoff_s * 2 ** (i - 1))
         try:
-            written = store.append_receipt(event)
+            written = store.append_receipt(event, epoch=epoch)
+        except LeaseLost:
+            raise
         except Exception as exc:  # noqa: BLE001 - retried, then reported as FAILED
             log.warning("delivery receipt try %d failed: %s", i + 1, exc, extra=ids)
             continue

@@ -45,7 +45,7 @@ import psycopg
 
 from shared import serde
 from shared.db import DictPool
-from shared.errors import RunNotFound, StoreError
+from shared.errors import LeaseLost, RunNotFound, StoreError
 
 Direction = Literal["forward", "backward"]
 Usage = dict[str, int]
@@ -247,8 +247,11 @@ class EventStore(Protocol):
         """Append events atomically, each run's in the given order; returns them with seqs."""
         ...
 
-    def append_receipt(self, event: RunEvent) -> RunEvent | None:
-        """Append a `run.delivery` receipt once per (run_id, payload.attempt); None if present."""
+    def append_receipt(self, event: RunEvent, *, epoch: int | None = None) -> RunEvent | None:
+        """Append a `run.delivery` receipt once per (run_id, payload.attempt); None if present.
+
+        With `epoch`, only while that epoch owns the running run (L2), else LeaseLost.
+        """
         ...
 
     def list_run_events(
@@ -342,7 +345,18 @@ APPEND_RECEIPT_SQL = (
 RETURNING seq, created_at
 """
 )
+# L2: the receipt of an attempt is written only while its epoch owns the running run; the
+# share lock holds until commit, so a re-claim (epoch + 1) cannot slip in between.
+APPEND_FENCED_RECEIPT_SQL = APPEND_RECEIPT_SQL.replace(
+    "SELECT run_id, thread_id FROM runs WHERE run_id = %(run_id)s FOR KEY SHARE",
+    "SELECT run_id, thread_id FROM runs,"
+    " (SELECT set_config('idle_in_transaction_session_timeout', %(idle)s, true)) AS t"
+    " WHERE run_id = %(run_id)s AND owner_epoch = %(epoch)s AND status = 'running'"
+    " FOR SHARE OF runs",
+    1,
+)
 RUN_EXISTS_SQL = "SELECT 1 FROM runs WHERE run_id = %(run_id)s"
+RUN_OWNER_SQL = "SELECT owner_epoch, status FROM runs WHERE run_id = %(run_id)s"
 _EVENT_COLUMNS = "run_id::text, thread_id::text, seq, category, type, payload, created_at"
 LIST_RUN_EVENTS_SQL = f"""
 SELECT {_EVENT_COLUMNS} FROM run_events
@@ -424,8 +438,10 @@ class RunEventStore:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         page_size: int = DEFAULT_PAGE_SIZE,
         page_size_max: int = DEFAULT_PAGE_SIZE_MAX,
+        fence_idle_timeout_s: float = 5.0,
     ) -> None:
         self._pool = pool
+        self._fence_idle = f"{int(fence_idle_timeout_s * 1000)}ms"
         self.max_payload_bytes = max_payload_bytes
         self.page_size = page_size
         self.page_size_max = page_size_max
@@ -485,8 +501,11 @@ class RunEventStore:
             "created_at": [ev.created_at for ev in group],
         }
 
-    def append_receipt(self, event: RunEvent) -> RunEvent | None:
+    def append_receipt(self, event: RunEvent, *, epoch: int | None = None) -> RunEvent | None:
         """Append a delivery receipt unless one exists for its (run_id, attempt) (J5).
+
+        With `epoch` the write is fenced (L2): it commits only while that epoch owns the
+        running run, and raises LeaseLost when a newer owner exists or the run ended.
 
         Not truncated: the receipt is the proof of delivery and its size is bounded by
         its presented paths. A conflict rolls the transaction back, so the seq the
@@ -503,16 +522,24 @@ class RunEventStore:
             "type": event.type,
             "payload": _drop_nul(serde.dumps_str(event.payload)),
             "created_at": event.created_at,
+            "epoch": epoch,
+            "idle": self._fence_idle,
         }
+        sql = APPEND_RECEIPT_SQL if epoch is None else APPEND_FENCED_RECEIPT_SQL
         try:
             with self._pool.connection() as conn:
                 with conn.transaction() as tx:
-                    row = conn.execute(APPEND_RECEIPT_SQL, params).fetchone()
+                    row = conn.execute(sql, params).fetchone()
                     if row is None:
                         raise psycopg.Rollback(tx)
                 if row is None:
-                    if conn.execute(RUN_EXISTS_SQL, {"run_id": event.run_id}).fetchone() is None:
+                    owner = conn.execute(RUN_OWNER_SQL, {"run_id": event.run_id}).fetchone()
+                    if owner is None:
                         raise RunNotFound(f"run {event.run_id} not found")
+                    if epoch is not None and (
+                        owner["owner_epoch"] != epoch or owner["status"] != "running"
+                    ):
+                        raise LeaseLost(f"run {event.run_id}: receipt fenced (epoch {epoch})")
                     return None
         except psycopg.Error as exc:
             raise StoreError(f"writing the delivery receipt failed: {exc}") from exc
@@ -674,8 +701,8 @@ class MemoryEventStore:
         log.append(out)
         return out
 
-    def append_receipt(self, event: RunEvent) -> RunEvent | None:
-        """Append a receipt once per (run_id, attempt)."""
+    def append_receipt(self, event: RunEvent, *, epoch: int | None = None) -> RunEvent | None:
+        """Append a receipt once per (run_id, attempt); `epoch` is not checked (no runs)."""
         if event.category != Category.DELIVERY or event.type != DELIVERY_TYPE:
             raise ValueError("a receipt is a delivery/run.delivery event")
         if not isinstance(event.payload.get("attempt"), int):

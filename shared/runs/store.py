@@ -185,6 +185,12 @@ RETURNING thread_id
 """
 
 
+def _lock_timeout(conn: psycopg.Connection[DictRow], seconds: float | None) -> None:
+    """A transaction-local lock_timeout (no-op for None)."""
+    if seconds is not None:
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(seconds * 1000)}ms",))
+
+
 class ClaimOutcome(enum.Enum):
     """Why a claim did or did not give us the run."""
 
@@ -641,9 +647,15 @@ class RunStore:
         with self._pool.connection() as conn:
             return conn.execute(RUNNING_RUNS_SQL, {"min_age_s": min_age_s}).fetchall()
 
-    def requeue(self, run_id: str, epoch: int, reason: str) -> bool:
-        """Give a running run back as pending for another attempt (R7 hand-back); fenced."""
+    def requeue(
+        self, run_id: str, epoch: int, reason: str, *, lock_timeout_s: float | None = None
+    ) -> bool:
+        """Give a running run back as pending for another attempt (R7 hand-back); fenced.
+
+        `lock_timeout_s`: give up (psycopg.errors.LockNotAvailable) rather than wait longer
+        for a run row another transaction holds (the reaper: a frozen owner's write)."""
         with self._pool.connection() as conn, conn.transaction():
+            _lock_timeout(conn, lock_timeout_s)
             row = conn.execute(REQUEUE_EXPIRED_SQL, {"run_id": run_id, "epoch": epoch}).fetchone()
             if row is None:
                 return False
@@ -656,11 +668,20 @@ class RunStore:
         """Close the pool."""
         self._pool.close()
 
-    def fail_expired(self, run_id: str, epoch: int, owner: str, reason: str) -> Expired | None:
+    def fail_expired(
+        self,
+        run_id: str,
+        epoch: int,
+        owner: str,
+        reason: str,
+        *,
+        lock_timeout_s: float | None = None,
+    ) -> Expired | None:
         """End a run whose owners kept dying as `error` (L5), taking ownership (epoch + 1) so
         the caller may publish the run's `error` and `end` under a lease of its own."""
         error = {"error": "MaxAttemptsExceeded", "message": reason}
         with self._pool.connection() as conn, conn.transaction():
+            _lock_timeout(conn, lock_timeout_s)
             row = conn.execute(
                 FAIL_EXPIRED_SQL,
                 {"run_id": run_id, "epoch": epoch, "owner": owner, "error": _json(error)},

@@ -51,10 +51,13 @@ LEASE_KEY = "__threadrun_lease"
 ("__" keys are LangGraph-internal style: never copied into checkpoint metadata)."""
 
 FENCE_SQL = """
-SELECT 1 FROM runs
+SELECT 1 FROM runs, (SELECT set_config('idle_in_transaction_session_timeout', %s, true)) AS t
 WHERE run_id = %s::uuid AND owner_epoch = %s AND status = 'running'
-FOR SHARE
+FOR SHARE OF runs
 """
+"""The fence, and a transaction-local idle timeout: a writer frozen inside the transaction
+(SIGSTOP, a stalled VM) is disconnected by PostgreSQL after it, which frees the run row
+for the reaper instead of holding it until the writer thaws."""
 
 _fence: ContextVar[tuple[str, int] | None] = ContextVar("threadrun_fence", default=None)
 
@@ -118,9 +121,10 @@ class StatePostgresSaver(PostgresSaver):
 class FencedPostgresSaver(AsyncPostgresSaver):
     """The workers' async saver: mode stamp and check, and writes fenced by the run epoch."""
 
-    def __init__(self, conn: Any, *, mode: CheckpointMode) -> None:
+    def __init__(self, conn: Any, *, mode: CheckpointMode, idle_timeout_s: float = 5.0) -> None:
         super().__init__(conn)
         self.mode = mode
+        self._idle_timeout = f"{int(idle_timeout_s * 1000)}ms"
 
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
@@ -135,7 +139,7 @@ class FencedPostgresSaver(AsyncPostgresSaver):
             conn.transaction(),
             conn.cursor(binary=True, row_factory=dict_row) as cur,
         ):
-            await cur.execute(FENCE_SQL, fence)
+            await cur.execute(FENCE_SQL, (self._idle_timeout, *fence))
             if await cur.fetchone() is None:
                 raise LeaseLost(
                     f"run {fence[0]}: checkpoint write fenced (epoch {fence[1]} is not current)"

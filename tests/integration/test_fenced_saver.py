@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from shared.errors import LeaseLost
 from shared.leases import lease_value
 from shared.runs.store import ClaimOutcome, RunStore
 from shared.settings import Settings
-from shared.state.savers import LEASE_KEY, RUN_KEY, FencedPostgresSaver
+from shared.state.savers import FENCE_SQL, LEASE_KEY, RUN_KEY, FencedPostgresSaver
 
 
 def _claimed_run(store: RunStore, owner: str) -> tuple[str, str, int]:
@@ -133,4 +134,32 @@ def test_l2_checkpoint_fence_has_no_window(settings: Settings, tmp_path: Path) -
     try:
         asyncio.run(scenario())
     finally:
+        pool.close()
+
+
+def test_l2_a_frozen_writer_does_not_hold_the_run_row(settings: Settings) -> None:
+    """L2, L4: a writer frozen inside its fenced transaction (it holds the run row FOR SHARE)
+    makes the reaper's requeue give up quickly (lock_timeout) instead of hanging the pass, and
+    PostgreSQL ends the frozen session after the idle timeout, so the next try succeeds and
+    the thawed writer's transaction can no longer commit."""
+    pool = make_pool(settings, name="test-fence-frozen", max_size=2)
+    store = RunStore(pool)
+    _tid, run_id, epoch = _claimed_run(store, "frozen")
+    frozen = psycopg.connect(settings.dsn)
+    try:
+        frozen.execute(FENCE_SQL, ("1000ms", run_id, epoch))  # BEGIN + fence, then silence
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            store.requeue(run_id, epoch, "reaper", lock_timeout_s=0.2)
+        deadline = time.monotonic() + 10
+        while True:  # the server ends the idle session after ~1 s
+            try:
+                assert store.requeue(run_id, epoch, "reaper", lock_timeout_s=0.2)
+                break
+            except psycopg.errors.LockNotAvailable:
+                assert time.monotonic() < deadline, "the frozen session was never ended"
+                time.sleep(0.2)
+        with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+            frozen.commit()
+    finally:
+        frozen.close()
         pool.close()

@@ -53,11 +53,11 @@ class FlakyStore(MemoryEventStore):
             raise StoreError(f"injected failure on call {self.calls}")
         return super().append_batch(events)
 
-    def append_receipt(self, event: RunEvent) -> RunEvent | None:
+    def append_receipt(self, event: RunEvent, *, epoch: int | None = None) -> RunEvent | None:
         self.calls += 1
         if self.calls in self.fail_on:
             raise StoreError(f"injected failure on call {self.calls}")
-        return super().append_receipt(event)
+        return super().append_receipt(event, epoch=epoch)
 
 
 class FakeClock:
