@@ -6,6 +6,7 @@ worker process registers them (workers/tasks.py).
 
 from __future__ import annotations
 
+import redis
 from celery import Celery
 from kombu import Exchange, Queue
 
@@ -75,3 +76,25 @@ class Dispatcher:
     def dispatch_run(self, run_id: str) -> None:
         """Enqueue the execution of one run; a lost message is re-sent by the reaper."""
         self._celery.send_task(RUN_TASK, args=[run_id], queue=RUNS_QUEUE)
+
+
+_BINDING_SEP = "\x06\x16"  # kombu's Redis transport: routing_key SEP pattern SEP queue
+
+
+def drop_stale_bindings(client: redis.Redis, settings: Settings) -> int:
+    """Unbind queues that an older release bound to another queue's exchange.
+
+    Releases before the per-queue exchanges above bound `memory` to the `runs` exchange,
+    so a Redis that outlived the upgrade keeps copying run tasks onto the memory queue.
+    kombu never removes a binding by itself; each worker drops the strays at start.
+    Returns how many bindings were removed.
+    """
+    removed = 0
+    for exchange in (RUNS_QUEUE, MEMORY_QUEUE):
+        for kind in ("binding", "binding_permanent"):
+            key = f"{settings.redis_prefix}celery:_kombu.{kind}.{exchange}"
+            for member in client.smembers(key):
+                queue = member.decode(errors="replace").split(_BINDING_SEP)[-1]
+                if queue != exchange:
+                    removed += int(client.srem(key, member))
+    return removed

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 
+import redis
 from celery import signals
 
 from shared import logs, metrics
 from shared.settings import Settings
-from shared.taskqueue import make_celery
+from shared.taskqueue import drop_stale_bindings, make_celery
 
 celery = make_celery(Settings())
 celery.conf.include = ["workers.tasks", "workers.memory_tasks"]
@@ -19,8 +20,18 @@ log = logging.getLogger(__name__)
 
 @signals.worker_init.connect
 def _on_init(**_: object) -> None:
-    """Multi-process metrics for this worker (shared/metrics.py)."""
-    metrics.configure_worker(Settings())
+    """Multi-process metrics for this worker (shared/metrics.py); stray queue bindings of an
+    older release dropped before consuming (shared/taskqueue.py)."""
+    settings = Settings()
+    metrics.configure_worker(settings)
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        if removed := drop_stale_bindings(client, settings):
+            log.warning("removed %d stale queue binding(s) of an older release", removed)
+    except redis.RedisError as exc:  # the broker connection reports an unreachable Redis
+        log.warning("could not check queue bindings: %s", exc)
+    finally:
+        client.close()
 
 
 @signals.worker_ready.connect
