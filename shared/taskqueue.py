@@ -94,7 +94,8 @@ def drop_stale_bindings(client: redis.Redis, settings: Settings) -> int:
         for kind in ("binding", "binding_permanent"):
             key = f"{settings.redis_prefix}celery:_kombu.{kind}.{exchange}"
             for member in client.smembers(key):
-                queue = member.decode(errors="replace").split(_BINDING_SEP)[-1]
+                text = member.decode(errors="replace") if isinstance(member, bytes) else member
+                queue = str(text).split(_BINDING_SEP)[-1]
                 if queue != exchange:
                     removed += int(client.srem(key, member))
     return removed
