@@ -22,6 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+import shared.metrics
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -393,6 +394,18 @@ def test_dockerfile_runs_as_non_root_and_serves_with_the_gunicorn_config() -> No
 # ----------------------------------------------------------------------------------------
 # Prometheus rules
 # ----------------------------------------------------------------------------------------
+
+
+def test_metric_contract_is_the_one_shared_metrics_declares() -> None:
+    """The metric names and labels the alert rules and the HPA are checked against are the
+    contract in shared/metrics.py's docstring."""
+    line = re.compile(r"^\s+(threadrun_\w+)(?:\{(\w+)\})?\s+(?:gauge|counter|histogram)", re.M)
+    declared = {
+        m.group(1): {m.group(2)} if m.group(2) else set()
+        for m in line.finditer(shared.metrics.__doc__ or "")
+    }
+    assert declared == METRICS
+
 
 _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 _SELECTOR = re.compile(r"(threadrun_[a-z_]+)(\{([^}]*)\})?")
