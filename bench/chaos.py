@@ -125,6 +125,11 @@ class ChaosCluster:
                 "THREADRUN_REDIS_PREFIX": self.settings.redis_prefix,
                 "THREADRUN_DATA_DIR": str(self.workdir / "data"),
                 "THREADRUN_API_KEYS": "",
+                # A benchmark pushes many runs and connections through one user: the
+                # per-user limits (A4) are not what it measures.
+                "THREADRUN_RUNS_PER_MINUTE": "1000000",
+                "THREADRUN_MAX_ACTIVE_RUNS": "1000000",
+                "THREADRUN_MAX_CONNECTIONS_PER_USER": "1000000",
             }
         )
         env.pop("THREADRUN_CONFIG", None)
