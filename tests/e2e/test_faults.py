@@ -703,6 +703,22 @@ def test_r5_cancel_from_the_other_web_process(duo: tuple[Cluster, str]) -> None:
         assert_nothing_inflight(dsn)
 
 
+def run_to_undo(c: Cluster, dsn: str, web: httpx.Client) -> tuple[str, dict[str, Any], int, str]:
+    """A thread with one finished run ("keep me"), its state and checkpoint count then, and
+    a second, long run ("undo me") that has already written checkpoints: (tid, state,
+    checkpoints, run_id)."""
+    tid = new_thread(web)
+    first = web.post(f"/threads/{tid}/runs/wait", json=run_body("keep me"))
+    assert first.status_code == 200, first.text
+    before = web.get(f"/threads/{tid}/state").json()
+    n = len(checkpoint_ids(dsn, tid))
+    res = web.post(f"/threads/{tid}/runs", json=run_body("undo me", tokens=400, delay_ms=20))
+    assert res.status_code == 200, res.text
+    run_id = res.json()["run_id"]
+    wait_for(lambda: len(checkpoint_ids(dsn, tid)) > n, 30, "the run's checkpoints", c)
+    return tid, before, n, run_id
+
+
 def test_r5_rollback_from_the_other_web_process(duo: tuple[Cluster, str]) -> None:
     """R5, S5: a run created through web 0 that wrote several checkpoints is cancelled with
     action=rollback through web 1: it ends interrupted (one outcome, `end` on its stream), the
@@ -710,15 +726,7 @@ def test_r5_rollback_from_the_other_web_process(duo: tuple[Cluster, str]) -> Non
     (linear history) that names the run it undid, and the next run starts from it."""
     c, dsn = duo
     with api(c.urls[0]) as web0, api(c.urls[1]) as web1:
-        tid = new_thread(web0)
-        first = web0.post(f"/threads/{tid}/runs/wait", json=run_body("keep me"))
-        assert first.status_code == 200, first.text
-        before = web0.get(f"/threads/{tid}/state").json()
-        n_hist = len(web0.post(f"/threads/{tid}/history", json={"limit": 100}).json())
-        res = web0.post(f"/threads/{tid}/runs", json=run_body("undo me", tokens=400, delay_ms=20))
-        assert res.status_code == 200, res.text
-        run_id = res.json()["run_id"]
-        wait_for(lambda: len(checkpoint_ids(dsn, tid)) > n_hist, 30, "the run's checkpoints", c)
+        tid, before, n_hist, run_id = run_to_undo(c, dsn, web0)
         cancel = web1.post(
             f"/threads/{tid}/runs/{run_id}/cancel",
             params={"action": "rollback", "wait": 1},
@@ -788,15 +796,7 @@ def test_r5_rollback_survives_the_owner_dying(duo: tuple[Cluster, str]) -> None:
     `interrupted` (not MaxAttemptsExceeded), once, and the state is the one before it."""
     c, dsn = duo
     with api(c.urls[0]) as web0, api(c.urls[1]) as web1:
-        tid = new_thread(web0)
-        first = web0.post(f"/threads/{tid}/runs/wait", json=run_body("keep me"))
-        assert first.status_code == 200, first.text
-        before = web0.get(f"/threads/{tid}/state").json()
-        n_before = len(checkpoint_ids(dsn, tid))
-        res = web0.post(f"/threads/{tid}/runs", json=run_body("undo me", tokens=400, delay_ms=20))
-        assert res.status_code == 200, res.text
-        run_id = res.json()["run_id"]
-        wait_for(lambda: len(checkpoint_ids(dsn, tid)) > n_before, 30, "the run's checkpoints", c)
+        tid, before, _, run_id = run_to_undo(c, dsn, web0)
         pid = int(run_row(dsn, run_id)["owner"].split(":")[1])
         victim = next(p for p in c.procs if p.popen.pid == pid)
         os.kill(pid, signal.SIGSTOP)
