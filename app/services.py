@@ -42,13 +42,18 @@ class Services:
             ensure_recorded_mode(conn, settings)  # S4: refuse to start in another mode
         # Blocking reads (XREAD BLOCK for one heartbeat) must never hit the socket timeout
         # (redis-py's default is 5 s, equal to the default heartbeat): give them a margin.
-        client = redis.Redis.from_url(
-            settings.redis_url,
-            health_check_interval=30,
-            max_connections=None,
-            socket_timeout=settings.stream_heartbeat_s + 10,
-            socket_connect_timeout=5,
-            socket_keepalive=True,
+        # A bounded pool that waits: under gevent thousands of connections may need Redis at
+        # once, and redis-py's default pool fails beyond 100 (MaxConnectionsError).
+        client = redis.Redis(
+            connection_pool=redis.BlockingConnectionPool.from_url(
+                settings.redis_url,
+                max_connections=settings.web_redis_connections,
+                timeout=settings.web_redis_wait_s,
+                health_check_interval=30,
+                socket_timeout=settings.stream_heartbeat_s + 10,
+                socket_connect_timeout=5,
+                socket_keepalive=True,
+            )
         )
         keys = Keys(settings.redis_prefix)
         registry = GraphRegistry.from_config(settings.config)

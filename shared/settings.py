@@ -319,6 +319,12 @@ class Settings(BaseSettings):
     web_graceful_timeout_s: int = Field(
         default=5, ge=0, description="Open requests and streams get this long at shutdown."
     )
+    web_redis_connections: int = Field(
+        default=200, ge=2, description="Redis connections per web process (requests wait)."
+    )
+    web_redis_wait_s: float = Field(
+        default=10.0, gt=0, description="Longest wait for a free Redis connection in the web."
+    )
 
     @field_validator("redis_prefix")
     @classmethod

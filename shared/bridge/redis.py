@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import redis
+from cachetools import TTLCache
 
 from shared.bridge.base import (
     END_EVENT,
@@ -67,6 +69,35 @@ class Snapshot:
     last_event: str | None  # the newest entry's event name
 
 
+LIVENESS_ENTRIES = 65536
+"""Answers RunLiveness keeps at most (two per followed stream)."""
+
+
+class RunLiveness:
+    """Idle followers' checks ("is the stream there?", "has the run ended?"), shared briefly.
+
+    Every idle follower asks once per heartbeat; thousands of them following one run would
+    each cost a Redis and a PostgreSQL round trip. An answer is reused for `ttl_s`: a
+    terminal status never changes, and a stale "not ended" or "exists" only delays the
+    rare lost-`end` path by at most one heartbeat.
+    """
+
+    def __init__(self, ttl_s: float) -> None:
+        self._answers: TTLCache[tuple[str, str], bool] = TTLCache(LIVENESS_ENTRIES, ttl_s)
+        self._lock = threading.Lock()
+
+    def ask(self, what: str, key: str, probe: Callable[[], bool]) -> bool:
+        """The cached answer to (`what`, `key`), or `probe()`'s."""
+        with self._lock:
+            hit = self._answers.get((what, key))
+        if hit is not None:
+            return hit
+        value = bool(probe())
+        with self._lock:
+            self._answers[(what, key)] = value
+        return value
+
+
 class StreamSubscriber:
     """Web side of B1: replay after a cursor with exact gap detection, then follow live."""
 
@@ -76,12 +107,14 @@ class StreamSubscriber:
         keys: Keys,
         settings: Settings,
         hub: SubscriptionHub | None = None,
+        liveness: RunLiveness | None = None,
     ) -> None:
         self._client = client
         self._keys = keys
         self._heartbeat_s = settings.stream_heartbeat_s
         self._heartbeat_ms = int(settings.stream_heartbeat_s * 1000)
         self._hub = hub
+        self.liveness = liveness or RunLiveness(settings.stream_heartbeat_s)
         self.batch = 500
 
     @property
@@ -268,9 +301,10 @@ class StreamSubscriber:
         client reloads durable state instead of waiting for ever.
         """
         st.idle += 1
-        if not self._client.exists(key):
-            return is_terminal()
-        return st.idle >= 2 and is_terminal()
+        ask = self.liveness.ask
+        if not ask("exists", key, lambda: bool(self._client.exists(key))):
+            return ask("terminal", key, is_terminal)
+        return st.idle >= 2 and ask("terminal", key, is_terminal)
 
     def _accept(
         self, run_id: str, st: _Follow, entries: list[Any]
