@@ -12,7 +12,7 @@ from shared.settings import Settings
 def create_app(settings: Settings | None = None) -> Flask:
     """The application factory."""
     from app import auth, cors, errors, limits
-    from app.api import assistants, events, meta, openapi, runs, state, threads, ui
+    from app.api import artifacts, assistants, events, meta, openapi, runs, state, threads, ui
     from app.services import Services
     from app.streaming import ws
 
@@ -30,6 +30,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         assistants.bp,
         threads.bp,
         state.bp,
+        artifacts.bp,
         runs.bp,
         events.bp,
         ui.bp,

@@ -34,6 +34,10 @@ class RunNotFound(NotFound):
     """The run is missing or belongs to another user's thread."""
 
 
+class ArtifactNotFound(NotFound):
+    """No such artifact in the thread's outputs (or the thread is not the caller's)."""
+
+
 class AssistantNotFound(NotFound):
     """No graph is registered under this assistant id."""
 

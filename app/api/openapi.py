@@ -51,6 +51,7 @@ QUERIES: dict[str, type[BaseModel]] = {
 }
 STREAMING = {"runs.create_stream", "runs.join_stream"}
 PLAIN_TEXT = {"ops.metrics_endpoint"}  # Prometheus exposition format
+FILES = {"artifacts.download"}  # an artifact's own bytes, whatever its type
 OTHER_SUCCESS: dict[str, dict[str, Any]] = {
     "runs.cancel": {
         "202": {"description": "cancel accepted (wait=0)", "content": {"application/json": {}}}
@@ -122,6 +123,8 @@ def build(app: Flask) -> dict[str, Any]:
                                 if rule.endpoint in STREAMING
                                 else "text/plain"
                                 if rule.endpoint in PLAIN_TEXT
+                                else "*/*"
+                                if rule.endpoint in FILES
                                 else "application/json"
                             ): {}
                         },

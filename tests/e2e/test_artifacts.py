@@ -1,0 +1,60 @@
+"""Artifacts over HTTP (SPEC §9, A4, G3): the owner lists and downloads what the agent wrote;
+another user gets exactly the answer for a missing thread; traversal, hidden files and
+symbolic links are refused."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import ALICE, BOB, Cluster
+
+pytestmark = pytest.mark.e2e
+
+
+def client(c: Cluster, key: str) -> httpx.Client:
+    return httpx.Client(base_url=c.url, headers={"x-api-key": key}, timeout=60)
+
+
+def test_a4_g3_artifacts_are_served_to_the_owner_only(cluster: Cluster) -> None:
+    """A4, G3: list and download an artifact the run wrote; Bob's answers equal a missing
+    thread's; bad names are a 400 naming `name`; a symlink planted in outputs/ is not served."""
+    with client(cluster, ALICE) as alice, client(cluster, BOB) as bob:
+        tid = alice.post("/threads", json={}).json()["thread_id"]
+        body = {
+            "assistant_id": "lead_agent",
+            "input": {"messages": [{"role": "user", "content": "please write a report"}]},
+            "config": {"configurable": {"tokens": 8}},
+        }
+        assert alice.post(f"/threads/{tid}/runs/wait", json=body).status_code == 200
+        listed = alice.get(f"/threads/{tid}/artifacts").json()
+        assert [a["path"] for a in listed] == ["outputs/report.md"]
+        on_disk = cluster.settings.workspace_dir / tid / "outputs" / "report.md"
+        got = alice.get(f"/threads/{tid}/artifacts/outputs/report.md")
+        assert got.status_code == 200 and got.content == on_disk.read_bytes()
+        assert got.headers["content-disposition"].startswith("attachment")
+        assert listed[0]["size"] == on_disk.stat().st_size
+
+        missing = "00000000-0000-4000-8000-000000000000"
+        for path in ("artifacts", "artifacts/outputs/report.md"):
+            theirs = bob.get(f"/threads/{tid}/{path}")
+            absent = bob.get(f"/threads/{missing}/{path}")
+            assert theirs.status_code == absent.status_code == 404
+            assert theirs.json()["error"] == absent.json()["error"] == "not_found"
+        assert alice.get(f"/threads/{tid}/artifacts/outputs/nope.md").status_code == 404
+
+        for bad in (".env", "%2e%2e", "..."):
+            res = alice.get(f"/threads/{tid}/artifacts/outputs/{bad}")
+            assert res.status_code == 400 and res.json()["field"] == "name", (bad, res.text)
+        assert alice.get(f"/threads/{tid}/artifacts/outputs/..%2f..%2fsecret").status_code in (
+            400,
+            404,
+        )
+
+        os.symlink("/etc/hostname", on_disk.parent / "link.md")
+        assert alice.get(f"/threads/{tid}/artifacts/outputs/link.md").status_code == 404
+        assert [a["path"] for a in alice.get(f"/threads/{tid}/artifacts").json()] == [
+            "outputs/report.md"
+        ]
