@@ -9,8 +9,8 @@ Server model: `gevent` by default, `gthread` selectable (`THREADRUN_WEB_WORKER_C
 streaming connection (SSE or WebSocket) lives as long as the run it follows, and mostly waits.
 Under gthread each one holds an OS thread, so a process serves at most `web_threads` of them
 (64: the 65th waits in gunicorn's queue). Under gevent each is a greenlet: `python -m
-bench.streams` held 5,000 idle WebSockets plus 100 streaming ones in one process (see the README,
-"Web server model"). The monkey-patching (gunicorn's gevent worker runs `patch_all()` before it
+bench.streams` held 5,000 idle connections (half WebSocket, half SSE) plus 100 streaming
+WebSockets in one process at ~45 KB each (the README, "Web server model"). The monkey-patching (gunicorn's gevent worker runs `patch_all()` before it
 loads the app) turns the subscription hub's thread, simple-websocket's reader threads and
 psycopg_pool's workers into greenlets; redis-py waits on patched sockets and psycopg (>= 3.2)
 sees the patched `select` and waits with it instead of its C wait (psycopg/waiting.py).
