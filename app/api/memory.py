@@ -74,9 +74,7 @@ def compact(thread_id: str) -> Response:
     tid = str(thread["thread_id"])
     ctx = SummaryContext(tid, user_id, graph_id, [])
     try:
-        result = compact_thread(
-            svc.state, svc.registry.get(graph_id), tid, graph_id, summarizer, ctx
-        )
+        result = compact_thread(svc.state, tid, graph_id, summarizer, ctx)
     except SummaryFailed as exc:
         return json_response(error_body(exc.code, str(exc)), 502)
     body: dict[str, Any] = {"outcome": result.outcome.value, **result.record}

@@ -40,7 +40,7 @@ from langgraph.types import Overwrite, StateSnapshot
 from shared import serde
 from shared.agent.graphs import GraphRegistry
 from shared.db import DictPool
-from shared.errors import NotFound
+from shared.errors import Conflict, NotFound
 from shared.state.modes import CheckpointMode
 from shared.state.savers import StatePostgresSaver
 
@@ -206,6 +206,24 @@ class CheckpointStateAccessor:
         """Write `values` as if `as_node` returned them; a new head checkpoint."""
         cfg = self._graph(graph_id).update_state(
             self._config(thread_id, checkpoint), values, as_node=as_node
+        )
+        return {"checkpoint": _checkpoint_ref(cfg)}
+
+    def replace(self, thread_id: str, graph_id: str, values: dict[str, Any]) -> dict[str, Any]:
+        """Write `values` through the channels' reducers as a new head checkpoint, through
+        the state-only graph: no agent node starts or is scheduled by it (C2 compaction).
+
+        A thread paused on a pending node (an interrupt waiting for its answer) is refused
+        with Conflict: any state write ends the pending step, and a replacement must not
+        silently drop a question the user has not answered yet.
+        """
+        snap = self._graph(graph_id).get_state(self._config(thread_id))
+        if snap.next:
+            raise Conflict(
+                f"the thread is paused before {', '.join(snap.next)}: resume or cancel it first"
+            )
+        cfg = self._graph(graph_id, state_only=True).update_state(
+            self._config(thread_id), values, as_node=RESTORE_NODE
         )
         return {"checkpoint": _checkpoint_ref(cfg)}
 

@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 
 from shared.agent.lead_agent import build_lead_agent
 from shared.db import make_async_pool, make_pool
+from shared.errors import Conflict
 from shared.settings import Settings
 from shared.state.accessor import CheckpointStateAccessor
 from shared.state.modes import (
@@ -326,3 +327,44 @@ def test_s5_rollback_restores_a_paused_thread_with_next_and_pending_writes(
             await pool.close()
 
     asyncio.run(scenario())
+
+
+def test_s5_replace_goes_through_the_state_only_graph(settings: Settings) -> None:
+    """S5, C2: a state replacement (the compaction commit) is a new linear head written
+    through the state-only graph: no node starts and nothing is scheduled, the thread goes on
+    normally; a thread paused on an interrupt is refused (409) rather than silently unpaused."""
+
+    def ask(state: dict[str, Any]) -> dict[str, Any]:
+        return {"messages": [AIMessage(content=f"answer: {interrupt('approve?')}")]}
+
+    b: StateGraph[Any] = StateGraph(thread_state_schema("full", 3))
+    b.add_node("ask", ask)
+    b.add_edge(START, "ask")
+    b.add_edge("ask", END)
+    graph = b.compile()
+    pool = make_pool(settings, name="test-replace", max_size=2)
+    try:
+        saver = StatePostgresSaver(pool, mode="full")
+        accessor = CheckpointStateAccessor(saver, _Registry({"g": graph}))  # type: ignore[arg-type]
+        bound = graph.copy(update={"checkpointer": saver})
+        tid = str(uuid.uuid4())
+        cfg = {"configurable": {"thread_id": tid}}
+        bound.invoke({"messages": [{"role": "user", "content": "go"}]}, cfg)
+        paused = accessor.get(tid, "g")
+        assert paused["next"] == ["ask"]
+        with pytest.raises(Conflict, match="paused before ask"):
+            accessor.replace(tid, "g", {"summary_text": "no"})
+        assert accessor.get(tid, "g")["checkpoint_id"] == paused["checkpoint_id"]
+        bound.invoke(Command(resume="yes"), cfg)
+        before = accessor.get(tid, "g")
+        out = accessor.replace(tid, "g", {"summary_text": "the user said go"})
+        after = accessor.get(tid, "g")
+        assert after["checkpoint_id"] == out["checkpoint"]["checkpoint_id"]
+        assert after["parent_checkpoint"]["checkpoint_id"] == before["checkpoint_id"]
+        assert after["values"]["summary_text"] == "the user said go"
+        assert after["values"]["messages"] == before["values"]["messages"]
+        assert after["next"] == []
+        bound.invoke({"messages": [{"role": "user", "content": "again"}]}, cfg)
+        assert accessor.get(tid, "g")["next"] == ["ask"]  # the graph runs on from the new head
+    finally:
+        pool.close()

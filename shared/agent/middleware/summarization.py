@@ -38,9 +38,8 @@ from langchain_core.messages import (
 from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_config
-from langgraph.constants import END, TAG_NOSTREAM
+from langgraph.constants import TAG_NOSTREAM
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
-from langgraph.pregel import Pregel
 from langgraph.runtime import Runtime
 
 from shared.agent.model import SUMMARY_TASK, make_model
@@ -353,20 +352,8 @@ def messages_from_json(items: Sequence[Any]) -> list[AnyMessage]:
     return out
 
 
-def terminal_node(graph: Pregel) -> str:
-    """The node that only leads to END: writing as it leaves nothing to run (S5)."""
-    builder = getattr(graph, "builder", None)
-    edges: set[tuple[str, str]] = getattr(builder, "edges", set())
-    branches = getattr(builder, "branches", {})
-    for src, dst in sorted(edges):
-        if dst == END and src not in branches:
-            return str(src)
-    raise Conflict(f"graph {graph.name!r} has no plain final node to record a compaction as")
-
-
 def compact_thread(
     accessor: CheckpointStateAccessor,
-    graph: Pregel,
     thread_id: str,
     graph_id: str,
     summarizer: Summarizer,
@@ -380,7 +367,6 @@ def compact_thread(
     """
     values = accessor.get(thread_id, graph_id)["values"] or {}
     messages = messages_from_json(values.get("messages") or [])
-    as_node = terminal_node(graph)
     result = summarizer.run(messages, values.get("summary_text"), ctx, force=True)
     if result.outcome is CompactOutcome.NOTHING_TO_COMPACT:
         raise NothingToCompact(
@@ -389,7 +375,7 @@ def compact_thread(
         )
     if result.outcome is not CompactOutcome.COMPACTED or result.update is None:
         raise SummaryFailed(f"summary generation failed; state unchanged: {result.error}")
-    out = accessor.update(thread_id, graph_id, result.update, as_node=as_node, checkpoint=None)
+    out = accessor.replace(thread_id, graph_id, result.update)
     result.record["checkpoint"] = out.get("checkpoint")
     log.info("thread compacted: %s", result.record, extra={"thread_id": thread_id})
     return result
