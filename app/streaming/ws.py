@@ -199,7 +199,7 @@ class JoinFrame(_Frame):
 
 
 class CancelFrame(_Frame):
-    """`run.cancel` (R5); rollback is refused for now, as over HTTP."""
+    """`run.cancel` (R5): interrupt keeps the run's progress, rollback undoes it."""
 
     run_id: str
     action: Literal["interrupt", "rollback"] = "interrupt"
@@ -529,10 +529,6 @@ class _Session:
 
     def _cancel(self, data: dict[str, Any], request_id: Any) -> None:
         frame = validate(CancelFrame, data)
-        if frame.action == "rollback":
-            raise ValidationFailed(
-                "action: 'rollback' is not supported yet; use interrupt", field="action"
-            )
         tid = self._thread_id(frame.thread_id)
         run_id = _run_uuid(frame.run_id)
         outcome = self.svc.runs.cancel(

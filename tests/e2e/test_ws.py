@@ -255,15 +255,12 @@ def test_a2_b4_join_mid_run_gets_exactly_the_rest(cluster: Cluster) -> None:
 
 def test_a2_r5_cancel_over_ws(cluster: Cluster) -> None:
     """A2, R5: run.cancel answers run.cancel.accepted; the followed run ends `interrupted`;
-    rollback is refused like over HTTP."""
+    with action=rollback the thread's state is the one before the run (here: empty)."""
     tid = new_thread(cluster)
     with WS(cluster.url, f"/threads/{tid}/ws") as ws:
         run_id = ws.request(create_frame(tokens=400, delay_ms=10))["run"]["run_id"]
         ws.until(lambda f: len(tokens([f])) == 1)
-        refused = ws.request({"type": "run.cancel", "run_id": run_id, "action": "rollback"})
-        assert refused["type"] == "error" and refused["code"] == "invalid_request"
-        assert refused["field"] == "action"
-        ws.send({"type": "run.cancel", "run_id": run_id, "request_id": "c"})
+        ws.send({"type": "run.cancel", "run_id": run_id, "request_id": "c", "action": "rollback"})
         frames = ws.until(lambda f: f["type"] == "end")
     accepted = [f for f in frames if f["type"] == "run.cancel.accepted"]
     assert accepted == [
@@ -272,6 +269,11 @@ def test_a2_r5_cancel_over_ws(cluster: Cluster) -> None:
     assert frames[-1]["status"] == "interrupted"
     assert 0 < len(tokens(frames)) < 400
     assert status(cluster, tid, run_id) == "interrupted"
+    with api(cluster) as h:
+        state = h.get(f"/threads/{tid}/state").json()
+    assert (
+        state["values"]["messages"] == [] and state["metadata"]["threadrun_rollback_of"] == run_id
+    )
 
 
 def test_a4_another_users_key_gets_not_found(cluster: Cluster) -> None:
