@@ -101,6 +101,9 @@ class Cluster:
             "THREADRUN_WEB_WORKERS": "1",
             "THREADRUN_WEB_THREADS": "32",
             "THREADRUN_WEB_GRACEFUL_TIMEOUT_S": "3",
+            # The suite's processes share one PostgreSQL (max_connections 100 by default):
+            # a test web process needs few connections, and gevent fills a pool in a burst.
+            "THREADRUN_DB_POOL_MAX": self.env.get("THREADRUN_DB_POOL_MAX", "6"),
         }
         self._spawn(f"web{len(self.urls)}", argv, env)
         url = f"http://127.0.0.1:{port}"
@@ -129,7 +132,9 @@ class Cluster:
             "-l",
             "info",
         ]
-        proc = self._spawn(name, argv)
+        # The worker's pools are sized from its concurrency (workers/runtime.py): tell it
+        # the real one, not the 32 of production, so a test cluster stays small in PostgreSQL.
+        proc = self._spawn(name, argv, {"THREADRUN_WORKER_CONCURRENCY": str(concurrency)})
         self._wait_log(proc, "ready.")
         return proc
 

@@ -26,7 +26,7 @@ from tests.e2e.conftest import ALICE, API_KEYS, Cluster
 
 pytestmark = pytest.mark.e2e
 
-WEBS, WORKERS, WORKER_CONCURRENCY = 2, 3, 16
+WEBS, WORKERS, WORKER_CONCURRENCY = 2, 3, 8
 THREADS, RUNS_PER_THREAD, CLIENTS = 50, 4, 8
 TOKENS = 3
 NO_USER_LIMITS = {
