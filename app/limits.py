@@ -35,7 +35,11 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 
 RUN_CREATE_ENDPOINTS = frozenset({"runs.create", "runs.create_stream", "runs.create_wait"})
-STREAM_ENDPOINTS = frozenset({"runs.create_stream", "runs.join_stream"})
+STREAM_ENDPOINTS = frozenset(
+    {"runs.create_stream", "runs.join_stream", "runs.create_wait", "runs.join"}
+)
+"""Long-held responses that count as open connections: SSE streams, and /wait and /join,
+which hold the request open (whitespace keep-alives) until the run ends."""
 METADATA_ENDPOINTS = frozenset({"threads.create", "threads.patch"})
 
 # GCRA (generic cell rate algorithm): one key per user holding the theoretical arrival

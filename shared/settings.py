@@ -89,7 +89,9 @@ class Settings(BaseSettings):
     )
     ws_frame_burst: int = Field(default=40, ge=1, description="Frame burst per socket.")
     max_connections_per_user: int = Field(
-        default=32, ge=1, description="Open SSE streams + WebSockets per user (429 above)."
+        default=32,
+        ge=1,
+        description="Open SSE streams, WebSockets and /wait or /join requests per user (429 above).",
     )
     limit_slot_ttl_s: float = Field(
         default=60.0,

@@ -244,6 +244,8 @@ def test_a4_open_connections_per_user(lim: Cluster) -> None:
         stack.callback(ws.close)
         third = httpx.get(stream_url, headers=h("conn"), timeout=30)
         assert_limit(third, 429, "max_connections_per_user")
+        join = httpx.get(f"{lim.url}/threads/{tid}/runs/{rid}/join", headers=h("conn"), timeout=30)
+        assert_limit(join, 429, "max_connections_per_user")  # /join holds a connection too
         refused = httpx.get(f"{lim.url}/ws", headers=upgrade_headers("conn"), timeout=30)
         assert_limit(refused, 429, "max_connections_per_user")
         # Another user is not affected.
