@@ -145,13 +145,12 @@ class ChaosCluster:
         self.procs.append(proc)
         return proc
 
-    def start_web(self, threads: int = 64) -> None:
+    def start_web(self) -> None:
+        """One web process as deployed: app/gunicorn_conf.py (its server model), one worker."""
         port = free_port()
         argv = [
-            sys.executable, "-m", "gunicorn", "app:create_app()",
-            "--bind", f"127.0.0.1:{port}",
-            "--worker-class", "gthread", "--workers", "1", "--threads", str(threads),
-            "--timeout", "0", "--graceful-timeout", "3",
+            sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf",
+            "--bind", f"127.0.0.1:{port}", "--workers", "1", "--graceful-timeout", "3",
         ]  # fmt: skip
         proc = self._spawn("web", argv)
         self.url = f"http://127.0.0.1:{port}"
