@@ -57,7 +57,18 @@ class Authenticator:
         return cls(settings, resolver, JwtVerifier.from_settings(settings))
 
     def open_mode(self) -> bool:
-        """Local single-user mode: no env keys, no JWT, no active stored key."""
+        """Local single-user mode: no env keys, no JWT, no active stored key, and a loopback
+        bind. A public server never falls into it, not even when its last stored key is
+        revoked after start (it then answers 401 until a key exists again)."""
+        return (
+            is_loopback(self.settings.host)
+            and not self.settings.api_key_map
+            and self.verifier is None
+            and not self.keys.any_active()
+        )
+
+    def unconfigured(self) -> bool:
+        """No credential source at all (env keys, JWT or an active stored key)."""
         return (
             not self.settings.api_key_map and self.verifier is None and not self.keys.any_active()
         )
@@ -105,7 +116,7 @@ def is_loopback(host: str) -> bool:
 
 def refuse_public_open_mode(settings: Settings, auth: Authenticator) -> None:
     """A4: no local single-user mode on a non-loopback address (raises at app start)."""
-    if not is_loopback(settings.host) and auth.open_mode():
+    if not is_loopback(settings.host) and auth.unconfigured():
         raise RuntimeError(
             f"refusing to start: THREADRUN_HOST={settings.host} is not a loopback address and"
             " no credentials are configured, so anyone could use this server as the local"

@@ -152,6 +152,23 @@ def test_a4_open_mode_refused_on_public_bind(settings: Settings) -> None:
     assert create_app(_settings(settings, host="127.0.0.1")) is not None
 
 
+def test_a4_public_server_never_falls_into_open_mode(
+    settings: Settings, store: ApiKeyStore
+) -> None:
+    """A4: a server on a public address that started with a stored key answers 401 after its
+    last key is revoked, instead of turning into the open single-user mode."""
+    for left in store.list():  # this test is about the very last key
+        store.revoke(left.key_id)
+    key, secret = store.create("olga")
+    app = create_app(_settings(settings, host="0.0.0.0", api_key_cache_ttl_s=0.1))
+    client = app.test_client()
+    assert client.post("/threads/count", headers={"x-api-key": secret}).status_code == 200
+    assert store.revoke(key.key_id) is not None
+    time.sleep(0.15)
+    assert client.post("/threads/count").status_code == 401
+    assert client.post("/threads/count", headers={"x-api-key": secret}).status_code == 401
+
+
 def test_a4_stored_key_turns_open_mode_off(settings: Settings, store: ApiKeyStore) -> None:
     """A4: with no env keys, the first stored key ends local single-user mode (within TTL)."""
     app = create_app(_settings(settings, api_key_cache_ttl_s=0.1))
