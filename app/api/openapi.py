@@ -57,6 +57,12 @@ OTHER_SUCCESS: dict[str, dict[str, Any]] = {
         "202": {"description": "cancel accepted (wait=0)", "content": {"application/json": {}}}
     },
     "runs.delete": {"204": {"description": "deleted"}},
+    "memory.compact": {
+        "502": {
+            "description": "summary generation failed; the state is unchanged",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
+    },
     "threads.delete": {"204": {"description": "deleted"}},
 }
 _PARAM = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
