@@ -7,11 +7,14 @@ The web binds it to the sync `StatePostgresSaver` (get, history, update); a work
 it to its async `FencedPostgresSaver` (the pre-run rollback point and the rollback
 itself, fenced by the run's epoch).
 
-Rollback and other state replacements use a *state-only graph*: the agent's assembled
-state schema with a single node that is never run. `update_state(..., as_node=that
-node)` with `Overwrite` values writes one new head checkpoint through LangGraph's own
-versioning (delta channels get a fresh snapshot), and no agent node starts. Nothing
-outside `shared/state/` opens a saver (tests/unit/test_state_boundary.py).
+State replacements (compaction, a rollback to the empty thread) use a *state-only
+graph*: the agent's assembled state schema with a single node that is never run;
+`update_state(..., as_node=that node)` writes one new head checkpoint through LangGraph's
+own versioning and reducers, and no agent node starts. A rollback to an earlier
+checkpoint copies that checkpoint as a child of the head instead (values, versions, what
+each node has seen and the pending writes recorded at run start), the way LangGraph forks
+a checkpoint, so a paused thread comes back paused. Nothing outside `shared/state/` opens
+a saver (tests/unit/test_state_boundary.py).
 """
 
 from __future__ import annotations
