@@ -238,6 +238,11 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="Bound on the memory read at injection (M2)."
     )
     memory_max_facts: int = Field(default=20, ge=1, description="Facts injected per thread (M2).")
+    memory_known_facts: int = Field(
+        default=50,
+        ge=0,
+        description="The user's newest facts shown to extraction, which may supersede them (M4).",
+    )
     memory_max_messages: int = Field(
         default=40, ge=1, description="Messages kept per debounced update (M4)."
     )

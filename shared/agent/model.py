@@ -97,6 +97,35 @@ _PREFERENCE = re.compile(
     r"\b(?:i (?:prefer|like|want|would like|need)|(?:please )?always)\b", re.IGNORECASE
 )
 _SENTENCE = re.compile(r"[^.!?;\n]+")
+_KNOWN_FACT = re.compile(r"^- \[([0-9a-fA-F-]{36})\] \((\w+)\) (.+)$", re.MULTILINE)
+_NOT_SUBJECT = frozenset(
+    [
+        "prefer",
+        "like",
+        "want",
+        "would",
+        "need",
+        "please",
+        "always",
+        "actually",
+        "instead",
+        "rather",
+        "that",
+        "this",
+        "with",
+        "them",
+        "they",
+        "their",
+        "your",
+        "from",
+        "have",
+        "into",
+        "should",
+        "every",
+        "wrong",
+        "right",
+    ]
+)
 _SAID = re.compile(r'The user said "(.*?)"\.')
 
 
@@ -184,16 +213,54 @@ def builtin_summary(messages: Sequence[BaseMessage]) -> str:
     return " ".join(f'The user said "{s}".' for s in said[-SUMMARY_MAX_LINES:])
 
 
+def _known_facts(messages: Sequence[BaseMessage]) -> list[tuple[str, str, str]]:
+    """(id, category, content) of the `- [id] (category) content` lines of the prompt."""
+    return [
+        (m.group(1), m.group(2), m.group(3))
+        for msg in messages
+        if not isinstance(msg, SystemMessage)
+        for m in _KNOWN_FACT.finditer(msg.text)
+    ]
+
+
+def _subject(text: str) -> set[str]:
+    """The words that say what a preference is about (not how it is stated)."""
+    return {w for w in re.findall(r"[a-z]{4,}", text.lower()) if w not in _NOT_SUBJECT}
+
+
 def builtin_facts(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    """The preferences the user stated, as extraction facts (deterministic)."""
+    """The preferences the user stated, as extraction facts (deterministic).
+
+    Under a `correction` signal a new preference replaces the known preferences that
+    share a subject word with it ("I prefer reports with details first" replaces "I prefer
+    reports with the conclusion first"), and of the preferences stated in the transcript
+    only the latest on a subject is kept (the transcript repeats the earlier turns).
+    """
     correction = any("signals:" in m.text and "correction" in m.text for m in messages)
+    known = _known_facts(messages) if correction else []
     facts: list[dict[str, Any]] = []
     for line in _lines(messages, "User:", "Human:"):
         for sentence in _SENTENCE.findall(line):
             text = " ".join(sentence.split())
             if _PREFERENCE.search(text) and text not in [f["content"] for f in facts]:
                 confidence = 0.95 if correction else 0.9
-                facts.append({"category": "preference", "content": text, "confidence": confidence})
+                replaces = [
+                    fid
+                    for fid, category, content in known
+                    if category == "preference"
+                    and content != text
+                    and _subject(content) & _subject(text)
+                ]
+                if correction:
+                    facts = [f for f in facts if not _subject(f["content"]) & _subject(text)]
+                facts.append(
+                    {
+                        "category": "preference",
+                        "content": text,
+                        "confidence": confidence,
+                        "replaces": replaces,
+                    }
+                )
     return facts
 
 

@@ -16,6 +16,7 @@ import datetime as dt
 import enum
 import hashlib
 import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -87,11 +88,13 @@ class Fact:
 
 @dataclass(frozen=True)
 class NewFact:
-    """A fact an extractor found, before it is stored."""
+    """A fact an extractor found, before it is stored; `replaces` are the ids of the user's
+    stored facts it corrects (superseded: deleted when this one is stored)."""
 
     category: str
     content: str
     confidence: float
+    replaces: tuple[str, ...] = ()
 
 
 @dataclass
@@ -155,7 +158,9 @@ class MemoryBackend(Protocol):
         source_thread_id: str | None,
         trace_id: str | None,
     ) -> int:
-        """Store facts idempotently (same text = same fact); returns how many."""
+        """Store facts idempotently (same text = same fact), and in the same step delete the
+        agent's facts of this user that they replace (`NewFact.replaces`; a fact stored by
+        this call is never deleted by it); returns how many were stored."""
 
     def delete_fact(self, user_id: str, fact_id: str) -> None:
         """Delete one of the user's facts; `MemoryFactNotFound` if it is not theirs."""
@@ -180,6 +185,18 @@ _REINFORCEMENT = re.compile(
 def normalise(text: str) -> str:
     """Fact text as compared for identity: single spaces, lower case, no end punctuation."""
     return re.sub(r"\s+", " ", text).strip().rstrip(".!").lower()
+
+
+def superseded_ids(facts: Sequence[NewFact]) -> list[uuid.UUID]:
+    """The fact ids the new facts replace, parsed (an id that is not a UUID names nothing)."""
+    out: list[uuid.UUID] = []
+    for f in facts:
+        for ref in f.replaces:
+            try:
+                out.append(uuid.UUID(str(ref)))
+            except ValueError:
+                continue
+    return out
 
 
 def content_hash(text: str) -> str:

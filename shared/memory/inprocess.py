@@ -7,7 +7,14 @@ import threading
 import uuid
 from collections.abc import Sequence
 
-from shared.memory.base import CATEGORIES, Fact, MemoryFactNotFound, NewFact, content_hash
+from shared.memory.base import (
+    CATEGORIES,
+    Fact,
+    MemoryFactNotFound,
+    NewFact,
+    content_hash,
+    superseded_ids,
+)
 
 
 class InProcessMemoryBackend:
@@ -37,9 +44,18 @@ class InProcessMemoryBackend:
         source_thread_id: str | None,
         trace_id: str | None,
     ) -> int:
-        """Store facts idempotently (same text = same fact)."""
+        """Store facts idempotently (same text = same fact); delete the ones they replace."""
         now = dt.datetime.now(dt.UTC)
+        replaced = {str(i) for i in superseded_ids(facts)}
+        keep = {content_hash(f.content) for f in facts}
         with self._lock:
+            for bucket, stored in list(self._facts.items()):
+                if (
+                    stored.fact_id in replaced
+                    and bucket[:2] == (agent_name, user_id)
+                    and bucket[2] not in keep
+                ):
+                    del self._facts[bucket]
             for f in facts:
                 key = (agent_name, user_id, content_hash(f.content))
                 old = self._facts.get(key)

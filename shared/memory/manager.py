@@ -43,12 +43,14 @@ class MemoryManager:
         read_policy: ReadPolicy = "fail_open",
         max_facts: int = 20,
         max_messages: int = 40,
+        known_facts: int = 50,
     ) -> None:
         self.backend = backend
         self.queue = queue
         self.read_policy = read_policy
         self.max_facts = max_facts
         self.max_messages = max_messages
+        self.known_facts = known_facts
 
     # --- read (M2, M3) -------------------------------------------------------------------
     def context(self, agent_name: str, user_id: str) -> str | None:
@@ -105,7 +107,8 @@ class MemoryManager:
         if not updates:
             return 0  # acked by an earlier attempt
         update = merge_updates(updates, self.max_messages)
-        facts = extract_facts(model, update)
+        known = self.backend.list_facts(update.agent_name, update.user_id, self.known_facts)
+        facts = extract_facts(model, update, known)
         stored = self.backend.upsert_facts(
             update.agent_name,
             update.user_id,

@@ -7,7 +7,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from shared.db import DictPool
-from shared.memory.base import CATEGORIES, Fact, MemoryFactNotFound, NewFact, content_hash
+from shared.memory.base import (
+    CATEGORIES,
+    Fact,
+    MemoryFactNotFound,
+    NewFact,
+    content_hash,
+    superseded_ids,
+)
 
 LIST_SQL = """
 SELECT fact_id, agent_name, user_id, category, content, confidence, source_thread_id,
@@ -34,6 +41,13 @@ SET category = EXCLUDED.category,
 """
 
 DELETE_SQL = "DELETE FROM memory_facts WHERE fact_id = %(fact_id)s AND user_id = %(user_id)s"
+# A correction supersedes the facts it replaces: only this agent's facts of this user, and
+# never one this same step stores again (same text).
+SUPERSEDE_SQL = """
+DELETE FROM memory_facts
+WHERE agent_name = %(agent_name)s AND user_id = %(user_id)s
+  AND fact_id = ANY(%(ids)s::uuid[]) AND content_hash <> ALL(%(keep)s::text[])
+"""
 
 
 def _fact(row: dict[str, Any]) -> Fact:
@@ -91,7 +105,18 @@ class PostgresMemoryBackend:
         ]
         if not params:
             return 0
+        replaced = superseded_ids(facts)
         with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            if replaced:
+                cur.execute(
+                    SUPERSEDE_SQL,
+                    {
+                        "agent_name": agent_name,
+                        "user_id": user_id,
+                        "ids": replaced,
+                        "keep": [p["hash"] for p in params],
+                    },
+                )
             cur.executemany(UPSERT_SQL, params)
         return len(params)
 

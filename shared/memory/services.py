@@ -61,6 +61,7 @@ def build_manager(settings: Settings) -> MemoryManager:
         read_policy=settings.memory_read_policy,
         max_facts=settings.memory_max_facts,
         max_messages=settings.memory_max_messages,
+        known_facts=settings.memory_known_facts,
     )
 
 

@@ -72,6 +72,34 @@ def test_m6_delete_only_your_own_fact(backend: MemoryBackend) -> None:
         backend.delete_fact(alice, fact_id)
 
 
+def test_m1_m4_a_correction_supersedes_the_facts_it_replaces(backend: MemoryBackend) -> None:
+    """M1, M4: storing a fact that replaces others deletes them in the same step, but only
+    this agent's facts of this user, and never a fact this step stores again."""
+    alice, bob = user(), user()
+    old = [NewFact("preference", "I prefer tea", 0.9), NewFact("fact", "Lives in Lyon", 0.6)]
+    backend.upsert_facts("a", alice, old, source_thread_id=None, trace_id=None)
+    backend.upsert_facts("a", bob, old[:1], source_thread_id=None, trace_id=None)
+    backend.upsert_facts("b", alice, old[:1], source_thread_id=None, trace_id=None)
+    tea = next(f for f in backend.list_facts("a", alice, 10) if f.content == "I prefer tea")
+    bob_tea = backend.list_facts("a", bob, 10)[0]
+    other_agent_tea = backend.list_facts("b", alice, 10)[0]
+    ids = (tea.fact_id, bob_tea.fact_id, other_agent_tea.fact_id, "not-a-uuid")
+    coffee = NewFact("preference", "I prefer coffee", 0.95, replaces=ids)
+    assert backend.upsert_facts("a", alice, [coffee], source_thread_id=None, trace_id=None) == 1
+    assert sorted(f.content for f in backend.list_facts("a", alice, 10)) == [
+        "I prefer coffee",
+        "Lives in Lyon",
+    ]
+    assert [f.content for f in backend.list_facts("a", bob, 10)] == ["I prefer tea"]
+    assert [f.content for f in backend.list_facts("b", alice, 10)] == ["I prefer tea"]
+    # Re-stating a fact while "replacing" it keeps it.
+    again = NewFact("preference", "I prefer coffee", 0.95, replaces=(tea.fact_id,))
+    coffee_id = next(f.fact_id for f in backend.list_facts("a", alice, 10) if "coffee" in f.content)
+    keep = NewFact("preference", "i prefer coffee.", 0.9, replaces=(coffee_id,))
+    backend.upsert_facts("a", alice, [again, keep], source_thread_id=None, trace_id=None)
+    assert any("coffee" in f.content for f in backend.list_facts("a", alice, 10))
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -129,6 +157,28 @@ def test_m4_burst_of_20_is_one_batch_latest_wins_messages_merged(
     assert m.process(tokens[0], BuiltinChatModel()) == 1
     assert [f.content for f in m.list_facts("alice")] == ["I prefer tea"]
     assert q.backlog() == 0 and q.counters()["extracted"] == 1
+
+
+def test_m4_a_stated_correction_replaces_the_old_preference(
+    queue_parts: tuple[MemoryQueue, Clock, redis.Redis],
+) -> None:
+    """M4: the user corrects a preference in a later turn: extraction (the built-in model,
+    shown the stored facts) stores the new one and supersedes the old, so injection never
+    shows both; an unrelated preference stays."""
+    q, clock, _ = queue_parts
+    m = manager(q)
+    history = said("I prefer reports with the conclusion first. I like green tea.", 1)
+    m.add("t1", history, "agent", "alice", trace_id="run1")
+    clock.now += 31
+    assert m.process(q.claim_due(10)[0], BuiltinChatModel()) == 2
+    history += said("No, that's wrong. I prefer reports with the details first.", 2)
+    m.add("t1", history, "agent", "alice", trace_id="run2")
+    clock.now += 31
+    m.process(q.claim_due(10)[0], BuiltinChatModel())
+    assert sorted(f.content for f in m.list_facts("alice")) == [
+        "I like green tea",
+        "I prefer reports with the details first",
+    ]
 
 
 def test_m4_debounce_never_postpones_a_bucket_past_its_max_wait(

@@ -84,6 +84,19 @@ def test_m4_builtin_model_extracts_stated_preferences_deterministically() -> Non
     assert extract_facts(BuiltinChatModel(), update([("1", "what time is it")])) == []
 
 
+def test_m4_replaces_only_ids_the_extractor_was_shown() -> None:
+    """M4: a `replaces` id that is not one of the user's known facts is dropped."""
+    known = "11111111-1111-4111-8111-111111111111"
+    answer = (
+        '{"facts": [{"content": "c", "category": "preference", "replaces": '
+        f'["{known}", "22222222-2222-4222-8222-222222222222"]}}]}}'
+    )
+    assert parse_facts(answer, [known])[0].replaces == (known,)
+    assert parse_facts(answer)[0].replaces == ()
+    with pytest.raises(ExtractionFailed):
+        parse_facts('{"facts": [{"content": "c", "replaces": "x"}]}')
+
+
 def test_m4_extraction_answer_must_be_facts_json() -> None:
     with pytest.raises(ExtractionFailed):
         parse_facts("sure! here are the facts")
