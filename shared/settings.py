@@ -232,7 +232,9 @@ class Settings(BaseSettings):
         description="'postgres' or 'package.module:Factory' taking Settings (M1).",
     )
     memory_read_policy: Literal["fail_open", "fail_closed"] = Field(
-        default="fail_open", description="What a failed memory read does to the run (M3)."
+        default="fail_open",
+        description="M3: the Postgres backend's failure_policy.read (a failed read: no memory,"
+        " or the run fails); a third-party backend sets its own.",
     )
     memory_injection_timeout_s: float = Field(
         default=5.0, gt=0, description="Bound on the memory read at injection (M2)."

@@ -19,7 +19,7 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
@@ -143,8 +143,21 @@ class MemoryUpdate:
         )
 
 
+ReadPolicy = Literal["fail_open", "fail_closed"]
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    """What a backend's failures mean to a run (M3): `read` fail_open (log, no memory) or
+    fail_closed (the run fails rather than answer without the user's memory)."""
+
+    read: ReadPolicy = "fail_open"
+
+
 class MemoryBackend(Protocol):
     """Where facts live (M1). Implementations are thread-safe and blocking."""
+
+    failure_policy: FailurePolicy
 
     def list_facts(self, agent_name: str | None, user_id: str, limit: int) -> list[Fact]:
         """A user's facts, newest first; `agent_name=None` lists every agent's."""

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from shared.memory.base import (
     CATEGORIES,
     Fact,
+    FailurePolicy,
     MemoryFactNotFound,
     NewFact,
     content_hash,
@@ -20,7 +21,8 @@ from shared.memory.base import (
 class InProcessMemoryBackend:
     """The MemoryBackend contract over a dict guarded by a lock."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, failure_policy: FailurePolicy | None = None) -> None:
+        self.failure_policy = failure_policy or FailurePolicy()
         self._facts: dict[tuple[str, str, str], Fact] = {}
         self._lock = threading.Lock()
 

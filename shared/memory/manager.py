@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Literal
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
@@ -16,9 +15,11 @@ from langchain_core.messages import BaseMessage
 from shared.memory.base import (
     AdmitOutcome,
     Fact,
+    FailurePolicy,
     MemoryBackend,
     MemoryReadFailed,
     MemoryUpdate,
+    ReadPolicy,
     detect_signals,
     keep_for_memory,
     merge_updates,
@@ -29,8 +30,6 @@ from shared.memory.queue import MemoryQueue
 
 log = logging.getLogger(__name__)
 
-ReadPolicy = Literal["fail_open", "fail_closed"]
-
 
 class MemoryManager:
     """The one entry point to long-term memory."""
@@ -40,14 +39,16 @@ class MemoryManager:
         backend: MemoryBackend,
         queue: MemoryQueue,
         *,
-        read_policy: ReadPolicy = "fail_open",
+        read_policy: ReadPolicy | None = None,
         max_facts: int = 20,
         max_messages: int = 40,
         known_facts: int = 50,
     ) -> None:
         self.backend = backend
         self.queue = queue
-        self.read_policy = read_policy
+        # M3: the backend's failure_policy.read decides, unless the caller overrides it.
+        policy = getattr(backend, "failure_policy", None) or FailurePolicy()
+        self.read_policy: ReadPolicy = read_policy or policy.read
         self.max_facts = max_facts
         self.max_messages = max_messages
         self.known_facts = known_facts

@@ -10,6 +10,7 @@ from shared.db import DictPool
 from shared.memory.base import (
     CATEGORIES,
     Fact,
+    FailurePolicy,
     MemoryFactNotFound,
     NewFact,
     content_hash,
@@ -67,9 +68,16 @@ def _fact(row: dict[str, Any]) -> Fact:
 class PostgresMemoryBackend:
     """Facts in Postgres, through the process's sync pool."""
 
-    def __init__(self, pool: DictPool, *, owns_pool: bool = False) -> None:
+    def __init__(
+        self,
+        pool: DictPool,
+        *,
+        owns_pool: bool = False,
+        failure_policy: FailurePolicy | None = None,
+    ) -> None:
         self._pool = pool
         self._owns_pool = owns_pool
+        self.failure_policy = failure_policy or FailurePolicy()
 
     def list_facts(self, agent_name: str | None, user_id: str, limit: int) -> list[Fact]:
         """A user's facts, newest first."""

@@ -13,7 +13,7 @@ import threading
 import redis
 
 from shared.db import make_pool
-from shared.memory.base import MemoryBackend
+from shared.memory.base import FailurePolicy, MemoryBackend
 from shared.memory.manager import MemoryManager
 from shared.memory.postgres import PostgresMemoryBackend
 from shared.memory.queue import MemoryQueue
@@ -28,7 +28,9 @@ def make_backend(settings: Settings) -> MemoryBackend:
     spec = settings.memory_backend
     if spec == "postgres":
         pool = make_pool(settings, name="memory", max_size=settings.memory_db_pool_max)
-        return PostgresMemoryBackend(pool, owns_pool=True)
+        return PostgresMemoryBackend(
+            pool, owns_pool=True, failure_policy=FailurePolicy(read=settings.memory_read_policy)
+        )
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
         raise ValueError(
@@ -58,7 +60,6 @@ def build_manager(settings: Settings) -> MemoryManager:
     return MemoryManager(
         make_backend(settings),
         make_queue(settings, client),
-        read_policy=settings.memory_read_policy,
         max_facts=settings.memory_max_facts,
         max_messages=settings.memory_max_messages,
         known_facts=settings.memory_known_facts,

@@ -25,7 +25,7 @@ from shared.agent.model import HIDDEN_KEY
 from shared.journal import RunJournal
 from shared.journal.event_store import MemoryEventStore
 from shared.journal.journal import sha256_text
-from shared.memory.base import Fact, MemoryReadFailed, NewFact
+from shared.memory.base import Fact, FailurePolicy, MemoryReadFailed, NewFact
 from shared.memory.inprocess import InProcessMemoryBackend
 from shared.memory.manager import MemoryManager
 from shared.memory.queue import MemoryQueue
@@ -216,6 +216,16 @@ def test_m3_read_failure_fails_the_run_when_fail_closed() -> None:
     agent = agent_with(manager_for(SlowBackend(fail=True), "fail_closed"), Clock())
     with pytest.raises(MemoryReadFailed):
         agent.invoke(hi(), cfg("closed"))
+
+
+def test_m3_the_backends_failure_policy_decides() -> None:
+    """M3: fail-open unless the backend's `failure_policy.read` is fail_closed."""
+    closed = SlowBackend(fail=True)
+    closed.failure_policy = FailurePolicy(read="fail_closed")
+    assert manager_for(closed, None).read_policy == "fail_closed"
+    with pytest.raises(MemoryReadFailed):
+        agent_with(manager_for(closed, None), Clock()).invoke(hi(), cfg("backend-closed"))
+    assert manager_for(SlowBackend(fail=True), None).read_policy == "fail_open"
 
 
 def test_m2_no_user_means_no_memory_read() -> None:
