@@ -89,9 +89,10 @@ fmt: install ## ruff format and ruff check --fix
 	$(PY) -m ruff format $(LINT_PATHS)
 	$(PY) -m ruff check --fix $(LINT_PATHS)
 
-bench: install ## the internals and checkpoint-mode benchmarks (bench/internals.py, bench/checkpoints.py)
+bench: install ## the internals, checkpoint-mode and memory benchmarks (bench/internals.py, checkpoints.py, memory.py)
 	$(PY) -m bench.internals
 	$(PY) -m bench.checkpoints
+	$(PY) -m bench.memory
 
 scale-bench: install ## runs/s and events/s with 1, 2, 3 runs workers (bench/scale.py, ~2 min)
 	@envs="$$($(PY) -m shared.devservices env)" || exit 1; \
