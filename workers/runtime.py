@@ -46,9 +46,14 @@ class WorkerRuntime:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.keys = Keys(settings.redis_prefix)
         self.registry = GraphRegistry.from_config(settings.config)
-        # Doubled: a run's background journal write may hold a connection beside its store calls.
+        # Store calls run in the loop's default executor (asyncio.to_thread: min(32, cores + 4)
+        # threads), so that bounds the connections in use; a run's background journal write
+        # may hold one beside its store call. Capped by db_pool_max, so one worker at the
+        # default concurrency cannot take a default PostgreSQL's 100 connections.
         pool = make_pool(
-            settings, name="worker-store", max_size=2 * settings.worker_concurrency + 2
+            settings,
+            name="worker-store",
+            max_size=min(2 * settings.worker_concurrency + 2, settings.db_pool_max),
         )
         with pool.connection() as conn:
             ensure_recorded_mode(conn, settings)  # S4: refuse to start in another mode
@@ -81,9 +86,9 @@ class WorkerRuntime:
     async def _setup(self) -> None:
         s = self.settings
         self.redis = aredis.Redis.from_url(s.redis_url, health_check_interval=30)
-        self.apool = await make_async_pool(
-            s, name="worker-saver", max_size=s.worker_concurrency + 2
-        )
+        # Every use of this pool goes through a saver, and a saver holds its lock for the
+        # whole call: at most `checkpoint_savers` connections are ever in use at once.
+        self.apool = await make_async_pool(s, name="worker-saver", max_size=s.checkpoint_savers + 2)
         # AsyncPostgresSaver serialises every call of one instance behind an asyncio
         # lock (needed for a single shared connection, not for a pool): with one saver,
         # 16 concurrent checkpoint writes took 16x one write in `make bench`. A few
