@@ -14,15 +14,15 @@ from __future__ import annotations
 import atexit
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
-from flask import Blueprint, Response, current_app, request, send_from_directory
+from flask import Blueprint, Response, current_app, request
 from flask.blueprints import BlueprintSetupState
 from psycopg.conninfo import make_conninfo
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
-from werkzeug.exceptions import Forbidden, NotFound
+from werkzeug.exceptions import Forbidden
 
+from app.api.ui import page_response, static_response
 from app.auth import authenticate, require_ops
 from app.http import json_response, parse_body, parse_query
 from shared import logs, metrics
@@ -38,7 +38,6 @@ from shared.runs.store import RunStore
 from shared.taskqueue import Dispatcher, make_celery
 
 bp = Blueprint("ops", __name__)
-STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 _STATIC_FILES = frozenset({"ops.js", "ops.css"})
 OPS_POOL_MAX = 4
 
@@ -122,29 +121,6 @@ def _ops() -> OpsServices:
 
 
 # --- the page -------------------------------------------------------------------------------
-def _csp() -> str:
-    return "; ".join(
-        [
-            "default-src 'self'",
-            "script-src 'self'",
-            "style-src 'self'",
-            "img-src 'self' data:",
-            "connect-src 'self'",
-            "object-src 'none'",
-            "base-uri 'none'",
-            "form-action 'self'",
-            "frame-ancestors 'none'",
-        ]
-    )
-
-
-def _harden(resp: Response) -> Response:
-    resp.headers["X-Content-Type-Options"] = "nosniff"
-    resp.headers["Referrer-Policy"] = "no-referrer"
-    resp.headers["Cache-Control"] = "no-cache"
-    return resp
-
-
 @bp.get("/ops")
 @bp.get("/ops/")
 def page() -> Response:
@@ -152,18 +128,13 @@ def page() -> Response:
     who = authenticate(extra_key=request.args.get("api_key"))
     if not who.is_ops:
         raise Forbidden("this page needs the ops role")
-    resp = send_from_directory(STATIC_DIR, "ops.html", max_age=0)
-    resp.headers["Content-Security-Policy"] = _csp()
-    resp.headers["X-Frame-Options"] = "DENY"
-    return _harden(resp)
+    return page_response("ops.html", websockets=False)
 
 
 @bp.get("/ops/static/<path:filename>")
 def static_file(filename: str) -> Response:
     """ops.js and ops.css (they hold no data)."""
-    if filename not in _STATIC_FILES:
-        raise NotFound(f"no static file {filename[:64]!r}")
-    return _harden(send_from_directory(STATIC_DIR, filename, max_age=0))
+    return static_response(filename, _STATIC_FILES)
 
 
 # --- the JSON API -----------------------------------------------------------------------------

@@ -19,15 +19,16 @@ STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 _STATIC_FILES = frozenset({"index.html", "chat.js", "chat.css"})
 
 
-def _csp() -> str:
+def _csp(*, websockets: bool) -> str:
     host = request.host
+    connect = f"connect-src 'self' ws://{host} wss://{host}" if websockets else "connect-src 'self'"
     return "; ".join(
         [
             "default-src 'self'",
             "script-src 'self'",
             "style-src 'self'",
             "img-src 'self' data:",
-            f"connect-src 'self' ws://{host} wss://{host}",
+            connect,
             "object-src 'none'",
             "base-uri 'none'",
             "form-action 'self'",
@@ -43,6 +44,22 @@ def _harden(resp: Response) -> Response:
     return resp
 
 
+def page_response(name: str, *, websockets: bool) -> Response:
+    """A page of `app/static/` under the strict CSP (connections to this origin only, plus
+    its WebSocket when `websockets`), not frameable, revalidated on every load."""
+    resp = send_from_directory(STATIC_DIR, name, max_age=0)
+    resp.headers["Content-Security-Policy"] = _csp(websockets=websockets)
+    resp.headers["X-Frame-Options"] = "DENY"
+    return _harden(resp)
+
+
+def static_response(filename: str, allowed: frozenset[str]) -> Response:
+    """One of a page's own files (anything else is 404)."""
+    if filename not in allowed:
+        raise NotFound(f"no static file {filename[:64]!r}")
+    return _harden(send_from_directory(STATIC_DIR, filename, max_age=0))
+
+
 @bp.get("/")
 def root() -> Response:
     """The chat page lives at /ui (the query string, e.g. `?api_key=`, is kept)."""
@@ -54,15 +71,10 @@ def root() -> Response:
 @bp.get("/ui/")
 def page() -> Response:
     """The chat page."""
-    resp = send_from_directory(STATIC_DIR, "index.html", max_age=0)
-    resp.headers["Content-Security-Policy"] = _csp()
-    resp.headers["X-Frame-Options"] = "DENY"
-    return _harden(resp)
+    return page_response("index.html", websockets=True)
 
 
 @bp.get("/ui/static/<path:filename>")
 def static_file(filename: str) -> Response:
     """chat.js, chat.css (only the page's own files; anything else is 404)."""
-    if filename not in _STATIC_FILES:
-        raise NotFound(f"no static file {filename[:64]!r}")
-    return _harden(send_from_directory(STATIC_DIR, filename, max_age=0))
+    return static_response(filename, _STATIC_FILES)
