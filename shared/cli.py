@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from shared.cli_keys import add_keys
-from shared.cli_ops import OPS_SUBCOMMANDS
+from shared.cli_ops import OPS_SUBCOMMANDS, server_options
 from shared.client import (
-    DEFAULT_URL,
     Reconnecting,
     RecoveryPolicy,
     RunEnded,
@@ -48,18 +47,8 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def common_options() -> argparse.ArgumentParser:
-    """Connection options every subcommand shares (use as a parent parser)."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument(
-        "--url",
-        default=os.environ.get("THREADRUN_URL", DEFAULT_URL),
-        help="server base URL (env THREADRUN_URL; default %(default)s)",
-    )
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("THREADRUN_API_KEY"),
-        help="API key (env THREADRUN_API_KEY)",
-    )
+    """Connection options of the chat subcommands (use as a parent parser)."""
+    p = argparse.ArgumentParser(add_help=False, parents=[server_options()])
     p.add_argument(
         "--transport",
         choices=("ws", "sse"),

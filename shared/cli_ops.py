@@ -38,7 +38,9 @@ class OpsError(Exception):
     """The server refused or failed a request."""
 
 
-def _options() -> argparse.ArgumentParser:
+def server_options(api_key_help: str = "API key") -> argparse.ArgumentParser:
+    """--url and --api-key, shared by every subcommand that talks to a server (a parent
+    parser; shared/cli.py's chat options build on it)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument(
         "--url",
@@ -48,8 +50,13 @@ def _options() -> argparse.ArgumentParser:
     p.add_argument(
         "--api-key",
         default=os.environ.get("THREADRUN_API_KEY"),
-        help="an ops-role API key (env THREADRUN_API_KEY)",
+        help=f"{api_key_help} (env THREADRUN_API_KEY)",
     )
+    return p
+
+
+def _options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False, parents=[server_options("an ops-role API key")])
     p.add_argument("--json", action="store_true", help="print the server's JSON document")
     return p
 
