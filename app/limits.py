@@ -12,7 +12,6 @@ fixed/moving windows do not model.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
@@ -30,6 +29,7 @@ from app.http import json_response, validate
 from app.schemas import RunCreate
 from app.services import Services
 from shared import serde
+from shared.redis_keys import LimitKeys
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -140,28 +140,6 @@ class LimitExceeded(Exception):
         if self.retry_after is not None:
             out["retry_after"] = self.retry_after
         return out
-
-
-@dataclass(frozen=True)
-class LimitKeys:
-    """Redis key names of the limits (hash-tagged per user for Redis Cluster)."""
-
-    prefix: str
-
-    def _tag(self, user_id: str) -> str:
-        return hashlib.sha256(user_id.encode()).hexdigest()[:20]
-
-    def rate(self, user_id: str) -> str:
-        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:runs-rate"
-
-    def active(self, user_id: str) -> str:
-        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:runs-active"
-
-    def reserved(self, user_id: str) -> str:
-        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:runs-reserved"
-
-    def connections(self, user_id: str) -> str:
-        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:connections"
 
 
 # --- sizes (pure) -----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ publish, lease renew with cancel check) stay valid on Redis Cluster.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 
@@ -50,6 +51,28 @@ class Keys:
     def celery_queue(self, queue: str) -> str:
         """The Redis list behind a Celery queue (kombu's `global_keyprefix` + the name)."""
         return f"{self.prefix}celery:{queue}"
+
+
+@dataclass(frozen=True)
+class LimitKeys:
+    """Redis key names of the limits (hash-tagged per user for Redis Cluster)."""
+
+    prefix: str
+
+    def _tag(self, user_id: str) -> str:
+        return hashlib.sha256(user_id.encode()).hexdigest()[:20]
+
+    def rate(self, user_id: str) -> str:
+        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:runs-rate"
+
+    def active(self, user_id: str) -> str:
+        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:runs-active"
+
+    def reserved(self, user_id: str) -> str:
+        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:runs-reserved"
+
+    def connections(self, user_id: str) -> str:
+        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:connections"
 
 
 CANCEL_TTL_S = 3600
