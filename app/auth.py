@@ -60,7 +60,7 @@ class Authenticator:
         """Local single-user mode: no env keys, no JWT, no active stored key, and a loopback
         bind. A public server never falls into it, not even when its last stored key is
         revoked after start (it then answers 401 until a key exists again)."""
-        return is_loopback(self.settings.host) and self.unconfigured()
+        return self.unconfigured() and is_loopback(self.settings.host)
 
     def unconfigured(self) -> bool:
         """No credential source at all (env keys, JWT or an active stored key)."""
