@@ -151,6 +151,18 @@ def new_thread(client: httpx.Client) -> str:
     return str(res.json()["thread_id"])
 
 
+def running_run(
+    c: Cluster, dsn: str, web: httpx.Client, text: str, *, tokens: int, delay_ms: float
+) -> tuple[str, str]:
+    """A new thread with a slow run created through `web`, once it is `running`."""
+    tid = new_thread(web)
+    res = web.post(f"/threads/{tid}/runs", json=run_body(text, tokens=tokens, delay_ms=delay_ms))
+    assert res.status_code == 200, res.text
+    run_id = str(res.json()["run_id"])
+    wait_for(lambda: run_row(dsn, run_id)["status"] == "running", 20, "the run to start", c)
+    return tid, run_id
+
+
 def sse_items(res: httpx.Response) -> Iterator[tuple[str, str, str]]:
     """(id, event, data) of an SSE response; control events without an id get ''."""
     eid = event = ""
@@ -761,11 +773,7 @@ def test_l1_j5_slow_terminal_write_keeps_the_lease_and_ends_the_stream(
     nor taken over by the reaper and failed."""
     c, dsn = duo
     with api(c.urls[0]) as web0, api(c.urls[1]) as web1:
-        tid = new_thread(web0)
-        res = web0.post(f"/threads/{tid}/runs", json=run_body("slow", tokens=100, delay_ms=15))
-        assert res.status_code == 200, res.text
-        run_id = res.json()["run_id"]
-        wait_for(lambda: run_row(dsn, run_id)["status"] == "running", 20, "the run to start", c)
+        tid, run_id = running_run(c, dsn, web0, "slow", tokens=100, delay_ms=15)
         pool = ThreadPoolExecutor(1)
         fut = pool.submit(read_stream, web1, tid, run_id, "-1", 25)
         blocker = psycopg.connect(dsn)  # a transaction: the row lock lasts until rollback
@@ -825,11 +833,7 @@ def test_l5_max_attempts_exhausted_run_ends_its_stream(duo: tuple[Cluster, str])
     the end both get `end` {status: error} within a bounded time (no heartbeats forever)."""
     c, dsn = duo
     with api(c.urls[0]) as web0, api(c.urls[1]) as web1:
-        tid = new_thread(web0)
-        res = web0.post(f"/threads/{tid}/runs", json=run_body("die", tokens=400, delay_ms=20))
-        assert res.status_code == 200, res.text
-        run_id = res.json()["run_id"]
-        wait_for(lambda: run_row(dsn, run_id)["status"] == "running", 20, "the run to start", c)
+        tid, run_id = running_run(c, dsn, web0, "die", tokens=400, delay_ms=20)
         pool = ThreadPoolExecutor(1)
         fut = pool.submit(read_stream, web1, tid, run_id, "-1", 18)
         time.sleep(1.0)  # the follower is live, tokens are flowing
