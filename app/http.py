@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, TypeVar
 
 from flask import Response, request
 from pydantic import BaseModel, ValidationError
 
 from shared import serde
-from shared.errors import ValidationFailed
+from shared.errors import RunNotFound, ThreadNotFound, ValidationFailed
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def checked_thread_id(thread_id: str) -> str:
+    """A thread id that is not a UUID cannot exist: 404, exactly like a missing one."""
+    try:
+        return str(uuid.UUID(thread_id))
+    except ValueError as exc:
+        raise ThreadNotFound(f"thread {thread_id[:64]} not found") from exc
+
+
+def checked_run_id(run_id: str) -> str:
+    """A run id that is not a UUID cannot exist: 404, exactly like a missing one."""
+    try:
+        return str(uuid.UUID(run_id))
+    except ValueError as exc:
+        raise RunNotFound(f"run {run_id[:64]} not found") from exc
 
 
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

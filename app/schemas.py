@@ -7,6 +7,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from shared.runs.model import (
+    CancelAction,
+    MultitaskStrategy,
+    OnDisconnect,
+    RunRequest,
+    RunStatus,
+    ThreadStatus,
+)
+
 # SDK fields we know but do not implement yet: refused with a clear message (A1).
 UNSUPPORTED_RUN_FIELDS = {
     "webhook": "webhooks are not supported",
@@ -45,7 +54,7 @@ class ThreadSearch(Strict):
 
     metadata: dict[str, Any] = Field(default_factory=dict)
     ids: list[uuid.UUID] | None = None
-    status: Literal["idle", "busy", "interrupted", "error"] | None = None
+    status: ThreadStatus | None = None
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0, le=PG_BIGINT_MAX)
     sort_by: Literal["thread_id", "status", "created_at", "updated_at"] = "created_at"
@@ -56,7 +65,7 @@ class ThreadCount(Strict):
     """POST /threads/count."""
 
     metadata: dict[str, Any] = Field(default_factory=dict)
-    status: Literal["idle", "busy", "interrupted", "error"] | None = None
+    status: ThreadStatus | None = None
 
 
 class CheckpointRef(BaseModel):
@@ -145,8 +154,8 @@ class RunCreate(Strict):
     stream_mode: list[str] = Field(default_factory=lambda: ["values"])
     stream_subgraphs: bool = False
     stream_resumable: bool = True  # accepted; our streams are always resumable
-    multitask_strategy: Literal["reject", "interrupt", "rollback", "enqueue"] | None = None
-    on_disconnect: Literal["cancel", "continue"] = "continue"
+    multitask_strategy: MultitaskStrategy | None = None
+    on_disconnect: OnDisconnect = OnDisconnect.CONTINUE
     if_not_exists: Literal["create", "reject"] = "reject"
     checkpoint: CheckpointRef | None = None
     checkpoint_id: str | None = None
@@ -200,12 +209,35 @@ class RunCreate(Strict):
             return self.checkpoint_id
         return self.checkpoint.checkpoint_id if self.checkpoint else None
 
+    def to_request(self, thread_id: str) -> RunRequest:
+        """The typed request `RunManager.admit` takes (HTTP and WebSocket build it alike)."""
+        return RunRequest(
+            thread_id=thread_id,
+            assistant_id=self.assistant_id,
+            input=self.input,
+            command=self.command.model_dump(exclude_none=True) if self.command else None,
+            config=self.config.model_dump(exclude_none=True) if self.config else {},
+            context=self.context,
+            metadata=self.metadata,
+            kwargs={
+                "stream_mode": self.stream_mode,
+                "stream_subgraphs": self.stream_subgraphs,
+                "interrupt_before": self.interrupt_before,
+                "interrupt_after": self.interrupt_after,
+                "durability": self.effective_durability(),
+                "checkpoint_id": self.requested_checkpoint_id(),
+            },
+            on_disconnect=self.on_disconnect,
+            multitask_strategy=self.multitask_strategy,
+            create_thread=self.if_not_exists == "create",
+        )
+
 
 class CancelQuery(Strict):
     """POST …/cancel query string."""
 
     wait: bool = False
-    action: Literal["interrupt", "rollback"] = "interrupt"
+    action: CancelAction = CancelAction.INTERRUPT
 
     @field_validator("wait", mode="before")
     @classmethod
@@ -218,9 +250,7 @@ class RunListQuery(Strict):
 
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0, le=PG_BIGINT_MAX)
-    status: Literal["pending", "running", "success", "error", "timeout", "interrupted"] | None = (
-        None
-    )
+    status: RunStatus | None = None
     select: str | None = None
 
 

@@ -58,7 +58,14 @@ class Services:
         keys = Keys(settings.redis_prefix)
         registry = GraphRegistry.from_config(settings.config)
         store = RunStore(pool)
-        manager = RunManager(store, Dispatcher(make_celery(settings)), client, keys)
+        manager = RunManager(
+            store,
+            Dispatcher(make_celery(settings)),
+            client,
+            keys,
+            graphs=registry,
+            default_strategy=settings.default_multitask_strategy,
+        )
         return cls(
             settings=settings,
             registry=registry,

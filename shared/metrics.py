@@ -45,17 +45,18 @@ from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
+from shared.runs.model import RunStatus, Sink
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
 PREFIX = "threadrun_"
-FENCED_SINKS = ("stream", "status", "checkpoint", "receipt")
+FENCED_SINKS = tuple(s.value for s in Sink)
 TOKEN_KINDS = ("input", "output")
-FINISHED_STATUSES = ("success", "error", "timeout", "interrupted")
+FINISHED_STATUSES = tuple(s.value for s in RunStatus if s.terminal)
 TRANSPORTS = ("sse", "ws")
 QUEUES = ("runs", "memory")
-RUN_STATUSES = ("pending", "running", "success", "error", "timeout", "interrupted")
+RUN_STATUSES = tuple(s.value for s in RunStatus)
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

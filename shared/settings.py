@@ -10,9 +10,9 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from shared.runs.model import MultitaskStrategy
 
-MultitaskStrategy = Literal["reject", "interrupt", "rollback", "enqueue"]
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class Settings(BaseSettings):
@@ -128,7 +128,7 @@ class Settings(BaseSettings):
     )
 
     # --- runs (R) -----------------------------------------------------------------
-    default_multitask_strategy: MultitaskStrategy = "enqueue"
+    default_multitask_strategy: MultitaskStrategy = MultitaskStrategy.ENQUEUE
     max_attempts: int = Field(default=3, ge=1)
     worker_concurrency: int = Field(
         default=32, ge=1, description="Concurrent runs per worker process."

@@ -6,6 +6,8 @@ worker process registers them (workers/tasks.py).
 
 from __future__ import annotations
 
+import logging
+
 import redis
 from celery import Celery
 from kombu import Exchange, Queue
@@ -16,6 +18,8 @@ RUN_TASK = "threadrun.runs.execute"
 MEMORY_TASK = "threadrun.memory.extract"
 RUNS_QUEUE = "runs"
 MEMORY_QUEUE = "memory"
+
+log = logging.getLogger(__name__)
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -76,6 +80,19 @@ class Dispatcher:
     def dispatch_run(self, run_id: str) -> None:
         """Enqueue the execution of one run; a lost message is re-sent by the reaper."""
         self._celery.send_task(RUN_TASK, args=[run_id], queue=RUNS_QUEUE)
+
+    def dispatch_quietly(self, run_id: str) -> bool:
+        """Dispatch after commit; on failure log it and leave the run to the reaper (R4).
+
+        The run row is committed, so a failed send loses nothing: the reaper re-dispatches
+        a pending head whose dispatch is older than `dispatch_stale_s`.
+        """
+        try:
+            self.dispatch_run(run_id)
+        except Exception:  # noqa: BLE001 - any broker failure: the reaper re-dispatches (R4)
+            log.exception("dispatch failed; the reaper will retry", extra={"run_id": run_id})
+            return False
+        return True
 
 
 _BINDING_SEP = "\x06\x16"  # kombu's Redis transport: routing_key SEP pattern SEP queue

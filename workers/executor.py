@@ -11,6 +11,7 @@ Invariants (SPEC L1, L2, J5):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import time
@@ -26,6 +27,7 @@ from shared.bridge.publisher import EventSink
 from shared.errors import LeaseLost
 from shared.journal import RunJournal, settle_delivery, write_delivery_receipt
 from shared.leases import RenewOutcome, lease_value
+from shared.runs.model import CancelAction, JSONObject, Run, RunStatus, Sink, ThreadStatus
 from shared.runs.store import ClaimOutcome
 from shared.state.savers import LEASE_KEY, RUN_KEY
 from workers.runtime import WorkerRuntime
@@ -49,11 +51,51 @@ TRANSIENT_ERRORS = (psycopg.OperationalError, redis.ConnectionError, redis.Timeo
 """Failures of our own services, not of the graph: the run is retried, not failed."""
 
 
+class AttemptOutcome(enum.StrEnum):
+    """How one attempt on this worker ended (the task's log line)."""
+
+    NOT_CLAIMED = "not_claimed"  # duplicate delivery, not the head, or a newer lease (L3)
+    FINISHED = "finished"  # the terminal status is committed and `end` published
+    LEASE_LOST = "lease_lost"  # a newer owner exists: nothing was finalized
+    FENCED = "fenced"  # a sink refused a write of this epoch (L2): a newer owner exists
+    HANDED_BACK = "handed_back"  # requeued for another attempt (R7, a service failure)
+    HAND_BACK_DEFERRED = "hand_back_deferred"  # could not requeue: the lease will expire (L4)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    """What `execute_run` reports: the outcome, the run's status, or the sink that refused."""
+
+    outcome: AttemptOutcome
+    status: RunStatus | None = None  # FINISHED: the committed terminal status
+    fenced: Sink | None = None  # FENCED: which sink refused the write
+
+    def __str__(self) -> str:
+        if self.status is not None:
+            return f"{self.outcome}: {self.status}"
+        if self.fenced is not None:
+            return f"{self.outcome}: {self.fenced}"
+        return str(self.outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class GraphOutcome:
+    """How the graph ended for this attempt: the run's status, its error, the thread's status."""
+
+    status: RunStatus
+    error: JSONObject | None = None
+    thread_status: ThreadStatus = ThreadStatus.IDLE
+
+
+INTERRUPTED = GraphOutcome(RunStatus.INTERRUPTED)
+"""Stopped at a safe point; checkpoints written so far are kept (R5)."""
+
+
 @dataclass
 class RunAttempt:
     """The state of one attempt of one run on this worker."""
 
-    run: dict[str, Any]
+    run: Run
     lease: str
     sink: EventSink | None = None
     journal: RunJournal | None = None
@@ -64,17 +106,17 @@ class RunAttempt:
     @property
     def run_id(self) -> str:
         """The run's id."""
-        return str(self.run["run_id"])
+        return self.run.run_id
 
     @property
     def thread_id(self) -> str:
         """The run's thread."""
-        return str(self.run["thread_id"])
+        return self.run.thread_id
 
     @property
     def epoch(self) -> int:
         """The fencing token of this attempt."""
-        return int(self.run["owner_epoch"])
+        return self.run.owner_epoch
 
     @property
     def fence(self) -> dict[str, str]:
@@ -82,8 +124,8 @@ class RunAttempt:
         return {RUN_KEY: self.run_id, LEASE_KEY: self.lease}
 
     def cancel(self, action: str) -> None:
-        """A cancel request (R5) reached this attempt."""
-        rollback = action == "rollback"
+        """A cancel request (R5) reached this attempt (`action` as stored or signalled)."""
+        rollback = action == CancelAction.ROLLBACK
         self.stop(StopReason.CANCEL_ROLLBACK if rollback else StopReason.CANCEL_INTERRUPT)
 
     def stop(self, reason: StopReason) -> None:
@@ -94,31 +136,33 @@ class RunAttempt:
                 self.task.cancel()
 
 
-async def execute_run(rt: WorkerRuntime, run_id: str) -> str:
+async def execute_run(rt: WorkerRuntime, run_id: str) -> AttemptResult:
     """Claim and execute one run; returns what happened (for the task's log line)."""
     attempt = await claim(rt, run_id)
     if attempt is None:
-        return "not_claimed"
+        return AttemptResult(AttemptOutcome.NOT_CLAIMED)
     metrics.run_started()
-    n = int(attempt.run["attempt"])
+    n = attempt.run.attempt
     logs.bind(thread_id=attempt.thread_id, run_id=run_id, attempt=n, worker_id=rt.worker_id)
     # The attempt stays registered until finalization is over, so a graceful shutdown
     # waits for it and the keeper keeps its lease alive meanwhile.
     rt.active[run_id] = attempt
     ensure_lease_keeper(rt)
     try:
-        cancel_action = attempt.run.get("cancel_action")
-        if cancel_action:
+        if attempt.run.cancel_action:
             # A cancel recorded before this attempt (its predecessor died or handed the
             # run back before honouring it): honour it now instead of running the graph.
             open_sink(rt, attempt)
-            attempt.cancel(cancel_action)
-            outcome: tuple[str, dict[str, Any] | None, str] = ("interrupted", None, "idle")
+            attempt.cancel(attempt.run.cancel_action)
+            outcome = INTERRUPTED
         else:
             outcome = await execute(rt, attempt)
         # Only a cancel that stopped the graph rolls back: one that lost the race with
         # completion leaves the run's outcome as it is (one terminal status, R5).
-        if attempt.stop_reason is StopReason.CANCEL_ROLLBACK and outcome[0] == "interrupted":
+        if (
+            attempt.stop_reason is StopReason.CANCEL_ROLLBACK
+            and outcome.status is RunStatus.INTERRUPTED
+        ):
             try:
                 await restore_pre_run_state(rt, attempt)
             except LeaseLost:
@@ -128,15 +172,15 @@ async def execute_run(rt: WorkerRuntime, run_id: str) -> str:
                 return await hand_back(rt, attempt, f"rollback failed: {exc}")
         if attempt.stop_reason is StopReason.LEASE_LOST:
             log.warning("lease lost; skipping finalization", extra={"run_id": run_id})
-            return "lease_lost"
+            return AttemptResult(AttemptOutcome.LEASE_LOST)
         if attempt.stop_reason is StopReason.SHUTDOWN:
             return await hand_back(rt, attempt, "worker shutdown")
         if (
             attempt.stop_reason is StopReason.INFRASTRUCTURE
-            and int(attempt.run["attempt"]) < rt.settings.max_attempts
+            and attempt.run.attempt < rt.settings.max_attempts
         ):
-            return await hand_back(rt, attempt, f"service failure: {outcome[1]}")
-        return await finalize(rt, attempt, *outcome)
+            return await hand_back(rt, attempt, f"service failure: {outcome.error}")
+        return await finalize(rt, attempt, outcome)
     finally:
         rt.active.pop(run_id, None)
 
@@ -149,9 +193,9 @@ async def claim(rt: WorkerRuntime, run_id: str) -> RunAttempt | None:
         log.info("run not claimed: %s", result.outcome.value, extra={"run_id": run_id})
         return None
     run = result.run
-    assert run is not None
-    value = lease_value(int(run["owner_epoch"]), rt.worker_id)
-    if not await rt.leases.acquire(run_id, int(run["owner_epoch"]), rt.worker_id):
+    assert run is not None  # CLAIMED carries the run
+    value = lease_value(run.owner_epoch, rt.worker_id)
+    if not await rt.leases.acquire(run_id, run.owner_epoch, rt.worker_id):
         log.warning("a newer epoch holds the lease", extra={"run_id": run_id})
         return None
     return RunAttempt(run=run, lease=value)
@@ -203,22 +247,21 @@ async def keep_leases(rt: WorkerRuntime) -> None:
 
 
 # --- prepare ---------------------------------------------------------------------------------
-def run_config(run: dict[str, Any]) -> dict[str, Any]:
+def run_config(run: Run) -> dict[str, Any]:
     """The RunnableConfig of the run: request config + identities in configurable/metadata."""
-    requested = dict(run.get("config") or {})
+    requested = dict(run.config)
     identities = {
-        "thread_id": str(run["thread_id"]),
-        "run_id": str(run["run_id"]),
-        "assistant_id": run["assistant_id"],
-        "graph_id": run["graph_id"],
-        "user_id": run.get("user_id"),
+        "thread_id": run.thread_id,
+        "run_id": run.run_id,
+        "assistant_id": run.assistant_id,
+        "graph_id": run.graph_id,
+        "user_id": run.user_id,
     }
     configurable = {**(requested.get("configurable") or {}), **identities, "checkpoint_ns": ""}
-    kwargs = run.get("kwargs") or {}
-    if kwargs.get("checkpoint_id") and int(run["attempt"]) == 1:
-        configurable["checkpoint_id"] = kwargs["checkpoint_id"]
-    metadata = {**(requested.get("metadata") or {}), **(run.get("metadata") or {}), **identities}
-    metadata["attempt"] = run["attempt"]
+    if run.kwargs.get("checkpoint_id") and run.attempt == 1:
+        configurable["checkpoint_id"] = run.kwargs["checkpoint_id"]
+    metadata = {**(requested.get("metadata") or {}), **run.metadata, **identities}
+    metadata["attempt"] = run.attempt
     config: dict[str, Any] = {**requested, "configurable": configurable, "metadata": metadata}
     return config
 
@@ -232,17 +275,19 @@ async def graph_input(rt: WorkerRuntime, attempt: RunAttempt) -> Any:
     point resumes from the head.
     """
     run = attempt.run
-    if run.get("pre_run_checkpoint_id") is None:
+    if run.pre_run_checkpoint_id is None:
         head_id, writes = await rt.state.arollback_point(attempt.thread_id)
         await asyncio.to_thread(
             rt.store.set_pre_run_checkpoint, attempt.run_id, attempt.epoch, head_id or "", writes
         )
-        run["pre_run_checkpoint_id"], run["pre_run_writes"] = head_id or "", writes
-    elif (await rt.state.ahead_id(attempt.thread_id) or "") != run["pre_run_checkpoint_id"]:
+        attempt.run = dataclasses.replace(
+            run, pre_run_checkpoint_id=head_id or "", pre_run_writes=writes
+        )
+    elif (await rt.state.ahead_id(attempt.thread_id) or "") != run.pre_run_checkpoint_id:
         return None  # a previous attempt checkpointed progress: resume from it
-    if run.get("command"):
-        return Command(**run["command"])
-    return run.get("input")
+    if run.command:
+        return Command(**run.command)
+    return run.input
 
 
 def open_sink(rt: WorkerRuntime, attempt: RunAttempt) -> EventSink:
@@ -254,7 +299,7 @@ def open_sink(rt: WorkerRuntime, attempt: RunAttempt) -> EventSink:
         on_cancel=attempt.cancel,
         on_lost=lambda _exc: attempt.stop(StopReason.LEASE_LOST),
     )
-    payload = {"run_id": attempt.run_id, "attempt": attempt.run["attempt"]}
+    payload = {"run_id": attempt.run_id, "attempt": attempt.run.attempt}
     attempt.sink.emit("metadata", serde.dumps(payload))
     return attempt.sink
 
@@ -266,14 +311,14 @@ async def restore_pre_run_state(rt: WorkerRuntime, attempt: RunAttempt) -> None:
     the thread can be claimed — until the restore is committed (the finalizing barrier).
     Fenced like every checkpoint write of the attempt.
     """
-    pre = attempt.run.get("pre_run_checkpoint_id")
+    pre = attempt.run.pre_run_checkpoint_id
     if pre is None:
         return  # the graph never started: nothing to undo
     restored = await rt.state.arollback(
         attempt.thread_id,
-        attempt.run["graph_id"],
+        attempt.run.graph_id,
         pre or None,
-        pending_writes=rt.state.load_writes(attempt.run.get("pre_run_writes") or []),
+        pending_writes=rt.state.load_writes(attempt.run.pre_run_writes or []),
         configurable=attempt.fence,
         metadata={"threadrun_rollback_of": attempt.run_id, "threadrun_restored_from": pre},
     )
@@ -284,8 +329,8 @@ async def restore_pre_run_state(rt: WorkerRuntime, attempt: RunAttempt) -> None:
 
 
 # --- execute ---------------------------------------------------------------------------------
-async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str, Any] | None, str]:
-    """Run the graph, publishing every chunk; returns (status, error, thread status)."""
+async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
+    """Run the graph, publishing every chunk; returns how it ended."""
     run = attempt.run
     sink = open_sink(rt, attempt)
     await asyncio.sleep(0)  # let the batcher send it before the synchronous set-up below
@@ -301,8 +346,8 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
             snapshot_interval_s=rt.settings.journal_snapshot_interval_s,
         )
         config["callbacks"] = [attempt.journal]
-    graph = rt.graph(run["graph_id"], rt.next_slot())
-    kwargs = run.get("kwargs") or {}
+    graph = rt.graph(run.graph_id, rt.next_slot())
+    kwargs = run.kwargs
     modes = [STREAM_MODE_ALIASES.get(m, m) for m in kwargs.get("stream_mode") or ["values"]]
     subgraphs = bool(kwargs.get("stream_subgraphs"))
     try:
@@ -315,8 +360,8 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
         }
         if kwargs.get("durability"):
             options["durability"] = kwargs["durability"]
-        if run.get("context") is not None:
-            options["context"] = run["context"]
+        if run.context is not None:
+            options["context"] = run.context
 
         async def _stream() -> None:
             async for item in graph.astream(inp, config, **options):
@@ -337,11 +382,11 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
             raise  # the whole worker is going down
         # Interrupted at a safe point; checkpoints written so far are kept (R5). For a
         # lost lease or a shutdown the caller skips this outcome (no finalization).
-        return "interrupted", None, "idle"
+        return INTERRUPTED
     except LeaseLost:
-        metrics.fenced_write("checkpoint")
+        metrics.fenced_write(Sink.CHECKPOINT)
         attempt.stop(StopReason.LEASE_LOST)
-        return "error", None, "error"
+        return GraphOutcome(RunStatus.ERROR, None, ThreadStatus.ERROR)
     except TRANSIENT_ERRORS as exc:
         # A service restart is not the graph's fault: hand the run to a new attempt that
         # resumes from the last checkpoint (L5) instead of failing it.
@@ -349,51 +394,48 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> tuple[str, dict[str
             "run interrupted by a service failure: %s", exc, extra={"run_id": attempt.run_id}
         )
         attempt.stop_reason = StopReason.INFRASTRUCTURE
-        error = {"error": type(exc).__name__, "message": str(exc)[:2000]}
-        return "error", error, "error"
+        return GraphOutcome(RunStatus.ERROR, _error_of(exc), ThreadStatus.ERROR)
     except Exception as exc:  # noqa: BLE001 - every graph failure becomes an `error` event (G4)
         log.exception(
             "run failed", extra={"run_id": attempt.run_id, "thread_id": attempt.thread_id}
         )
-        error = {"error": type(exc).__name__, "message": str(exc)[:2000]}
+        error = _error_of(exc)
         sink.emit("error", serde.dumps(error))
-        return "error", error, "error"
-    thread_status = "idle"
+        return GraphOutcome(RunStatus.ERROR, error, ThreadStatus.ERROR)
+    thread_status = ThreadStatus.IDLE
     try:
-        snap = await rt.state.aget_snapshot(attempt.thread_id, run["graph_id"])
+        snap = await rt.state.aget_snapshot(attempt.thread_id, run.graph_id)
         if snap.next or snap.interrupts:
-            thread_status = "interrupted"
+            thread_status = ThreadStatus.INTERRUPTED
     except Exception:  # noqa: BLE001 - the run succeeded; the thread status is a hint
         log.exception("could not read final state", extra={"run_id": attempt.run_id})
-    return "success", None, thread_status
+    return GraphOutcome(RunStatus.SUCCESS, None, thread_status)
+
+
+def _error_of(exc: BaseException) -> JSONObject:
+    """The run's `error` record of an exception (its type and a bounded message)."""
+    return {"error": type(exc).__name__, "message": str(exc)[:2000]}
 
 
 # --- finalize (J5) ------------------------------------------------------------------------------
-async def finalize(
-    rt: WorkerRuntime,
-    attempt: RunAttempt,
-    status: str,
-    error: dict[str, Any] | None,
-    thread_status: str,
-) -> str:
+async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome) -> AttemptResult:
     """J5, in order: flush the journal -> delivery receipt -> terminal status (fenced) -> `end`."""
     sink = attempt.sink
-    assert sink is not None
+    assert sink is not None  # opened before the graph ran or the cancel was honoured
     # (1) journal flush (fails open) and (2) the idempotent, fenced delivery receipt.
     try:
-        status, error, usage, demoted = await settle_journal(rt, attempt, status, error)
+        settled, usage = await settle_journal(rt, attempt, outcome)
     except LeaseLost:
-        metrics.fenced_write("receipt")
+        metrics.fenced_write(Sink.RECEIPT)
         log.warning("receipt fenced: a newer owner exists", extra={"run_id": attempt.run_id})
-        return "lease_lost"
-    if demoted:
-        thread_status = "error"
-        sink.emit("error", serde.dumps(error))  # G4: the client learns why
+        return AttemptResult(AttemptOutcome.FENCED, fenced=Sink.RECEIPT)
+    if settled.status is not outcome.status:
+        sink.emit("error", serde.dumps(settled.error))  # G4: the client learns why
     # The stream is drained before the terminal status, so every event precedes it.
     try:
         await sink.drain()
-    except LeaseLost:
-        return "lease_lost"  # the publisher counted the fenced write
+    except LeaseLost:  # the publisher counted the fenced write
+        return AttemptResult(AttemptOutcome.FENCED, fenced=Sink.STREAM)
     except Exception:  # noqa: BLE001 - the stream is not durable history (B8); go on
         log.exception("stream drain failed", extra={"run_id": attempt.run_id})
     # (3) terminal status, fenced by the epoch (L2).
@@ -402,52 +444,54 @@ async def finalize(
         attempt.run_id,
         attempt.thread_id,
         attempt.epoch,
-        status=status,
-        error=error,
-        thread_status=thread_status,
+        status=settled.status,
+        error=settled.error,
+        thread_status=settled.thread_status,
         usage=usage,
     )
     if fin.fenced:
         log.warning("terminal write fenced: a newer owner exists", extra={"run_id": attempt.run_id})
-        metrics.fenced_write("status")
-        return "fenced"
-    metrics.run_finished(status, time.monotonic() - attempt.started, usage)
+        metrics.fenced_write(Sink.STATUS)
+        return AttemptResult(AttemptOutcome.FENCED, fenced=Sink.STATUS)
+    metrics.run_finished(settled.status, time.monotonic() - attempt.started, usage)
     if fin.next_run_id:
-        await asyncio.to_thread(_dispatch_quietly, rt, fin.next_run_id)
+        await asyncio.to_thread(rt.dispatcher.dispatch_quietly, fin.next_run_id)
     # (4) `end`, after the status is committed (A1: no stream closes before that).
     try:
-        await sink.publish_end(serde.dumps({"run_id": attempt.run_id, "status": status}))
+        end = {"run_id": attempt.run_id, "status": settled.status}
+        await sink.publish_end(serde.dumps(end))
     except Exception:  # noqa: BLE001 - subscribers fall back to the run status
         log.exception("publishing end failed", extra={"run_id": attempt.run_id})
     await rt.leases.release(attempt.run_id, attempt.lease)
     await rt.redis.delete(rt.keys.cancel(attempt.run_id))
-    return status
+    return AttemptResult(AttemptOutcome.FINISHED, status=settled.status)
 
 
 async def settle_journal(
-    rt: WorkerRuntime, attempt: RunAttempt, status: str, error: dict[str, Any] | None
-) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None, bool]:
+    rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
+) -> tuple[GraphOutcome, JSONObject | None]:
     """J5 (1) flush the journal, failing open; (2) write the delivery receipt.
 
-    Returns (status, error, usage, demoted): a success that produced output becomes
-    `error` when its receipt cannot be written after bounded retries.
+    Returns the outcome to commit and the run's usage: a success that produced output
+    becomes `error` (and its thread `error`) when its receipt cannot be written after
+    bounded retries.
     """
     ids = {"run_id": attempt.run_id, "thread_id": attempt.thread_id}
     journal = attempt.journal
     if journal is None:
-        return status, error, None, False
+        return outcome, None
     flushed = True
     try:
         await journal.flush()
     except Exception:  # noqa: BLE001 - G3: the journal fails open, finalization goes on
         flushed = False
         log.exception("journal flush failed; finalizing anyway", extra=ids)
-    outcome = await asyncio.to_thread(
+    receipt = await asyncio.to_thread(
         write_delivery_receipt,
         rt.events,
         attempt.run_id,
         attempt.thread_id,
-        int(attempt.run["attempt"]),
+        attempt.run.attempt,
         journal.produced_output,
         journal.artifact_paths(),
         rt.settings.workspace_dir,
@@ -455,17 +499,20 @@ async def settle_journal(
         backoff_s=rt.settings.delivery_receipt_backoff_s,
         epoch=attempt.epoch,  # L2: only the current owner writes the receipt
     )
-    new_status, new_error = settle_delivery(status, error, journal.produced_output, outcome)
+    status, error = settle_delivery(outcome.status, outcome.error, journal.produced_output, receipt)
+    settled = outcome
+    if status != outcome.status:
+        settled = GraphOutcome(RunStatus(status), error, ThreadStatus.ERROR)
     usage = journal.usage()
     if flushed:
         try:  # every attempt's usage, not just this one's
             usage = await asyncio.to_thread(rt.events.run_usage, attempt.run_id)
         except Exception:  # noqa: BLE001 - the attempt's own figures stand in
             log.exception("run usage query failed", extra=ids)
-    return new_status, new_error, usage, new_status != status
+    return settled, usage
 
 
-async def hand_back(rt: WorkerRuntime, attempt: RunAttempt, reason: str) -> str:
+async def hand_back(rt: WorkerRuntime, attempt: RunAttempt, reason: str) -> AttemptResult:
     """Give the run back as pending for another attempt to resume (R7 shutdown, a service
     failure). If even that cannot be written, the lease is left to expire and the reaper
     re-queues the run (L4)."""
@@ -483,15 +530,9 @@ async def hand_back(rt: WorkerRuntime, attempt: RunAttempt, reason: str) -> str:
         requeued = await asyncio.to_thread(rt.store.requeue, attempt.run_id, attempt.epoch, reason)
     except TRANSIENT_ERRORS:
         log.warning("hand-back failed; the lease will expire", extra={"run_id": attempt.run_id})
-        return "hand_back_deferred"
+        return AttemptResult(AttemptOutcome.HAND_BACK_DEFERRED)
     await rt.leases.release(attempt.run_id, attempt.lease)
-    if requeued:
-        await asyncio.to_thread(_dispatch_quietly, rt, attempt.run_id)
-    return "handed_back" if requeued else "hand_back_fenced"
-
-
-def _dispatch_quietly(rt: WorkerRuntime, run_id: str) -> None:
-    try:
-        rt.dispatcher.dispatch_run(run_id)
-    except Exception:  # noqa: BLE001 - the reaper re-dispatches (R4)
-        log.exception("dispatch failed; the reaper will retry", extra={"run_id": run_id})
+    if not requeued:  # the requeue is fenced on our epoch like the terminal status
+        return AttemptResult(AttemptOutcome.FENCED, fenced=Sink.STATUS)
+    await asyncio.to_thread(rt.dispatcher.dispatch_quietly, attempt.run_id)
+    return AttemptResult(AttemptOutcome.HANDED_BACK)

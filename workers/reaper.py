@@ -16,6 +16,7 @@ from shared import metrics, serde
 from shared.bridge.base import END_EVENT
 from shared.bridge.publisher import PublishCall
 from shared.leases import lease_value
+from shared.runs.model import CancelAction, RunStatus
 from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -37,16 +38,16 @@ async def reap_once(rt: WorkerRuntime) -> dict[str, int]:
     s = rt.settings
     counts = {"redispatched": 0, "requeued": 0, "failed": 0, "locked": 0}
     for run_id in await asyncio.to_thread(rt.store.stale_pending_heads, s.dispatch_stale_s):
-        await asyncio.to_thread(rt.dispatcher.dispatch_run, run_id)
-        counts["redispatched"] += 1
+        if await asyncio.to_thread(rt.dispatcher.dispatch_quietly, run_id):
+            counts["redispatched"] += 1
     for run in await asyncio.to_thread(rt.store.running_runs, s.lease_ttl_s):
-        run_id, epoch, attempt = run["run_id"], int(run["owner_epoch"]), int(run["attempt"])
+        run_id, epoch, attempt = run.run_id, run.owner_epoch, run.attempt
         if await rt.leases.is_held(run_id):
             continue
         reason = f"owner lease expired after attempt {attempt}"
         # A rollback requested of a run whose owner then died still gets done: one more
         # attempt, which restores the pre-run state instead of running the graph (R5).
-        rollback_due = run.get("cancel_action") == "rollback" and attempt == s.max_attempts
+        rollback_due = run.cancel_action is CancelAction.ROLLBACK and attempt == s.max_attempts
         try:
             if attempt < s.max_attempts or rollback_due:
                 requeued = await asyncio.to_thread(
@@ -54,11 +55,11 @@ async def reap_once(rt: WorkerRuntime) -> dict[str, int]:
                 )
                 if requeued:
                     counts["requeued"] += 1
-                    await asyncio.to_thread(rt.dispatcher.dispatch_run, run_id)
+                    await asyncio.to_thread(rt.dispatcher.dispatch_quietly, run_id)
                 continue
             if await fail_run(rt, run_id, epoch, reason):
                 counts["failed"] += 1
-                metrics.run_finished("error", None)  # L5: its owners kept dying
+                metrics.run_finished(RunStatus.ERROR, None)  # L5: its owners kept dying
         except psycopg.errors.LockNotAvailable:
             # A frozen owner is inside a fenced write; PostgreSQL ends its session after
             # fence_idle_timeout_s, and the next pass gets the row. Never hang the pass.
@@ -80,7 +81,7 @@ async def fail_run(rt: WorkerRuntime, run_id: str, epoch: int, reason: str) -> b
     if expired is None:
         return False
     if expired.next_run_id:
-        await asyncio.to_thread(rt.dispatcher.dispatch_run, expired.next_run_id)
+        await asyncio.to_thread(rt.dispatcher.dispatch_quietly, expired.next_run_id)
     value = lease_value(expired.epoch, rt.worker_id)
     if await rt.leases.acquire(run_id, expired.epoch, rt.worker_id):
         try:
@@ -91,7 +92,7 @@ async def fail_run(rt: WorkerRuntime, run_id: str, epoch: int, reason: str) -> b
                     1,
                     [
                         ("error", serde.dumps(expired.error)),
-                        (END_EVENT, serde.dumps({"run_id": run_id, "status": "error"})),
+                        (END_EVENT, serde.dumps({"run_id": run_id, "status": RunStatus.ERROR})),
                     ],
                     end=True,
                 )

@@ -25,9 +25,9 @@ def execute(run_id: str) -> str:
         log.error("ignoring run task with a malformed id: %r", run_id)
         return "malformed"
     rt = get_runtime()
-    outcome = rt.submit(execute_run(rt, run_id)).result()
-    log.info("run %s: %s", run_id, outcome)
-    return outcome
+    result = rt.submit(execute_run(rt, run_id)).result()
+    log.info("run %s: %s", run_id, result)
+    return str(result)
 
 
 def start_runs_services() -> None:

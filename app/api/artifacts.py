@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from flask import Blueprint, Response, send_file
 from langchain_core.tools import ToolException
@@ -22,12 +21,13 @@ from app.http import json_response
 from app.services import current_services
 from shared.agent.tools import OUTPUTS, check_filename
 from shared.errors import ArtifactNotFound, ValidationFailed
+from shared.runs.model import Thread
 
 bp = Blueprint("artifacts", __name__)
 
 
-def _outputs(thread: dict[str, Any]) -> Path:
-    return current_services().settings.workspace_dir / str(thread["thread_id"]) / OUTPUTS
+def _outputs(thread: Thread) -> Path:
+    return current_services().settings.workspace_dir / thread.thread_id / OUTPUTS
 
 
 def _listed(path: Path) -> bool:

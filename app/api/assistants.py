@@ -11,8 +11,7 @@ from app.auth import principal
 from app.http import json_response, parse_body
 from app.schemas import AssistantSearch
 from app.services import current_services
-from shared.agent.graphs import GraphNotFound, assistant_id_for
-from shared.errors import AssistantNotFound
+from shared.agent.graphs import assistant_id_for
 
 bp = Blueprint("assistants", __name__)
 _EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -36,10 +35,7 @@ def assistant_json(graph_id: str) -> dict[str, Any]:
 
 def resolve_graph(assistant_id: str) -> str:
     """graph_id for an assistant id or graph name, else 404."""
-    try:
-        return current_services().registry.resolve(assistant_id)
-    except (GraphNotFound, KeyError) as exc:
-        raise AssistantNotFound(f"assistant {assistant_id!r} not found") from exc
+    return current_services().runs.resolve_graph(assistant_id)
 
 
 @bp.post("/assistants/search")

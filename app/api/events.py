@@ -10,10 +10,9 @@ from typing import Any, Literal
 from flask import Blueprint, Response, request
 from pydantic import Field
 
-from app.api.runs import _run_id
 from app.api.threads import owned_thread
 from app.auth import principal
-from app.http import json_response, validate
+from app.http import checked_run_id, json_response, validate
 from app.schemas import Strict
 from app.services import current_services
 from shared.errors import NotFound, ValidationFailed
@@ -73,8 +72,8 @@ def run_events(thread_id: str, run_id: str) -> Response:
     q: RunEventsQuery = _query(RunEventsQuery)
     thread = owned_thread(thread_id)
     svc = current_services()
-    rid = _run_id(run_id)
-    svc.store.get_run(str(thread["thread_id"]), rid, principal().user_id)
+    rid = checked_run_id(run_id)
+    svc.store.get_run(thread.thread_id, rid, principal().user_id)
     try:
         page = svc.events.list_run_events(
             rid,
@@ -95,7 +94,7 @@ def _thread_page(thread_id: str, q: ThreadEventsQuery, categories: list[str] | N
         after = parse_thread_cursor(q.after) if q.after else None
         before = parse_thread_cursor(q.before) if q.before else None
         page = current_services().events.list_thread_events(
-            str(thread["thread_id"]),
+            thread.thread_id,
             after=after,
             before=before,
             categories=categories,
@@ -125,7 +124,7 @@ def message_page(thread_id: str) -> Response:
 def token_usage(thread_id: str) -> Response:
     """Token usage of the thread: total, by tag, by run (J2)."""
     thread = owned_thread(thread_id)
-    tid = str(thread["thread_id"])
+    tid = thread.thread_id
     return json_response({"thread_id": tid, **current_services().events.thread_usage(tid)})
 
 
@@ -134,8 +133,8 @@ def delivery(thread_id: str, run_id: str) -> Response:
     """The run's delivery receipt (J5), latest attempt unless `attempt` is given."""
     thread = owned_thread(thread_id)
     svc = current_services()
-    rid = _run_id(run_id)
-    svc.store.get_run(str(thread["thread_id"]), rid, principal().user_id)
+    rid = checked_run_id(run_id)
+    svc.store.get_run(thread.thread_id, rid, principal().user_id)
     attempt = request.args.get("attempt")
     if attempt is not None and not attempt.isdigit():
         raise ValidationFailed("attempt: must be a positive integer", field="attempt")

@@ -22,6 +22,7 @@ from shared.agent.middleware.summarization import (
 )
 from shared.errors import Conflict, ValidationFailed
 from shared.memory.services import memory_manager
+from shared.runs.model import ThreadStatus
 
 bp = Blueprint("memory", __name__)
 
@@ -60,10 +61,10 @@ def compact(thread_id: str) -> Response:
     """Summarize the thread now: 409 nothing_to_compact, 502 summary_failed, or the result."""
     thread = owned_thread(thread_id)
     svc = current_services()
-    graph_id = thread["metadata"].get("graph_id")
+    graph_id = thread.metadata.get("graph_id")
     if not isinstance(graph_id, str) or graph_id not in svc.registry.ids():
         raise NothingToCompact("nothing to compact: the thread has no run yet")
-    if thread["status"] == "busy":
+    if thread.status is ThreadStatus.BUSY:
         raise Conflict("the thread has a run in progress; compact it when it is idle")
     settings = svc.settings
     user_id = principal().user_id
@@ -71,7 +72,7 @@ def compact(thread_id: str) -> Response:
     if settings.memory_enabled:
         hooks.append(urgent_flush_hook(lambda: memory_manager(settings)))
     summarizer = build_summarizer(settings, hooks=hooks)
-    tid = str(thread["thread_id"])
+    tid = thread.thread_id
     ctx = SummaryContext(tid, user_id, graph_id, [])
     try:
         result = compact_thread(svc.state, tid, graph_id, summarizer, ctx)

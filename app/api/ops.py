@@ -14,7 +14,6 @@ from __future__ import annotations
 import atexit
 import uuid
 from dataclasses import dataclass
-from typing import Literal
 
 from flask import Blueprint, Response, current_app, request
 from flask.blueprints import BlueprintSetupState
@@ -34,6 +33,7 @@ from shared.ops.connections import TRACKER, ConnectionReporter
 from shared.ops.store import OpsStore
 from shared.redis_keys import Keys
 from shared.runs.manager import RunManager
+from shared.runs.model import CancelAction, RunStatus
 from shared.runs.store import RunStore
 from shared.taskqueue import Dispatcher, make_celery
 
@@ -49,9 +49,7 @@ class _Strict(BaseModel):
 class OpsRunsQuery(_Strict):
     """GET /ops/api/runs: no status = the inflight runs."""
 
-    status: Literal["pending", "running", "success", "error", "timeout", "interrupted"] | None = (
-        None
-    )
+    status: RunStatus | None = None
     limit: int = Field(default=100, ge=1, le=1000)
 
 
@@ -65,7 +63,7 @@ class OpsAuditQuery(_Strict):
 class OpsCancel(_Strict):
     """POST /ops/api/runs/<run_id>/cancel."""
 
-    action: Literal["interrupt", "rollback"] = "interrupt"
+    action: CancelAction = CancelAction.INTERRUPT
 
 
 class OpsRequeue(_Strict):

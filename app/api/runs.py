@@ -4,104 +4,42 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from flask import Blueprint, Response, request, stream_with_context
 
-from app.api.assistants import resolve_graph
-from app.api.threads import checked_thread_id
+from app.api.shapes import run_json
 from app.auth import principal
-from app.http import json_response, parse_body, parse_query, validate
+from app.http import (
+    checked_run_id,
+    checked_thread_id,
+    json_response,
+    parse_body,
+    parse_query,
+    validate,
+)
 from app.schemas import CancelQuery, JoinStreamQuery, RunCreate, RunListQuery
 from app.services import current_services
 from app.streaming.sse import event_filter, sse_body
 from shared import serde
 from shared.bridge.base import END_EVENT, Event, Gap
-from shared.errors import RunNotFound
-from shared.runs.store import TERMINAL
+from shared.runs.model import CancelAction, OnDisconnect, Run, RunStatus
 
 bp = Blueprint("runs", __name__)
 log = logging.getLogger(__name__)
 
 
-def run_json(row: dict[str, Any]) -> dict[str, Any]:
-    """The SDK's Run shape, plus our lifecycle fields."""
-    return {
-        "run_id": str(row["run_id"]),
-        "thread_id": str(row["thread_id"]),
-        "assistant_id": row["assistant_id"],
-        "graph_id": row["graph_id"],
-        "created_at": row["created_at"],
-        "updated_at": row["updated_at"],
-        "status": row["status"],
-        "metadata": row["metadata"],
-        "kwargs": {
-            "input": row["input"],
-            "command": row["command"],
-            "config": row["config"],
-            "context": row["context"],
-            **(row["kwargs"] or {}),
-        },
-        "multitask_strategy": row["multitask_strategy"],
-        "on_disconnect": row["on_disconnect"],
-        "attempt": row["attempt"],
-        "owner_epoch": row["owner_epoch"],
-        "started_at": row["started_at"],
-        "ended_at": row["ended_at"],
-        "error": row["error"],
-        "usage": row["usage"],
-    }
-
-
-def _run_id(run_id: str) -> str:
-    try:
-        return str(uuid.UUID(run_id))
-    except ValueError as exc:
-        raise RunNotFound(f"run {run_id[:64]} not found") from exc
-
-
-def admit_run(thread_id: str, body: RunCreate) -> dict[str, Any]:
-    """Admit a validated run request for the caller (shared by HTTP and WebSocket)."""
-    svc = current_services()
-    graph_id = resolve_graph(body.assistant_id)
-    tid = checked_thread_id(thread_id)
-    config = body.config.model_dump(exclude_none=True) if body.config else {}
-    fields = {
-        "input": body.input,
-        "command": body.command.model_dump(exclude_none=True) if body.command else None,
-        "config": config,
-        "context": body.context,
-        "metadata": body.metadata,
-        "on_disconnect": body.on_disconnect,
-        "kwargs": {
-            "stream_mode": body.stream_mode,
-            "stream_subgraphs": body.stream_subgraphs,
-            "interrupt_before": body.interrupt_before,
-            "interrupt_after": body.interrupt_after,
-            "durability": body.effective_durability(),
-            "checkpoint_id": body.requested_checkpoint_id(),
-        },
-    }
-    return svc.runs.admit(
-        owner=principal().user_id,
-        thread_id=tid,
-        assistant_id=body.assistant_id,
-        graph_id=graph_id,
-        fields=fields,
-        strategy=body.multitask_strategy or svc.settings.default_multitask_strategy,
-        if_not_exists=body.if_not_exists,
-    )
-
-
-def _admit(thread_id: str) -> tuple[dict[str, Any], RunCreate]:
+def _admit(thread_id: str) -> tuple[Run, RunCreate]:
     body = parse_body(RunCreate)
-    return admit_run(thread_id, body), body
+    run = current_services().runs.admit(
+        principal().user_id, body.to_request(checked_thread_id(thread_id))
+    )
+    return run, body
 
 
-def _locations(row: dict[str, Any], tail: str) -> dict[str, str]:
-    base = f"/threads/{row['thread_id']}/runs/{row['run_id']}"
+def _locations(run: Run, tail: str) -> dict[str, str]:
+    base = f"/threads/{run.thread_id}/runs/{run.run_id}"
     return {"Location": f"{base}{tail}", "Content-Location": base}
 
 
@@ -110,7 +48,7 @@ def is_terminal(run_id: str) -> bool:
 
 
 def _stream_response(
-    row: dict[str, Any],
+    run: Run,
     last_event_id: str | None,
     *,
     cancel_on_disconnect: bool,
@@ -118,8 +56,7 @@ def _stream_response(
     status: int = 200,
 ) -> Response:
     svc = current_services()
-    run_id = str(row["run_id"])
-    thread_id = str(row["thread_id"])
+    run_id, thread_id = run.run_id, run.thread_id
     owner = principal().user_id
     cursor = svc.subscriber.check_cursor(run_id, last_event_id)  # 400 before any byte is sent
 
@@ -128,13 +65,15 @@ def _stream_response(
             log.info(
                 "client disconnected; cancelling (on_disconnect=cancel)", extra={"run_id": run_id}
             )
-            svc.runs.cancel(owner=owner, thread_id=thread_id, run_id=run_id, action="interrupt")
+            svc.runs.cancel(
+                owner=owner, thread_id=thread_id, run_id=run_id, action=CancelAction.INTERRUPT
+            )
 
     batches = svc.subscriber.subscribe_batches(
         run_id, cursor, is_terminal=lambda: is_terminal(run_id)
     )
     body = sse_body(batches, keep=event_filter(modes), on_close=on_close, run_id=run_id)
-    headers = {**_locations(row, "/stream"), "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    headers = {**_locations(run, "/stream"), "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     return Response(
         stream_with_context(body), status=status, mimetype="text/event-stream", headers=headers
     )
@@ -144,8 +83,8 @@ def _final_result(thread_id: str, run_id: str, graph_id: str) -> Any:
     """What /wait and /join return: last values, or `__error__` (A1)."""
     svc = current_services()
     run = svc.store.get_run(thread_id, run_id, principal().user_id)
-    if run["status"] == "error":
-        return {"__error__": run["error"] or {"error": "RunError", "message": "run failed"}}
+    if run.status is RunStatus.ERROR:
+        return {"__error__": run.error or {"error": "RunError", "message": "run failed"}}
     state = svc.state.get(thread_id, graph_id)
     values = state["values"]
     if state["interrupts"] and isinstance(values, dict):
@@ -180,50 +119,52 @@ def _await_end(run_id: str) -> Iterator[bytes]:
         time.sleep(svc.settings.stream_heartbeat_s / 5)
 
 
-def _wait_body(row: dict[str, Any], *, cancel_on_disconnect: bool) -> Iterator[bytes]:
+def _wait_body(run: Run, *, cancel_on_disconnect: bool) -> Iterator[bytes]:
     """Whitespace while waiting (keeps proxies and the SDK happy), then the JSON result."""
     svc = current_services()
-    run_id, thread_id = str(row["run_id"]), str(row["thread_id"])
+    run_id, thread_id = run.run_id, run.thread_id
     owner = principal().user_id
-    done = row["status"] in TERMINAL
     finished = False
     try:
-        if not done:
+        if not run.terminal:
             yield from _await_end(run_id)
         finished = True
-        yield serde.dumps(_final_result(thread_id, run_id, row["graph_id"]))
+        yield serde.dumps(_final_result(thread_id, run_id, run.graph_id))
     finally:
         if not finished and cancel_on_disconnect:
-            svc.runs.cancel(owner=owner, thread_id=thread_id, run_id=run_id, action="interrupt")
+            svc.runs.cancel(
+                owner=owner, thread_id=thread_id, run_id=run_id, action=CancelAction.INTERRUPT
+            )
 
 
-def _wait_response(row: dict[str, Any], *, cancel_on_disconnect: bool) -> Response:
+def _wait_response(run: Run, *, cancel_on_disconnect: bool) -> Response:
     return Response(
-        stream_with_context(_wait_body(row, cancel_on_disconnect=cancel_on_disconnect)),
+        stream_with_context(_wait_body(run, cancel_on_disconnect=cancel_on_disconnect)),
         mimetype="application/json",
-        headers=_locations(row, "/join"),
+        headers=_locations(run, "/join"),
     )
 
 
 @bp.post("/threads/<thread_id>/runs")
 def create(thread_id: str) -> Response:
     """Create a background run."""
-    row, _ = _admit(thread_id)
-    return json_response(run_json(row), headers=_locations(row, "/stream"))
+    run, _ = _admit(thread_id)
+    return json_response(run_json(run), headers=_locations(run, "/stream"))
 
 
 @bp.post("/threads/<thread_id>/runs/stream")
 def create_stream(thread_id: str) -> Response:
     """Create a run and stream its events (SSE)."""
-    row, body = _admit(thread_id)
-    return _stream_response(row, None, cancel_on_disconnect=body.on_disconnect == "cancel")
+    run, body = _admit(thread_id)
+    cancel_on_disconnect = body.on_disconnect is OnDisconnect.CANCEL
+    return _stream_response(run, None, cancel_on_disconnect=cancel_on_disconnect)
 
 
 @bp.post("/threads/<thread_id>/runs/wait")
 def create_wait(thread_id: str) -> Response:
     """Create a run and wait for its final values."""
-    row, body = _admit(thread_id)
-    return _wait_response(row, cancel_on_disconnect=body.on_disconnect == "cancel")
+    run, body = _admit(thread_id)
+    return _wait_response(run, cancel_on_disconnect=body.on_disconnect is OnDisconnect.CANCEL)
 
 
 @bp.get("/threads/<thread_id>/runs")
@@ -231,26 +172,26 @@ def list_runs(thread_id: str) -> Response:
     """Runs of the thread, newest first."""
     q = parse_query(RunListQuery)
     tid = checked_thread_id(thread_id)
-    rows = current_services().store.list_runs(
+    runs = current_services().store.list_runs(
         tid, principal().user_id, limit=q.limit, offset=q.offset, status=q.status
     )
-    return json_response([run_json(r) for r in rows])
+    return json_response([run_json(r) for r in runs])
 
 
 @bp.get("/threads/<thread_id>/runs/<run_id>")
 def get(thread_id: str, run_id: str) -> Response:
     """One run."""
-    row = current_services().store.get_run(
-        checked_thread_id(thread_id), _run_id(run_id), principal().user_id
+    run = current_services().store.get_run(
+        checked_thread_id(thread_id), checked_run_id(run_id), principal().user_id
     )
-    return json_response(run_json(row))
+    return json_response(run_json(run))
 
 
 @bp.delete("/threads/<thread_id>/runs/<run_id>")
 def delete(thread_id: str, run_id: str) -> Response:
     """Delete a finished run."""
     current_services().store.delete_run(
-        checked_thread_id(thread_id), _run_id(run_id), principal().user_id
+        checked_thread_id(thread_id), checked_run_id(run_id), principal().user_id
     )
     return Response(status=204)
 
@@ -259,10 +200,10 @@ def delete(thread_id: str, run_id: str) -> Response:
 def join(thread_id: str, run_id: str) -> Response:
     """Wait for the run to end; return the thread's final values."""
     cancel = request.args.get("cancel_on_disconnect", "false").lower() in ("1", "true")
-    row = current_services().store.get_run(
-        checked_thread_id(thread_id), _run_id(run_id), principal().user_id
+    run = current_services().store.get_run(
+        checked_thread_id(thread_id), checked_run_id(run_id), principal().user_id
     )
-    return _wait_response(row, cancel_on_disconnect=cancel)
+    return _wait_response(run, cancel_on_disconnect=cancel)
 
 
 @bp.get("/threads/<thread_id>/runs/<run_id>/stream")
@@ -275,12 +216,12 @@ def join_stream(thread_id: str, run_id: str) -> Response:
     if modes:
         args["stream_mode"] = modes
     q = validate(JoinStreamQuery, args)
-    row = current_services().store.get_run(
-        checked_thread_id(thread_id), _run_id(run_id), principal().user_id
+    run = current_services().store.get_run(
+        checked_thread_id(thread_id), checked_run_id(run_id), principal().user_id
     )
     last_event_id = request.headers.get("Last-Event-ID") or q.last_event_id
     return _stream_response(
-        row, last_event_id, cancel_on_disconnect=q.cancel_on_disconnect, modes=q.stream_mode
+        run, last_event_id, cancel_on_disconnect=q.cancel_on_disconnect, modes=q.stream_mode
     )
 
 
@@ -289,19 +230,19 @@ def cancel(thread_id: str, run_id: str) -> Response:
     """Cancel a run (R5); `wait=1` returns once the run has a terminal status."""
     q = parse_query(CancelQuery)
     svc = current_services()
-    tid, rid = checked_thread_id(thread_id), _run_id(run_id)
+    tid, rid = checked_thread_id(thread_id), checked_run_id(run_id)
     owner = principal().user_id
     outcome = svc.runs.cancel(owner=owner, thread_id=tid, run_id=rid, action=q.action)
-    row = svc.store.get_run(tid, rid, owner)
+    run = svc.store.get_run(tid, rid, owner)
     if not q.wait:
-        return json_response({**run_json(row), "cancel": outcome.value}, status=202)
+        return json_response({**run_json(run), "cancel": outcome.value}, status=202)
 
     def body() -> Iterator[bytes]:
-        if row["status"] not in TERMINAL:
+        if not run.terminal:
             yield from _await_end(rid)
         final = svc.store.get_run(tid, rid, owner)
         yield serde.dumps({**run_json(final), "cancel": outcome.value})
 
     return Response(
-        stream_with_context(body()), mimetype="application/json", headers=_locations(row, "/join")
+        stream_with_context(body()), mimetype="application/json", headers=_locations(run, "/join")
     )

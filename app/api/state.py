@@ -12,12 +12,13 @@ from app.http import json_response, parse_body
 from app.schemas import CheckpointRef, HistoryRequest, StateAtCheckpoint, StateUpdate
 from app.services import current_services
 from shared.errors import Conflict, ValidationFailed
+from shared.runs.model import Thread, ThreadStatus
 
 bp = Blueprint("state", __name__)
 
 
-def _graph_id(thread: dict[str, Any]) -> str | None:
-    gid = thread["metadata"].get("graph_id")
+def _graph_id(thread: Thread) -> str | None:
+    gid = thread.metadata.get("graph_id")
     return gid if isinstance(gid, str) and gid in current_services().registry.ids() else None
 
 
@@ -25,7 +26,7 @@ def _graph_id(thread: dict[str, Any]) -> str | None:
 def get_state(thread_id: str) -> Response:
     """The thread's current state."""
     thread = owned_thread(thread_id)
-    return json_response(current_services().state.get(str(thread["thread_id"]), _graph_id(thread)))
+    return json_response(current_services().state.get(thread.thread_id, _graph_id(thread)))
 
 
 @bp.get("/threads/<thread_id>/state/<checkpoint_id>")
@@ -34,7 +35,7 @@ def get_state_at(thread_id: str, checkpoint_id: str) -> Response:
     thread = owned_thread(thread_id)
     return json_response(
         current_services().state.get(
-            str(thread["thread_id"]), _graph_id(thread), {"checkpoint_id": checkpoint_id}
+            thread.thread_id, _graph_id(thread), {"checkpoint_id": checkpoint_id}
         )
     )
 
@@ -45,9 +46,7 @@ def post_state_at(thread_id: str) -> Response:
     body = parse_body(StateAtCheckpoint)
     thread = owned_thread(thread_id)
     return json_response(
-        current_services().state.get(
-            str(thread["thread_id"]), _graph_id(thread), body.checkpoint.as_dict()
-        )
+        current_services().state.get(thread.thread_id, _graph_id(thread), body.checkpoint.as_dict())
     )
 
 
@@ -59,14 +58,14 @@ def update_state(thread_id: str) -> Response:
     graph_id = _graph_id(thread)
     if graph_id is None:
         raise Conflict("the thread has no graph yet: start a run on it before updating its state")
-    if thread["status"] == "busy":
+    if thread.status is ThreadStatus.BUSY:
         raise Conflict("the thread has a run in progress; update its state when it is idle")
     checkpoint = body.checkpoint.as_dict() if body.checkpoint else None
     if body.checkpoint_id:
         checkpoint = {"checkpoint_ns": "", "checkpoint_id": body.checkpoint_id}
     try:
         out = current_services().state.update(
-            str(thread["thread_id"]),
+            thread.thread_id,
             graph_id,
             body.values,
             as_node=body.as_node,
@@ -87,7 +86,7 @@ def _history(thread_id: str, q: HistoryRequest) -> Response:
         before = {"checkpoint_ns": "", "checkpoint_id": q.before}
     return json_response(
         current_services().state.history(
-            str(thread["thread_id"]),
+            thread.thread_id,
             _graph_id(thread),
             limit=q.limit,
             before=before,

@@ -2,42 +2,19 @@
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
-
 from flask import Blueprint, Response
 
+from app.api.shapes import thread_json
 from app.auth import principal
-from app.http import json_response, parse_body
+from app.http import checked_thread_id, json_response, parse_body
 from app.schemas import ThreadCount, ThreadCreate, ThreadPatch, ThreadSearch
 from app.services import current_services
-from shared.errors import ThreadNotFound
+from shared.runs.model import Thread
 
 bp = Blueprint("threads", __name__)
 
 
-def thread_json(row: dict[str, Any]) -> dict[str, Any]:
-    """The SDK's Thread shape."""
-    return {
-        "thread_id": str(row["thread_id"]),
-        "created_at": row["created_at"],
-        "updated_at": row["updated_at"],
-        "metadata": row["metadata"],
-        "status": row["status"],
-        "values": None,
-        "interrupts": {},
-    }
-
-
-def checked_thread_id(thread_id: str) -> str:
-    """A thread id that is not a UUID cannot exist: 404, exactly like a missing one."""
-    try:
-        return str(uuid.UUID(thread_id))
-    except ValueError as exc:
-        raise ThreadNotFound(f"thread {thread_id[:64]} not found") from exc
-
-
-def owned_thread(thread_id: str) -> dict[str, Any]:
+def owned_thread(thread_id: str) -> Thread:
     """The caller's thread or 404."""
     return current_services().store.get_thread(checked_thread_id(thread_id), principal().user_id)
 
@@ -46,13 +23,13 @@ def owned_thread(thread_id: str) -> dict[str, Any]:
 def create() -> Response:
     """Create a thread (`if_exists`: raise | do_nothing)."""
     body = parse_body(ThreadCreate, allow_empty=True)
-    row = current_services().store.create_thread(
+    thread = current_services().store.create_thread(
         str(body.thread_id) if body.thread_id else None,
         principal().user_id,
         body.metadata,
         body.if_exists,
     )
-    return json_response(thread_json(row))
+    return json_response(thread_json(thread))
 
 
 @bp.get("/threads/<thread_id>")
@@ -85,7 +62,7 @@ def delete(thread_id: str) -> Response:
 def search() -> Response:
     """Threads of the caller filtered by metadata and status."""
     q = parse_body(ThreadSearch, allow_empty=True)
-    rows = current_services().store.search_threads(
+    threads = current_services().store.search_threads(
         principal().user_id,
         metadata=q.metadata,
         status=q.status,
@@ -95,7 +72,7 @@ def search() -> Response:
         sort_by=q.sort_by,
         sort_order=q.sort_order,
     )
-    return json_response([thread_json(r) for r in rows])
+    return json_response([thread_json(t) for t in threads])
 
 
 @bp.post("/threads/count")

@@ -22,10 +22,9 @@ import math
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from flask import Blueprint, Flask, g, request
 from flask_sock import Sock
@@ -33,11 +32,10 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 from simple_websocket import ConnectionClosed, Server
 from werkzeug.exceptions import HTTPException
 
-from app.api.runs import admit_run, run_json
-from app.api.threads import checked_thread_id
+from app.api.shapes import run_json
 from app.auth import authenticate, principal
 from app.cors import check_ws_origin
-from app.http import validate
+from app.http import checked_run_id, checked_thread_id, validate
 from app.limits import ConnectionSlot, LimitExceeded, TokenBucket, admit_limits, limiter
 from app.schemas import STREAM_MODES, RunCreate
 from app.services import Services, current_services
@@ -45,9 +43,10 @@ from app.streaming.sse import event_filter
 from shared import metrics, serde
 from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat
 from shared.bridge.redis import StreamSubscriber
-from shared.errors import RunNotFound, StreamCursorInvalid, ThreadrunError, ValidationFailed
+from shared.errors import StreamCursorInvalid, ThreadrunError, ValidationFailed
 from shared.ops.connections import TRACKER
 from shared.redis_keys import Keys
+from shared.runs.model import CancelAction, OnDisconnect
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +201,7 @@ class CancelFrame(_Frame):
     """`run.cancel` (R5): interrupt keeps the run's progress, rollback undoes it."""
 
     run_id: str
-    action: Literal["interrupt", "rollback"] = "interrupt"
+    action: CancelAction = CancelAction.INTERRUPT
 
 
 class _FrameError(Exception):
@@ -224,13 +223,6 @@ def _request_id(data: dict[str, Any]) -> Any:
             field="request_id",
         )
     return rid
-
-
-def _run_uuid(run_id: str) -> str:
-    try:
-        return str(uuid.UUID(run_id))
-    except ValueError as exc:
-        raise RunNotFound(f"run {run_id[:64]} not found") from exc
 
 
 def _modes(value: list[str] | str | None) -> list[str] | None:
@@ -484,20 +476,19 @@ class _Session:
         self._check_capacity()
         slot = admit_limits(self.owner, body)
         try:
-            row = admit_run(tid, spec)  # principal() still works: this is the upgrade's context
+            run = self.svc.runs.admit(self.owner, spec.to_request(tid))
         except BaseException:
             slot.release()
             raise
-        slot.bind(str(row["run_id"]))
-        run = run_json(row)
-        self.send_obj({"type": "run.created", "request_id": request_id, "run": run})
+        slot.bind(run.run_id)
+        self.send_obj({"type": "run.created", "request_id": request_id, "run": run_json(run)})
         self._follow(
             _Subscription(
-                run_id=run["run_id"],
-                thread_id=run["thread_id"],
+                run_id=run.run_id,
+                thread_id=run.thread_id,
                 cursor="",
                 request_id=request_id,
-                cancel_on_disconnect=spec.on_disconnect == "cancel",
+                cancel_on_disconnect=spec.on_disconnect is OnDisconnect.CANCEL,
                 modes=None,
             )
         )
@@ -505,8 +496,8 @@ class _Session:
     def _join(self, data: dict[str, Any], request_id: Any) -> None:
         frame = validate(JoinFrame, data)
         tid = self._thread_id(frame.thread_id)
-        row = self.svc.store.get_run(tid, _run_uuid(frame.run_id), self.owner)
-        run_id = str(row["run_id"])
+        run = self.svc.store.get_run(tid, checked_run_id(frame.run_id), self.owner)
+        run_id = run.run_id
         last = None if frame.last_event_id is None else str(frame.last_event_id)
         cursor = self._subscriber.check_cursor(run_id, last)
         if cursor:
@@ -519,7 +510,7 @@ class _Session:
         self._follow(
             _Subscription(
                 run_id=run_id,
-                thread_id=str(row["thread_id"]),
+                thread_id=run.thread_id,
                 cursor=cursor,
                 request_id=request_id,
                 cancel_on_disconnect=frame.cancel_on_disconnect,
@@ -530,7 +521,7 @@ class _Session:
     def _cancel(self, data: dict[str, Any], request_id: Any) -> None:
         frame = validate(CancelFrame, data)
         tid = self._thread_id(frame.thread_id)
-        run_id = _run_uuid(frame.run_id)
+        run_id = checked_run_id(frame.run_id)
         outcome = self.svc.runs.cancel(
             owner=self.owner, thread_id=tid, run_id=run_id, action=frame.action
         )
@@ -637,7 +628,10 @@ class _Session:
         )
         try:
             self.svc.runs.cancel(
-                owner=self.owner, thread_id=sub.thread_id, run_id=sub.run_id, action="interrupt"
+                owner=self.owner,
+                thread_id=sub.thread_id,
+                run_id=sub.run_id,
+                action=CancelAction.INTERRUPT,
             )
         except Exception:  # noqa: BLE001 - logged; the run ends by itself eventually
             log.exception("cancel on disconnect failed", extra={"run_id": sub.run_id})

@@ -22,6 +22,7 @@ from typing import Any
 
 from shared.errors import LeaseLost
 from shared.journal.event_store import DELIVERY_TYPE, Category, EventStore, RunEvent
+from shared.runs.model import RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +137,8 @@ def settle_delivery(
     outcome: DeliveryOutcome,
 ) -> tuple[str, dict[str, Any] | None]:
     """The terminal status after the receipt: a success that produced output needs one (J5)."""
-    if status == "success" and produced_output and outcome is DeliveryOutcome.FAILED:
-        return "error", {
+    if status == RunStatus.SUCCESS and produced_output and outcome is DeliveryOutcome.FAILED:
+        return RunStatus.ERROR, {
             "error": "DeliveryReceiptFailed",
             "message": "the run produced output but its delivery receipt could not be written",
         }

@@ -26,8 +26,9 @@ import redis
 from shared.errors import RunNotFound
 from shared.ops.store import OpsStore
 from shared.redis_keys import Keys
+from shared.runs.admission import CancelOutcome
 from shared.runs.manager import RunManager
-from shared.runs.store import TERMINAL, CancelOutcome
+from shared.runs.model import CancelAction, Run, RunStatus
 from shared.settings import Settings
 from shared.taskqueue import Dispatcher
 
@@ -79,16 +80,16 @@ class OpsActions:
         self._redis = client
         self._keys = Keys(settings.redis_prefix)
 
-    def cancel(self, actor: str, run_id: str, action: str) -> ActionResult:
+    def cancel(self, actor: str, run_id: str, action: CancelAction) -> ActionResult:
         """Cancel any user's run (R5 semantics: pending stops now, running at a safe point)."""
-        run = self._store.get_run(run_id)
-        if run is None:
+        run = self._manager.store.get_run_by_id(run_id)
+        if run is None or run.user_id is None:
             self._audit(actor, "cancel", run_id, {"action": action}, "not_found", {})
             raise RunNotFound(f"run {run_id} not found")
-        detail = {"status_before": run["status"], "epoch": run["owner_epoch"]}
+        detail = {"status_before": run.status, "epoch": run.owner_epoch}
         try:
             outcome = self._manager.cancel(
-                owner=run["user_id"], thread_id=run["thread_id"], run_id=run_id, action=action
+                owner=run.user_id, thread_id=run.thread_id, run_id=run_id, action=action
             )
         except psycopg.errors.LockNotAvailable:
             locked = RequeueOutcome.LOCKED.value
@@ -100,7 +101,7 @@ class OpsActions:
 
     def requeue(self, actor: str, run_id: str, reason: str) -> ActionResult:
         """Hand a stuck run back to the queue (see the module docstring for when)."""
-        run = self._store.get_run(run_id)
+        run = self._manager.store.get_run_by_id(run_id)
         params = {"reason": reason}
         if run is None:
             self._audit(actor, "requeue", run_id, params, "not_found", {})
@@ -110,29 +111,29 @@ class OpsActions:
         except psycopg.errors.LockNotAvailable:
             outcome = RequeueOutcome.LOCKED
         detail = {
-            "status_before": run["status"],
-            "epoch": run["owner_epoch"],
-            "attempt": run["attempt"],
-            "owner": run["owner"],
+            "status_before": run.status,
+            "epoch": run.owner_epoch,
+            "attempt": run.attempt,
+            "owner": run.owner,
         }
         audit = self._audit(actor, "requeue", run_id, params, outcome.value, detail)
         return ActionResult(outcome.value, outcome.done, audit)
 
-    def _requeue(self, run: dict[str, Any], reason: str) -> RequeueOutcome:
-        run_id, status = run["run_id"], run["status"]
-        if status in TERMINAL:
+    def _requeue(self, run: Run, reason: str) -> RequeueOutcome:
+        run_id = run.run_id
+        if run.terminal:
             return RequeueOutcome.NOT_INFLIGHT
-        if status == "pending":
-            if run["dispatched_at"] is not None:
+        if run.status is RunStatus.PENDING:
+            if run.dispatched_at is not None:
                 return RequeueOutcome.ALREADY_DISPATCHED
             self._dispatcher.dispatch_run(run_id)
             return RequeueOutcome.DISPATCHED
         if self._redis.exists(self._keys.lease(run_id)):
             return RequeueOutcome.LEASE_HELD
-        idle = dt.datetime.now(dt.UTC) - run["updated_at"]
+        idle = dt.datetime.now(dt.UTC) - run.updated_at
         if idle.total_seconds() < self._settings.lease_ttl_s:
             return RequeueOutcome.RECENTLY_ACTIVE
-        if not self._manager.store.requeue(run_id, int(run["owner_epoch"]), reason):
+        if not self._manager.store.requeue(run_id, run.owner_epoch, reason):
             return RequeueOutcome.RACED
         self._dispatcher.dispatch_run(run_id)
         return RequeueOutcome.REQUEUED

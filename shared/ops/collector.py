@@ -27,6 +27,7 @@ from shared import metrics
 from shared.ops.connections import read_connections
 from shared.ops.store import OpsStore
 from shared.redis_keys import Keys
+from shared.runs.model import RunStatus
 from shared.settings import Settings
 from shared.taskqueue import MEMORY_QUEUE, RUNS_QUEUE
 
@@ -177,7 +178,7 @@ class OpsCollector:
                         "epoch": lease_epoch,
                         "ttl_s": round(pttl / 1000, 3) if pttl and pttl > 0 else None,
                     },
-                    "lease_expired": r["status"] == "running" and value is None,
+                    "lease_expired": r["status"] == RunStatus.RUNNING and value is None,
                 }
             )
         return out
@@ -216,7 +217,7 @@ class OpsCollector:
     def workers(self) -> list[dict[str, Any]]:
         """Workers online, their queues and the runs they own now."""
         workers = self.inspector.workers()
-        running = self.store.list_runs(status="running", limit=self.settings.ops_runs_limit)
+        running = self.store.list_runs(status=RunStatus.RUNNING, limit=self.settings.ops_runs_limit)
         by_proc: dict[tuple[str, str], list[str]] = {}
         for r in running:
             parts = (r.get("owner") or "").split(":")

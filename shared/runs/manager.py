@@ -4,100 +4,110 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from typing import Protocol
 
 import redis
 
-from shared.errors import ThreadBusy
+from shared.errors import AssistantNotFound, ThreadBusy
 from shared.redis_keys import CANCEL_TTL_S, Keys
-from shared.runs.admission import AdmissionOutcome
-from shared.runs.store import TERMINAL, CancelOutcome, RunStore
+from shared.runs.admission import AdmissionOutcome, CancelOutcome
+from shared.runs.model import CancelAction, MultitaskStrategy, Run, RunRequest
+from shared.runs.store import RunStore
 from shared.taskqueue import Dispatcher
 
 log = logging.getLogger(__name__)
+
+
+class GraphResolver(Protocol):
+    """Maps an assistant id (or a graph name) to a registered graph id."""
+
+    def resolve(self, assistant_id: str) -> str:
+        """The graph id; raises KeyError (or a subclass) for an unknown assistant."""
+        ...
 
 
 class RunManager:
     """Decisions about runs; the edges (HTTP, WebSocket) call this, never the store."""
 
     def __init__(
-        self, store: RunStore, dispatcher: Dispatcher, client: redis.Redis, keys: Keys
+        self,
+        store: RunStore,
+        dispatcher: Dispatcher,
+        client: redis.Redis,
+        keys: Keys,
+        *,
+        graphs: GraphResolver | None = None,
+        default_strategy: MultitaskStrategy = MultitaskStrategy.ENQUEUE,
     ) -> None:
         self.store = store
         self._dispatcher = dispatcher
         self._redis = client
         self._keys = keys
+        self._graphs = graphs
+        self._default_strategy = default_strategy
 
-    def admit(
-        self,
-        *,
-        owner: str,
-        thread_id: str,
-        assistant_id: str,
-        graph_id: str,
-        fields: dict[str, Any],
-        strategy: str,
-        if_not_exists: str,
-    ) -> dict[str, Any]:
+    def resolve_graph(self, assistant_id: str) -> str:
+        """The graph id of an assistant id or graph name, else AssistantNotFound (404)."""
+        if self._graphs is None:
+            raise RuntimeError("this RunManager was built without a graph registry")
+        try:
+            return self._graphs.resolve(assistant_id)
+        except KeyError as exc:
+            raise AssistantNotFound(f"assistant {assistant_id!r} not found") from exc
+
+    def admit(self, owner: str, request: RunRequest) -> Run:
         """Create a run atomically (R2), then dispatch it after commit (R4)."""
-        run = {
-            "run_id": str(uuid.uuid4()),
-            "assistant_id": assistant_id,
-            "graph_id": graph_id,
-            **fields,
-        }
+        strategy = request.multitask_strategy or self._default_strategy
         admission = self.store.admit(
-            thread_id=thread_id,
+            request,
+            run_id=str(uuid.uuid4()),
             owner=owner,
-            run=run,
+            graph_id=self.resolve_graph(request.assistant_id),
             strategy=strategy,
-            create_thread=if_not_exists == "create",
         )
         if admission.decision.outcome is AdmissionOutcome.REJECTED:
             raise ThreadBusy(
-                f"thread {thread_id} already has a run in progress (multitask_strategy=reject)"
+                f"thread {request.thread_id} already has a run in progress"
+                " (multitask_strategy=reject)"
             )
         for victim in admission.cancel_running:
             self._signal_cancel(victim, admission.cancel_action)
         for run_id in admission.dispatch:
-            self._dispatch(run_id)
-        assert admission.run is not None
+            self._dispatcher.dispatch_quietly(run_id)
+        run = admission.run
+        assert run is not None  # created: every outcome but REJECTED
         log.info(
             "run admitted",
             extra={
-                "thread_id": thread_id,
-                "run_id": run["run_id"],
+                "thread_id": run.thread_id,
+                "run_id": run.run_id,
                 "outcome": admission.decision.outcome.value,
             },
         )
-        return admission.run
+        return run
 
-    def cancel(self, *, owner: str, thread_id: str, run_id: str, action: str) -> CancelOutcome:
+    def cancel(
+        self, *, owner: str, thread_id: str, run_id: str, action: CancelAction
+    ) -> CancelOutcome:
         """Ask a run to stop (R5): pending runs stop at once; running ones at the next safe point."""
         outcome, next_run = self.store.request_cancel(thread_id, run_id, owner, action)
         if outcome in (CancelOutcome.REQUESTED, CancelOutcome.ALREADY_REQUESTED):
             self._signal_cancel(run_id, action)
         if next_run:
-            self._dispatch(next_run)
+            self._dispatcher.dispatch_quietly(next_run)
         return outcome
 
     def delete_thread(self, *, owner: str, thread_id: str) -> None:
         """Delete a thread and its runs; runs still executing are told to stop."""
         for run_id in self.store.delete_thread(thread_id, owner):
-            self._signal_cancel(run_id, "interrupt")
+            self._signal_cancel(run_id, CancelAction.INTERRUPT)
 
     def is_terminal(self, run_id: str) -> bool:
         """Whether the run has a committed terminal status (or no longer exists)."""
         status = self.store.run_status(run_id)
-        return status is None or status in TERMINAL
+        return status is None or status.terminal
 
-    def _signal_cancel(self, run_id: str, action: str) -> None:
+    def _signal_cancel(self, run_id: str, action: CancelAction) -> None:
         # The row already records the request (durable); this key is how the owner,
         # on whatever worker, learns of it within one publish or poll.
-        self._redis.set(self._keys.cancel(run_id), action, ex=CANCEL_TTL_S)
-
-    def _dispatch(self, run_id: str) -> None:
-        try:
-            self._dispatcher.dispatch_run(run_id)
-        except Exception:  # noqa: BLE001 - the reaper re-dispatches (R4)
-            log.exception("dispatch failed; the reaper will retry", extra={"run_id": run_id})
+        self._redis.set(self._keys.cancel(run_id), action.value, ex=CANCEL_TTL_S)

@@ -15,10 +15,24 @@ from shared import serde
 from shared.db import DictPool
 from shared.errors import Conflict, RunNotFound, ThreadExists, ThreadNotFound
 from shared.journal.event_store import APPEND_EVENT_SQL
-from shared.runs.admission import AdmissionDecision, AdmissionOutcome, Inflight, decide
-
-TERMINAL = frozenset({"success", "error", "timeout", "interrupted"})
-INFLIGHT = ("pending", "running")
+from shared.runs.admission import (
+    AdmissionDecision,
+    CancelOutcome,
+    Inflight,
+    cancel_outcome,
+    decide,
+    inflight_needed,
+)
+from shared.runs.model import (
+    CancelAction,
+    JSONObject,
+    MultitaskStrategy,
+    Run,
+    RunRequest,
+    RunStatus,
+    Thread,
+    ThreadStatus,
+)
 
 
 def _json(value: Any) -> Jsonb | None:
@@ -106,7 +120,10 @@ GET_RUN_SQL = """
 SELECT r.* FROM runs r JOIN threads t USING (thread_id)
 WHERE r.run_id = %(run_id)s AND r.thread_id = %(thread_id)s AND t.owner = %(owner)s
 """
-GET_RUN_BY_ID_SQL = "SELECT * FROM runs WHERE run_id = %(run_id)s"
+GET_RUN_BY_ID_SQL = """
+SELECT r.*, t.owner AS user_id FROM runs r JOIN threads t USING (thread_id)
+WHERE r.run_id = %(run_id)s
+"""
 RUN_STATUS_SQL = "SELECT status FROM runs WHERE run_id = %(run_id)s"
 LIST_RUNS_SQL = """
 SELECT r.* FROM runs r JOIN threads t USING (thread_id)
@@ -201,19 +218,10 @@ class ClaimOutcome(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """The result of a claim; `run` is the claimed row."""
+    """The result of a claim; `run` is the claimed run (with its owner's `user_id`)."""
 
     outcome: ClaimOutcome
-    run: dict[str, Any] | None = None
-
-
-class CancelOutcome(enum.Enum):
-    """What a cancel request did."""
-
-    CANCELLED = "cancelled"  # was pending: now interrupted, no executor involved
-    REQUESTED = "requested"  # running: the owner stops at its next safe point
-    ALREADY_REQUESTED = "already_requested"
-    ALREADY_DONE = "already_done"  # terminal: nothing to do
+    run: Run | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,10 +229,14 @@ class Admission:
     """The admitted run (None when rejected) and what must happen after commit."""
 
     decision: AdmissionDecision
-    run: dict[str, Any] | None
+    run: Run | None
     dispatch: list[str]
     cancel_running: list[str]
-    cancel_action: str = "interrupt"
+
+    @property
+    def cancel_action(self) -> CancelAction:
+        """How the cancelled runs end."""
+        return self.decision.action
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,16 +244,28 @@ class Expired:
     """A run the reaper ended: its new epoch (now the reaper's), the error, the next run."""
 
     epoch: int
-    error: dict[str, Any]
+    error: JSONObject
     next_run_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """The result of a fenced terminal write."""
+    """The result of a fenced terminal write: refused (a newer epoch owns the run) or the
+    next run of the thread to dispatch."""
 
     fenced: bool
     next_run_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunningRun:
+    """A running run as the reaper sees it: enough to check its lease and fence a requeue."""
+
+    run_id: str
+    thread_id: str
+    owner_epoch: int
+    attempt: int
+    cancel_action: CancelAction | None
 
 
 class RunStore:
@@ -252,8 +276,8 @@ class RunStore:
 
     # threads ----------------------------------------------------------------------
     def create_thread(
-        self, thread_id: str | None, owner: str, metadata: dict[str, Any], if_exists: str
-    ) -> dict[str, Any]:
+        self, thread_id: str | None, owner: str, metadata: JSONObject, if_exists: str
+    ) -> Thread:
         """Create a thread; `if_exists` is 'raise' or 'do_nothing' (return the existing one)."""
         tid = thread_id or str(uuid.uuid4())
         with self._pool.connection() as conn:
@@ -261,22 +285,22 @@ class RunStore:
                 INSERT_THREAD_SQL, {"thread_id": tid, "owner": owner, "metadata": _json(metadata)}
             ).fetchone()
             if row is not None:
-                return row
+                return Thread.from_row(row)
             existing = conn.execute(GET_THREAD_SQL, {"thread_id": tid, "owner": owner}).fetchone()
         # Another user's thread id conflicts exactly like our own would; it is never handed out.
         if existing is None or if_exists == "raise":
             raise ThreadExists(f"thread {tid} already exists")
-        return existing
+        return Thread.from_row(existing)
 
-    def get_thread(self, thread_id: str, owner: str) -> dict[str, Any]:
+    def get_thread(self, thread_id: str, owner: str) -> Thread:
         """The thread, or ThreadNotFound (also for another user's thread)."""
         with self._pool.connection() as conn:
             row = conn.execute(GET_THREAD_SQL, {"thread_id": thread_id, "owner": owner}).fetchone()
         if row is None:
             raise ThreadNotFound(f"thread {thread_id} not found")
-        return row
+        return Thread.from_row(row)
 
-    def patch_thread(self, thread_id: str, owner: str, metadata: dict[str, Any]) -> dict[str, Any]:
+    def patch_thread(self, thread_id: str, owner: str, metadata: JSONObject) -> Thread:
         """Merge metadata into the thread's."""
         with self._pool.connection() as conn:
             row = conn.execute(
@@ -285,7 +309,7 @@ class RunStore:
             ).fetchone()
         if row is None:
             raise ThreadNotFound(f"thread {thread_id} not found")
-        return row
+        return Thread.from_row(row)
 
     def delete_thread(self, thread_id: str, owner: str) -> list[str]:
         """Delete the thread and its runs; return the ids of runs that were still running."""
@@ -296,11 +320,9 @@ class RunStore:
             if thread is None:
                 raise ThreadNotFound(f"thread {thread_id} not found")
             running = [
-                r["run_id"]
-                for r in conn.execute(
-                    INFLIGHT_RUNS_SQL, {"thread_id": thread_id, "limit": None}
-                ).fetchall()
-                if r["status"] == "running"
+                v.run_id
+                for v in self._inflight(conn, thread_id, limit=None)
+                if v.status is RunStatus.RUNNING
             ]
             conn.execute(DELETE_THREAD_SQL, {"thread_id": thread_id, "owner": owner})
         return running
@@ -309,21 +331,21 @@ class RunStore:
         self,
         owner: str,
         *,
-        metadata: dict[str, Any],
-        status: str | None,
+        metadata: JSONObject,
+        status: ThreadStatus | None,
         ids: list[str] | None,
         limit: int,
         offset: int,
         sort_by: str,
         sort_order: str,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Thread]:
         """Threads of `owner` matching a metadata containment filter."""
         if sort_by not in THREAD_SORT_COLUMNS:
             raise ValueError(f"sort_by {sort_by!r}")
         order = f"{sort_by} {'ASC' if sort_order == 'asc' else 'DESC'}, thread_id"
         sql = SEARCH_THREADS_SQL.format(order=order)
         with self._pool.connection() as conn:
-            return conn.execute(
+            rows = conn.execute(
                 sql,
                 {
                     "owner": owner,
@@ -334,8 +356,11 @@ class RunStore:
                     "offset": offset,
                 },
             ).fetchall()
+        return [Thread.from_row(r) for r in rows]
 
-    def count_threads(self, owner: str, *, metadata: dict[str, Any], status: str | None) -> int:
+    def count_threads(
+        self, owner: str, *, metadata: JSONObject, status: ThreadStatus | None
+    ) -> int:
         """How many threads match."""
         with self._pool.connection() as conn:
             row = conn.execute(
@@ -346,98 +371,84 @@ class RunStore:
     # admission ----------------------------------------------------------------------
     def admit(
         self,
+        request: RunRequest,
         *,
-        thread_id: str,
+        run_id: str,
         owner: str,
-        run: dict[str, Any],
-        strategy: str,
-        create_thread: bool,
+        graph_id: str,
+        strategy: MultitaskStrategy,
     ) -> Admission:
-        """Atomically decide and insert (R2): the thread row lock serialises admissions."""
+        """Write what `admission.decide` decides (R2): the thread row lock serialises admissions,
+        and nothing but SQL happens between reading the inflight runs and the insert."""
+        thread_id = request.thread_id
         params = {"thread_id": thread_id, "owner": owner}
         with self._pool.connection() as conn, conn.transaction():
-            if create_thread:
+            if request.create_thread:
                 conn.execute(INSERT_THREAD_SQL, {**params, "metadata": _json({})})
-            thread = conn.execute(LOCK_THREAD_SQL, params).fetchone()
-            if thread is None:
+            if conn.execute(LOCK_THREAD_SQL, params).fetchone() is None:
                 raise ThreadNotFound(f"thread {thread_id} not found")
-            # reject/enqueue only need to know whether anything is inflight; interrupt and
-            # rollback need every inflight run (a long queue must not slow every admission).
-            limit = None if strategy in ("interrupt", "rollback") else 1
-            inflight = [
-                Inflight(r["run_id"], r["status"], int(r["attempt"]))
-                for r in conn.execute(INFLIGHT_RUNS_SQL, {**params, "limit": limit}).fetchall()
-            ]
+            inflight = self._inflight(conn, thread_id, limit=inflight_needed(strategy))
             decision = decide(strategy, inflight)
             if not decision.creates:
                 return Admission(decision, None, [], [])
-            action = "rollback" if decision.outcome is AdmissionOutcome.ROLLBACK else "interrupt"
             cancel_running: list[str] = []
-            still_inflight = False
             for victim in decision.cancel:
-                outcome = self._cancel_victim(conn, victim, thread_id, action, by=run["run_id"])
-                if outcome is not CancelOutcome.CANCELLED:
-                    still_inflight = True
-                if outcome is CancelOutcome.REQUESTED and victim.status == "running":
-                    cancel_running.append(victim.run_id)
-            dispatch_now = decision.outcome is AdmissionOutcome.DISPATCH or (
-                decision.outcome in (AdmissionOutcome.INTERRUPT, AdmissionOutcome.ROLLBACK)
-                and not still_inflight
-            )
+                outcome = self._cancel_victim(conn, victim, thread_id, decision.action, by=run_id)
+                if outcome is CancelOutcome.REQUESTED and victim.status is RunStatus.RUNNING:
+                    cancel_running.append(victim.run_id)  # its owner must hear of it
             row = conn.execute(
                 INSERT_RUN_SQL,
                 {
                     **params,
-                    "run_id": run["run_id"],
-                    "assistant_id": run["assistant_id"],
-                    "graph_id": run["graph_id"],
-                    "input": _json(run.get("input")),
-                    "command": _json(run.get("command")),
-                    "config": _json(run.get("config") or {}),
-                    "context": _json(run.get("context")),
-                    "metadata": _json(run.get("metadata") or {}),
-                    "kwargs": _json(run.get("kwargs") or {}),
+                    "run_id": run_id,
+                    "assistant_id": request.assistant_id,
+                    "graph_id": graph_id,
+                    "input": _json(request.input),
+                    "command": _json(request.command),
+                    "config": _json(request.config),
+                    "context": _json(request.context),
+                    "metadata": _json(request.metadata),
+                    "kwargs": _json(request.kwargs),
                     "multitask_strategy": strategy,
-                    "on_disconnect": run.get("on_disconnect") or "continue",
-                    "dispatch": dispatch_now,
+                    "on_disconnect": request.on_disconnect,
+                    "dispatch": decision.dispatch_now,
                 },
             ).fetchone()
+            assert row is not None
             conn.execute(
                 MARK_THREAD_BUSY_SQL,
-                {**params, "graph_id": run["graph_id"], "assistant_id": run["assistant_id"]},
+                {**params, "graph_id": graph_id, "assistant_id": request.assistant_id},
             )
-            self._lifecycle(
-                conn, run["run_id"], thread_id, "created", {"outcome": decision.outcome.value}
-            )
-        return Admission(
-            decision, row, [run["run_id"]] if dispatch_now else [], cancel_running, action
-        )
+            self._lifecycle(conn, run_id, thread_id, "created", {"outcome": decision.outcome.value})
+        dispatch = [run_id] if decision.dispatch_now else []
+        return Admission(decision, Run.from_row(row), dispatch, cancel_running)
+
+    def _inflight(
+        self, conn: psycopg.Connection[DictRow], thread_id: str, *, limit: int | None
+    ) -> list[Inflight]:
+        """The thread's pending and running runs in FIFO order (at most `limit`)."""
+        rows = conn.execute(INFLIGHT_RUNS_SQL, {"thread_id": thread_id, "limit": limit})
+        return [Inflight(r["run_id"], RunStatus(r["status"]), int(r["attempt"])) for r in rows]
 
     def _cancel_victim(
         self,
         conn: psycopg.Connection[DictRow],
         victim: Inflight,
         thread_id: str,
-        action: str,
+        action: CancelAction,
         *,
         by: str,
     ) -> CancelOutcome:
-        """Cancel one inflight run in the caller's transaction (thread row locked).
-
-        A pending run with no progress ends `interrupted` at once. A running run (and, for
-        rollback, a pending run that already ran) gets the request recorded; its executor
-        stops at the next safe point and, for rollback, restores the pre-run state first.
-        """
-        if victim.status == "pending" and not (action == "rollback" and victim.has_progress):
-            conn.execute(INTERRUPT_PENDING_SQL, {"run_id": victim.run_id, "action": action})
-            self._lifecycle(conn, victim.run_id, thread_id, "interrupted", {"by": by})
+        """Write `admission.cancel_outcome` for one inflight run in the caller's transaction
+        (thread row locked): end it now, or record the request for its owner (R5)."""
+        params = {"run_id": victim.run_id, "action": action}
+        if cancel_outcome(victim, action) is CancelOutcome.CANCELLED:
+            conn.execute(INTERRUPT_PENDING_SQL, params)
+            self._lifecycle(conn, victim.run_id, thread_id, RunStatus.INTERRUPTED, {"by": by})
             return CancelOutcome.CANCELLED
-        sql = (
-            REQUEST_CANCEL_RUNNING_SQL
-            if victim.status == "running"
-            else REQUEST_ROLLBACK_PENDING_SQL
-        )
-        if conn.execute(sql, {"run_id": victim.run_id, "action": action}).rowcount == 0:
+        running = victim.status is RunStatus.RUNNING
+        sql = REQUEST_CANCEL_RUNNING_SQL if running else REQUEST_ROLLBACK_PENDING_SQL
+        if conn.execute(sql, params).rowcount == 0:
             return CancelOutcome.ALREADY_REQUESTED
         self._lifecycle(
             conn, victim.run_id, thread_id, "cancel_requested", {"action": action, "by": by}
@@ -445,7 +456,7 @@ class RunStore:
         return CancelOutcome.REQUESTED
 
     # runs -------------------------------------------------------------------------------
-    def get_run(self, thread_id: str, run_id: str, owner: str) -> dict[str, Any]:
+    def get_run(self, thread_id: str, run_id: str, owner: str) -> Run:
         """The run, or RunNotFound (also for another user's run)."""
         with self._pool.connection() as conn:
             row = conn.execute(
@@ -453,26 +464,27 @@ class RunStore:
             ).fetchone()
         if row is None:
             raise RunNotFound(f"run {run_id} not found")
-        return row
+        return Run.from_row(row)
 
-    def get_run_by_id(self, run_id: str) -> dict[str, Any] | None:
-        """The run row regardless of owner (workers only)."""
+    def get_run_by_id(self, run_id: str) -> Run | None:
+        """The run regardless of owner, with the owner as `user_id` (workers and ops only)."""
         with self._pool.connection() as conn:
-            return conn.execute(GET_RUN_BY_ID_SQL, {"run_id": run_id}).fetchone()
+            row = conn.execute(GET_RUN_BY_ID_SQL, {"run_id": run_id}).fetchone()
+        return None if row is None else Run.from_row(row)
 
-    def run_status(self, run_id: str) -> str | None:
+    def run_status(self, run_id: str) -> RunStatus | None:
         """Just the status (None if the run is gone)."""
         with self._pool.connection() as conn:
             row = conn.execute(RUN_STATUS_SQL, {"run_id": run_id}).fetchone()
-        return row["status"] if row else None
+        return RunStatus(row["status"]) if row else None
 
     def list_runs(
-        self, thread_id: str, owner: str, *, limit: int, offset: int, status: str | None
-    ) -> list[dict[str, Any]]:
+        self, thread_id: str, owner: str, *, limit: int, offset: int, status: RunStatus | None
+    ) -> list[Run]:
         """Runs of a thread, newest first."""
         self.get_thread(thread_id, owner)
         with self._pool.connection() as conn:
-            return conn.execute(
+            rows = conn.execute(
                 LIST_RUNS_SQL,
                 {
                     "thread_id": thread_id,
@@ -482,6 +494,7 @@ class RunStore:
                     "status": status,
                 },
             ).fetchall()
+        return [Run.from_row(r) for r in rows]
 
     def delete_run(self, thread_id: str, run_id: str, owner: str) -> None:
         """Delete a finished run; an inflight one must be cancelled first (409)."""
@@ -491,7 +504,7 @@ class RunStore:
                 raise Conflict(f"run {run_id} is still inflight; cancel it first")
 
     def request_cancel(
-        self, thread_id: str, run_id: str, owner: str, action: str
+        self, thread_id: str, run_id: str, owner: str, action: CancelAction
     ) -> tuple[CancelOutcome, str | None]:
         """Record a cancel request; returns the outcome and a run to dispatch next, if any."""
         with self._pool.connection() as conn, conn.transaction():
@@ -500,21 +513,22 @@ class RunStore:
             ).fetchone()
             if thread is None:
                 raise RunNotFound(f"run {run_id} not found")
-            run = conn.execute(
+            row = conn.execute(
                 GET_RUN_SQL + " FOR NO KEY UPDATE OF r",
                 {"thread_id": thread_id, "run_id": run_id, "owner": owner},
             ).fetchone()
-            if run is None:
+            if row is None:
                 raise RunNotFound(f"run {run_id} not found")
-            if run["status"] in TERMINAL:
+            run = Run.from_row(row)
+            if run.terminal:
                 return CancelOutcome.ALREADY_DONE, None
-            head = conn.execute(INFLIGHT_RUNS_SQL, {"thread_id": thread_id, "limit": 1}).fetchone()
-            victim = Inflight(str(run_id), run["status"], int(run["attempt"]))
+            head = self._inflight(conn, thread_id, limit=1)
+            victim = Inflight(run.run_id, run.status, run.attempt)
             outcome = self._cancel_victim(conn, victim, thread_id, action, by="cancel")
             # Only the head's successor needs a dispatch; behind others nothing changes.
             nxt = None
-            if outcome is CancelOutcome.CANCELLED and head and head["run_id"] == str(run_id):
-                nxt = self._settle_thread(conn, thread_id, "idle")
+            if outcome is CancelOutcome.CANCELLED and head and head[0].run_id == run.run_id:
+                nxt = self._settle_thread(conn, thread_id, ThreadStatus.IDLE)
             return outcome, nxt
 
     # worker side ---------------------------------------------------------------------------
@@ -536,9 +550,8 @@ class RunStore:
             # index, R3): that run goes first and dispatches us when it finishes.
             return Claim(ClaimOutcome.NOT_HEAD)
         if row is not None:
-            return Claim(ClaimOutcome.CLAIMED, row)
-        status = self.run_status(run_id)
-        if status == "pending":
+            return Claim(ClaimOutcome.CLAIMED, Run.from_row(row))
+        if self.run_status(run_id) is RunStatus.PENDING:
             return Claim(ClaimOutcome.NOT_HEAD)
         return Claim(ClaimOutcome.NOT_PENDING)
 
@@ -568,10 +581,10 @@ class RunStore:
         thread_id: str,
         epoch: int,
         *,
-        status: str,
-        error: dict[str, Any] | None,
-        thread_status: str,
-        usage: dict[str, Any] | None = None,
+        status: RunStatus,
+        error: JSONObject | None,
+        thread_status: ThreadStatus,
+        usage: JSONObject | None = None,
     ) -> Finish:
         """Write the terminal status only while we own the run (L2), then settle the thread."""
         with self._pool.connection() as conn, conn.transaction():
@@ -596,7 +609,7 @@ class RunStore:
         return Finish(fenced=False, next_run_id=nxt)
 
     def _settle_thread(
-        self, conn: psycopg.Connection[DictRow], thread_id: str, idle_status: str
+        self, conn: psycopg.Connection[DictRow], thread_id: str, idle_status: ThreadStatus
     ) -> str | None:
         """Pick the next pending run (marking it dispatched) or set the thread's idle status."""
         if conn.execute(THREAD_HAS_RUNNING_SQL, {"thread_id": thread_id}).fetchone():
@@ -642,10 +655,20 @@ class RunStore:
                 r["run_id"] for r in conn.execute(STALE_PENDING_HEADS_SQL, {"stale_s": stale_s})
             ]
 
-    def running_runs(self, min_age_s: float) -> list[dict[str, Any]]:
+    def running_runs(self, min_age_s: float) -> list[RunningRun]:
         """Running runs not updated for `min_age_s` (lease candidates for the reaper)."""
         with self._pool.connection() as conn:
-            return conn.execute(RUNNING_RUNS_SQL, {"min_age_s": min_age_s}).fetchall()
+            rows = conn.execute(RUNNING_RUNS_SQL, {"min_age_s": min_age_s}).fetchall()
+        return [
+            RunningRun(
+                run_id=r["run_id"],
+                thread_id=r["thread_id"],
+                owner_epoch=int(r["owner_epoch"]),
+                attempt=int(r["attempt"]),
+                cancel_action=CancelAction(r["cancel_action"]) if r["cancel_action"] else None,
+            )
+            for r in rows
+        ]
 
     def requeue(
         self, run_id: str, epoch: int, reason: str, *, lock_timeout_s: float | None = None
@@ -679,7 +702,7 @@ class RunStore:
     ) -> Expired | None:
         """End a run whose owners kept dying as `error` (L5), taking ownership (epoch + 1) so
         the caller may publish the run's `error` and `end` under a lease of its own."""
-        error = {"error": "MaxAttemptsExceeded", "message": reason}
+        error: JSONObject = {"error": "MaxAttemptsExceeded", "message": reason}
         with self._pool.connection() as conn, conn.transaction():
             _lock_timeout(conn, lock_timeout_s)
             row = conn.execute(
@@ -689,6 +712,8 @@ class RunStore:
             if row is None:
                 return None
             thread_id = str(row["thread_id"])
-            self._lifecycle(conn, run_id, thread_id, "error", {"reason": reason, "epoch": epoch})
-            nxt = self._settle_thread(conn, thread_id, "error")
+            self._lifecycle(
+                conn, run_id, thread_id, RunStatus.ERROR, {"reason": reason, "epoch": epoch}
+            )
+            nxt = self._settle_thread(conn, thread_id, ThreadStatus.ERROR)
         return Expired(int(row["owner_epoch"]), error, nxt)

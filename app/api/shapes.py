@@ -1,0 +1,49 @@
+"""The SDK's JSON shapes of our records (`Run`, `Thread`), shared by HTTP views and WebSocket."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.runs.model import Run, Thread
+
+
+def run_json(run: Run) -> dict[str, Any]:
+    """The SDK's Run shape, plus our lifecycle fields."""
+    return {
+        "run_id": run.run_id,
+        "thread_id": run.thread_id,
+        "assistant_id": run.assistant_id,
+        "graph_id": run.graph_id,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "status": run.status,
+        "metadata": run.metadata,
+        "kwargs": {
+            "input": run.input,
+            "command": run.command,
+            "config": run.config,
+            "context": run.context,
+            **run.kwargs,
+        },
+        "multitask_strategy": run.multitask_strategy,
+        "on_disconnect": run.on_disconnect,
+        "attempt": run.attempt,
+        "owner_epoch": run.owner_epoch,
+        "started_at": run.started_at,
+        "ended_at": run.ended_at,
+        "error": run.error,
+        "usage": run.usage,
+    }
+
+
+def thread_json(thread: Thread) -> dict[str, Any]:
+    """The SDK's Thread shape."""
+    return {
+        "thread_id": thread.thread_id,
+        "created_at": thread.created_at,
+        "updated_at": thread.updated_at,
+        "metadata": thread.metadata,
+        "status": thread.status,
+        "values": None,
+        "interrupts": {},
+    }

@@ -1,0 +1,205 @@
+"""The vocabulary of runs and threads: statuses, strategies, and frozen `Run` / `Thread` records.
+
+Every layer speaks these types: the store builds them from rows (`Run.from_row`), the
+manager admits a typed `RunRequest`, the executor and the reaper read `Run` fields, and the
+API turns them into the SDK's JSON shapes. The enums are `StrEnum`s, so a value compares
+equal to (and serialises as) the exact string stored in PostgreSQL and sent to clients.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+JSONObject = dict[str, Any]
+"""A JSON object from or for a client (config, metadata, kwargs, errors)."""
+
+
+class RunStatus(enum.StrEnum):
+    """A run's lifecycle status (R1); the last four are terminal."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCESS = "success"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the run has ended (no status follows this one)."""
+        return self in TERMINAL_STATUSES
+
+    @property
+    def inflight(self) -> bool:
+        """Whether the run still occupies its thread (pending or running)."""
+        return self in INFLIGHT_STATUSES
+
+
+TERMINAL_STATUSES = frozenset(
+    {RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.TIMEOUT, RunStatus.INTERRUPTED}
+)
+INFLIGHT_STATUSES = frozenset({RunStatus.PENDING, RunStatus.RUNNING})
+
+
+class ThreadStatus(enum.StrEnum):
+    """A thread's status: busy while a run is inflight, else how its last run left it."""
+
+    IDLE = "idle"
+    BUSY = "busy"
+    INTERRUPTED = "interrupted"
+    ERROR = "error"
+
+
+class MultitaskStrategy(enum.StrEnum):
+    """What a new run does to a thread that already has inflight runs (R3)."""
+
+    REJECT = "reject"
+    INTERRUPT = "interrupt"
+    ROLLBACK = "rollback"
+    ENQUEUE = "enqueue"
+
+
+class CancelAction(enum.StrEnum):
+    """How a cancelled run ends (R5): keep its progress, or restore the pre-run state."""
+
+    INTERRUPT = "interrupt"
+    ROLLBACK = "rollback"
+
+
+class OnDisconnect(enum.StrEnum):
+    """What a streaming or waiting client's disconnect does to its run."""
+
+    CANCEL = "cancel"
+    CONTINUE = "continue"
+
+
+class Sink(enum.StrEnum):
+    """A place an attempt writes to, each fenced by the owner epoch or lease (L2)."""
+
+    CHECKPOINT = "checkpoint"
+    RECEIPT = "receipt"
+    STATUS = "status"
+    STREAM = "stream"
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    """A validated request for a new run, as the HTTP view and the WebSocket build it."""
+
+    thread_id: str
+    assistant_id: str
+    input: Any = None
+    command: JSONObject | None = None
+    config: JSONObject = field(default_factory=dict)
+    context: JSONObject | None = None
+    metadata: JSONObject = field(default_factory=dict)
+    kwargs: JSONObject = field(default_factory=dict)
+    on_disconnect: OnDisconnect = OnDisconnect.CONTINUE
+    multitask_strategy: MultitaskStrategy | None = None  # None: the deployment's default
+    create_thread: bool = False  # `if_not_exists=create`
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One run row (R1). `user_id` is the thread owner, set only where the row was joined."""
+
+    run_id: str
+    thread_id: str
+    assistant_id: str
+    graph_id: str
+    status: RunStatus
+    multitask_strategy: MultitaskStrategy
+    on_disconnect: OnDisconnect
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    input: Any = None
+    command: JSONObject | None = None
+    config: JSONObject = field(default_factory=dict)
+    context: JSONObject | None = None
+    metadata: JSONObject = field(default_factory=dict)
+    kwargs: JSONObject = field(default_factory=dict)
+    seq: int = 0
+    dispatched_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
+    ended_at: dt.datetime | None = None
+    owner: str | None = None  # the worker that holds (or last held) the run
+    owner_epoch: int = 0
+    attempt: int = 0
+    pre_run_checkpoint_id: str | None = None
+    pre_run_writes: list[Any] | None = None
+    cancel_action: CancelAction | None = None
+    error: JSONObject | None = None
+    usage: JSONObject | None = None
+    user_id: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Run:
+        """The run of a `runs` row (a dict row of psycopg; extra columns are ignored)."""
+        cancel = row.get("cancel_action")
+        return cls(
+            run_id=str(row["run_id"]),
+            thread_id=str(row["thread_id"]),
+            assistant_id=row["assistant_id"],
+            graph_id=row["graph_id"],
+            status=RunStatus(row["status"]),
+            multitask_strategy=MultitaskStrategy(row["multitask_strategy"]),
+            on_disconnect=OnDisconnect(row["on_disconnect"]),
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            input=row.get("input"),
+            command=row.get("command"),
+            config=row.get("config") or {},
+            context=row.get("context"),
+            metadata=row.get("metadata") or {},
+            kwargs=row.get("kwargs") or {},
+            seq=int(row.get("seq") or 0),
+            dispatched_at=row.get("dispatched_at"),
+            started_at=row.get("started_at"),
+            ended_at=row.get("ended_at"),
+            owner=row.get("owner"),
+            owner_epoch=int(row.get("owner_epoch") or 0),
+            attempt=int(row.get("attempt") or 0),
+            pre_run_checkpoint_id=row.get("pre_run_checkpoint_id"),
+            pre_run_writes=row.get("pre_run_writes"),
+            cancel_action=CancelAction(cancel) if cancel else None,
+            error=row.get("error"),
+            usage=row.get("usage"),
+            user_id=_opt_str(row.get("user_id")),
+        )
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the run has ended."""
+        return self.status.terminal
+
+
+@dataclass(frozen=True, slots=True)
+class Thread:
+    """One thread row: its owner, metadata and status."""
+
+    thread_id: str
+    owner: str
+    status: ThreadStatus
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    metadata: JSONObject = field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Thread:
+        """The thread of a `threads` row."""
+        return cls(
+            thread_id=str(row["thread_id"]),
+            owner=row["owner"],
+            status=ThreadStatus(row["status"]),
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            metadata=row.get("metadata") or {},
+        )
