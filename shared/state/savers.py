@@ -37,13 +37,14 @@ from langgraph.checkpoint.base import (
     CheckpointMetadata,
     CheckpointTuple,
 )
-from langgraph.checkpoint.postgres import PostgresSaver, _ainternal
+from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg import AsyncCursor
 from psycopg.rows import DictRow, dict_row
 
 from shared.errors import LeaseLost
 from shared.state.modes import METADATA_KEY, CheckpointMode, check_readable
+from shared.state.upstream import saver_connection
 
 RUN_KEY = "__threadrun_run_id"
 LEASE_KEY = "__threadrun_lease"
@@ -135,7 +136,7 @@ class FencedPostgresSaver(AsyncPostgresSaver):
             return
         async with (
             self.lock,
-            _ainternal.get_connection(self.conn) as conn,
+            saver_connection(self.conn) as conn,
             conn.transaction(),
             conn.cursor(binary=True, row_factory=dict_row) as cur,
         ):
