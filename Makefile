@@ -80,10 +80,10 @@ test-integration: install ## tests/integration only
 test-e2e: install chromium ## tests/e2e only (real web and worker processes)
 	$(call run_pytest,tests/e2e)
 
-lint: install ## ruff check, ruff format --check, mypy on shared
+lint: install ## ruff check, ruff format --check, mypy --strict (app, workers, shared: pyproject.toml)
 	$(PY) -m ruff check $(LINT_PATHS)
 	$(PY) -m ruff format --check $(LINT_PATHS)
-	$(PY) -m mypy shared
+	$(PY) -m mypy
 
 fmt: install ## ruff format and ruff check --fix
 	$(PY) -m ruff format $(LINT_PATHS)
