@@ -4,7 +4,7 @@ Every refusal is a `LimitExceeded`: 429 with `Retry-After` (rates, counts) or 42
 and a JSON error naming the limit (`limit`: the settings field) and the `field`.
 
 The counters live in Redis so they hold across web processes. They are small Lua scripts
-rather than flask-limiter: the limits are per authenticated user (known only after auth),
+(`shared/lua/limit_*.lua`) rather than flask-limiter: the limits are per authenticated user (known only after auth),
 the WebSocket `run.create` frame must share them with the HTTP routes, and the active-run
 and connection counts are sets with expiring members, which flask-limiter's
 fixed/moving windows do not model.
@@ -28,8 +28,8 @@ from app.errors import error_body
 from app.http import json_response, validate
 from app.schemas import RunCreate
 from app.services import Services
-from shared import serde
-from shared.redis_keys import LimitKeys
+from shared import lua, serde
+from shared.redis_keys import ACTIVE_SET_TTL_MS, LimitKeys
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -41,78 +41,6 @@ STREAM_ENDPOINTS = frozenset(
 """Long-held responses that count as open connections: SSE streams, and /wait and /join,
 which hold the request open (whitespace keep-alives) until the run ends."""
 METADATA_ENDPOINTS = frozenset({"threads.create", "threads.patch"})
-
-# GCRA (generic cell rate algorithm): one key per user holding the theoretical arrival
-# time. KEYS[1] = the user's rate key. ARGV[1] = emission interval ms (window / limit),
-# ARGV[2] = burst tolerance ms (interval * (limit - 1)). Uses the Redis clock, so every
-# web process agrees. Returns {1, 0} (allowed) or {0, ms until the next allowed request}.
-RATE_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local interval = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local tat = tonumber(redis.call('GET', KEYS[1]) or now)
-if tat < now then tat = now end
-if now < tat - burst then return {0, tat - burst - now} end
-local new_tat = tat + interval
-redis.call('SET', KEYS[1], new_tat, 'PX', math.ceil(new_tat - now) + 1)
-return {1, 0}
-"""
-
-# Active runs: KEYS[1] = the user's admitted runs (member run id), KEYS[2] = reservations
-# of admissions in flight (member token, score = ms). ARGV[1] = limit, ARGV[2] = token,
-# ARGV[3] = reservation/key ttl ms. Expired reservations (a process died mid-admission) are
-# dropped. Returns {1} (reserved) or {0, run ids...} for the caller to prune ended ones.
-RESERVE_RUN_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - ttl)
-local n = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
-if n >= tonumber(ARGV[1]) then
-  local out = {0}
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do table.insert(out, m) end
-  return out
-end
-redis.call('ZADD', KEYS[2], now, ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ttl)
-return {1}
-"""
-
-# Bind a reservation to the admitted run. KEYS[1] = runs, KEYS[2] = reservations.
-# ARGV[1] = token, ARGV[2] = run id, ARGV[3] = key ttl ms (a day: the set outlives its runs).
-BIND_RUN_LUA = """
-local t = redis.call('TIME')
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZADD', KEYS[1], tonumber(t[1]), ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
-
-# Open connections: KEYS[1] = the user's connections (member id, score = expiry ms).
-# ARGV[1] = limit, ARGV[2] = connection id, ARGV[3] = ttl ms. Expired members (a process
-# died without releasing) are dropped first. Returns 1 (acquired) or 0.
-ACQUIRE_CONN_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
-
-# Renew one connection. KEYS[1] = connections; ARGV[1] = id, ARGV[2] = ttl ms.
-RENEW_CONN_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
-ACTIVE_SET_TTL_MS = 86_400_000
-"""The active-run set of an idle user expires after a day (its runs are long over)."""
 
 
 class LimitExceeded(Exception):
@@ -259,11 +187,11 @@ class Limiter:
         self.settings = services.settings
         self.redis = services.redis
         self.keys = LimitKeys(self.settings.redis_prefix)
-        self._rate = self.redis.register_script(RATE_LUA)
-        self._reserve = self.redis.register_script(RESERVE_RUN_LUA)
-        self.bind_run = self.redis.register_script(BIND_RUN_LUA)
-        self._acquire_conn = self.redis.register_script(ACQUIRE_CONN_LUA)
-        self.renew_conn = self.redis.register_script(RENEW_CONN_LUA)
+        self._rate = lua.register(self.redis, "limit_rate")
+        self._reserve = lua.register(self.redis, "limit_reserve_run")
+        self.bind_run = lua.register(self.redis, "limit_bind_run")
+        self._acquire_conn = lua.register(self.redis, "limit_acquire_connection")
+        self.renew_conn = lua.register(self.redis, "limit_renew_connection")
 
     def check_run_rate(self, user_id: str) -> None:
         """`runs_per_minute` per user (GCRA: a burst of the full minute, then steady)."""

@@ -489,7 +489,7 @@ async def stage_admission(b: Bench) -> list[Row]:
 # --- 2. dispatch ---------------------------------------------------------------------------------------
 async def stage_dispatch(b: Bench) -> list[Row]:
     """Dispatcher.dispatch_run (Celery send_task, nobody consumes) vs a raw LPUSH of the same bytes."""
-    queue_key = f"{b.settings.redis_prefix}celery:{RUNS_QUEUE}"
+    queue_key = Keys(b.settings.redis_prefix).celery_queue(RUNS_QUEUE)
     b.dispatcher.dispatch_run(str(uuid.uuid4()))
     body = b.sredis.lindex(queue_key, 0)
     payload = body if isinstance(body, bytes) else b"x" * 950

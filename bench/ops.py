@@ -27,6 +27,7 @@ from shared import metrics
 from shared.db import make_pool
 from shared.ops.collector import OpsCollector
 from shared.ops.store import OpsStore
+from shared.redis_keys import Keys
 from shared.settings import Settings
 from shared.taskqueue import RUNS_QUEUE, Dispatcher, make_celery
 
@@ -43,7 +44,7 @@ async def run(settings: Settings, n: int) -> list[Row]:
     on = make_celery(settings.model_copy(update={"task_events": True}))
     off = make_celery(settings.model_copy(update={"task_events": False}))
     d_on, d_off = Dispatcher(on), Dispatcher(off)
-    queue_key = f"{settings.redis_prefix}celery:{RUNS_QUEUE}"
+    queue_key = Keys(settings.redis_prefix).celery_queue(RUNS_QUEUE)
     raw_key = f"{settings.redis_prefix}bench:lpush"
     d_on.dispatch_run(str(uuid.uuid4()))
     payload = client.lindex(queue_key, 0) or b"x" * 950

@@ -34,9 +34,9 @@ class LeaseManager:
         self._client = client
         self._keys = keys
         self._ttl_ms = int(ttl_s * 1000)
-        self._claim = client.register_script(lua.source("lease_claim"))
-        self._renew = client.register_script(lua.source("lease_renew"))
-        self._release = client.register_script(lua.source("lease_release"))
+        self._claim = lua.register(client, "lease_claim")
+        self._renew = lua.register(client, "lease_renew")
+        self._release = lua.register(client, "lease_release")
 
     async def acquire(self, run_id: str, epoch: int, owner: str) -> bool:
         """Take the lease for `epoch`; False if a higher epoch already holds it."""

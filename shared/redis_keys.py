@@ -1,7 +1,9 @@
-"""Every Redis key name and TTL in one place.
+"""Every Redis key name, key prefix and TTL in one place.
 
 Per-run keys share the hash tag `{run_id}` so that the multi-key Lua scripts (fenced
-publish, lease renew with cancel check) stay valid on Redis Cluster.
+publish, lease renew with cancel check) stay valid on Redis Cluster; the memory queue's
+keys share `{memory}` and a user's limit keys a tag of the user id, for the same reason.
+The key strings are what deployed Redis data holds: change one only with a migration.
 """
 
 from __future__ import annotations
@@ -48,9 +50,17 @@ class Keys:
         """Sorted set of reporting web processes, scored by their last report (unix s)."""
         return f"{self.prefix}ops:web"
 
+    def celery_prefix(self) -> str:
+        """kombu's `global_keyprefix`: every key Celery writes starts with it."""
+        return f"{self.prefix}celery:"
+
     def celery_queue(self, queue: str) -> str:
         """The Redis list behind a Celery queue (kombu's `global_keyprefix` + the name)."""
-        return f"{self.prefix}celery:{queue}"
+        return f"{self.celery_prefix()}{queue}"
+
+    def kombu_bindings(self, kind: str, exchange: str) -> str:
+        """kombu's set of queue bindings of an exchange (`kind`: binding, binding_permanent)."""
+        return f"{self.celery_prefix()}_kombu.{kind}.{exchange}"
 
 
 @dataclass(frozen=True)
@@ -59,21 +69,83 @@ class LimitKeys:
 
     prefix: str
 
-    def _tag(self, user_id: str) -> str:
-        return hashlib.sha256(user_id.encode()).hexdigest()[:20]
+    def _k(self, user_id: str, name: str) -> str:
+        tag = hashlib.sha256(user_id.encode()).hexdigest()[:20]
+        return f"{self.prefix}limit:{{{tag}}}:{name}"
 
     def rate(self, user_id: str) -> str:
-        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:runs-rate"
+        """The user's GCRA theoretical arrival time (`runs_per_minute`)."""
+        return self._k(user_id, "runs-rate")
 
     def active(self, user_id: str) -> str:
-        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:runs-active"
+        """Sorted set of the user's admitted runs (`max_active_runs`)."""
+        return self._k(user_id, "runs-active")
 
     def reserved(self, user_id: str) -> str:
-        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:runs-reserved"
+        """Sorted set of the user's admissions in flight (`max_active_runs`)."""
+        return self._k(user_id, "runs-reserved")
 
     def connections(self, user_id: str) -> str:
-        return f"{self.prefix}limit:{{{self._tag(user_id)}}}:connections"
+        """Sorted set of the user's open streams and WebSockets (`max_connections_per_user`)."""
+        return self._k(user_id, "connections")
+
+
+@dataclass(frozen=True)
+class MemoryKeys:
+    """Key names of the debounced memory queue under one prefix (one hash tag for all)."""
+
+    prefix: str
+
+    def _k(self, name: str) -> str:
+        return f"{self.prefix}{{memory}}:{name}"
+
+    @property
+    def due(self) -> str:
+        """Sorted set: pending bucket -> due time."""
+        return self._k("due")
+
+    @property
+    def urgent(self) -> str:
+        """Hash: buckets holding an urgent update (never pushed back)."""
+        return self._k("urgent")
+
+    @property
+    def first(self) -> str:
+        """Hash: pending bucket -> time of its first admission (bounds the debounce)."""
+        return self._k("first")
+
+    @property
+    def leases(self) -> str:
+        """Sorted set: claimed batch token -> lease deadline."""
+        return self._k("leases")
+
+    @property
+    def claims(self) -> str:
+        """Hash: claimed batch token -> reclaim count."""
+        return self._k("claims")
+
+    @property
+    def stats(self) -> str:
+        """Hash of counters."""
+        return self._k("stats")
+
+    def updates(self, bucket: str) -> str:
+        """List of a bucket's admitted updates."""
+        return self._k(f"updates:{bucket}")
+
+    def batch(self, token: str) -> str:
+        """List of a claimed batch's updates."""
+        return self._k(f"batch:{token}")
 
 
 CANCEL_TTL_S = 3600
 """How long a cancel request waits for a worker to see it."""
+
+STREAM_TTL_RUNNING_S = 86_400
+"""A stream's TTL while its run is live, refreshed on every publish (bounds orphans)."""
+
+ACTIVE_SET_TTL_MS = 86_400_000
+"""The active-run set of an idle user expires after a day (its runs are long over)."""
+
+OPS_WEB_TTL_PERIODS = 3
+"""A web process's ops record lives this many report periods (a dead process drops out)."""

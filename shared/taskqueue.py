@@ -12,6 +12,7 @@ import redis
 from celery import Celery
 from kombu import Exchange, Queue
 
+from shared.redis_keys import Keys
 from shared.settings import Settings
 
 RUN_TASK = "threadrun.runs.execute"
@@ -29,7 +30,7 @@ def make_celery(settings: Settings) -> Celery:
         # Every key Celery writes carries our prefix, so deployments and test runs that
         # share one Redis never see each other's queues.
         broker_transport_options={
-            "global_keyprefix": f"{settings.redis_prefix}celery:",
+            "global_keyprefix": Keys(settings.redis_prefix).celery_prefix(),
             # Early acks (below) mean no message is ever "unacked", so the visibility
             # timeout never fires a redelivery of a long run; keep it long anyway.
             "visibility_timeout": 12 * 3600,
@@ -106,10 +107,11 @@ def drop_stale_bindings(client: redis.Redis, settings: Settings) -> int:
     kombu never removes a binding by itself; each worker drops the strays at start.
     Returns how many bindings were removed.
     """
+    keys = Keys(settings.redis_prefix)
     removed = 0
     for exchange in (RUNS_QUEUE, MEMORY_QUEUE):
         for kind in ("binding", "binding_permanent"):
-            key = f"{settings.redis_prefix}celery:_kombu.{kind}.{exchange}"
+            key = keys.kombu_bindings(kind, exchange)
             for member in client.smembers(key):
                 text = member.decode(errors="replace") if isinstance(member, bytes) else member
                 queue = str(text).split(_BINDING_SEP)[-1]

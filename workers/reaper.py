@@ -12,7 +12,7 @@ import logging
 
 import psycopg
 
-from shared import metrics, serde
+from shared import lua, metrics, serde
 from shared.bridge.base import END_EVENT
 from shared.bridge.publisher import PublishCall
 from shared.leases import lease_value
@@ -23,14 +23,9 @@ log = logging.getLogger(__name__)
 
 
 async def _lead(rt: WorkerRuntime, ttl_ms: int) -> bool:
-    key = rt.keys.reaper_leader()
-    if await rt.redis.set(key, rt.worker_id, nx=True, px=ttl_ms):
-        return True
-    holder = await rt.redis.get(key)
-    if holder is not None and holder.decode() == rt.worker_id:
-        await rt.redis.pexpire(key, ttl_ms)
-        return True
-    return False
+    """Take the leader lock if free or renew it if ours, in one step (reaper_lead.lua)."""
+    lead = lua.register(rt.redis, "reaper_lead")
+    return bool(await lead(keys=[rt.keys.reaper_leader()], args=[rt.worker_id, ttl_ms]))
 
 
 async def reap_once(rt: WorkerRuntime) -> dict[str, int]:

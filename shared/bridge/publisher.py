@@ -21,7 +21,7 @@ import redis.asyncio as aredis
 from shared import lua, metrics
 from shared.bridge.base import END_EVENT
 from shared.errors import LeaseLost
-from shared.redis_keys import Keys
+from shared.redis_keys import STREAM_TTL_RUNNING_S, Keys
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -33,9 +33,6 @@ MAX_EVENTS_PER_CALL = 256
 """Cap on one script call: a huge call would block Redis (and every other run) for its whole
 length; after a stall the backlog drains in bounded steps instead (bench: 13k events in one
 call blocked Redis for 135 ms)."""
-
-STREAM_TTL_RUNNING_S = 86_400
-"""A stream's TTL while its run is live, refreshed on every publish (bounds orphans)."""
 
 
 def trim_slack(maxlen: int) -> int:

@@ -2,6 +2,7 @@
 -- KEYS[1] lease key
 -- ARGV[1] lease value "<epoch>|<owner>", ARGV[2] epoch, ARGV[3] ttl in ms
 -- Returns 1 when the lease is ours, 0 when a higher epoch holds it.
+-- Invariant: the lease never goes back to a lower epoch, so a stale owner cannot retake it.
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local held = tonumber(string.match(cur, '^(%d+)|'))

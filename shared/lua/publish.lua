@@ -6,6 +6,7 @@
 -- ARGV[6..] pairs of (event name, JSON data)
 -- Returns {'!fenced'} when the lease is not the publisher's, else
 -- {cancel_action or '', id1, id2, ...} with the ids of the events added by this call.
+-- Invariant: only the lease holder appends, and each event at most once (below).
 --
 -- Idempotence: meta field s<epoch> holds the highest sequence number already added by
 -- that attempt, so a retried call (the reply was lost with the connection) skips what

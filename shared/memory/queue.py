@@ -34,139 +34,13 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 
+from shared import lua
 from shared.memory.base import AdmitOutcome, MemoryUpdate
-
-# KEYS: due, updates:<bucket>, leases, stats, urgent, first
-# ARGV: bucket, update JSON, now + debounce, backlog limit, priority (0|1), urgent (0|1),
-#       now, max wait
-# Returns 0 skipped, 1 admitted (new pending bucket), 2 merged into a pending bucket.
-ADMIT_LUA = """
-local pending = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if ARGV[5] == '0' then
-  local backlog = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[3])
-  if backlog >= tonumber(ARGV[4]) then
-    redis.call('HINCRBY', KEYS[4], 'skipped', 1)
-    return 0
-  end
-end
-redis.call('RPUSH', KEYS[2], ARGV[2])
-if ARGV[6] == '1' then
-  redis.call('HSET', KEYS[5], ARGV[1], '1')
-  redis.call('ZADD', KEYS[1], ARGV[7], ARGV[1])
-elseif redis.call('HEXISTS', KEYS[5], ARGV[1]) == 0 then
-  local first = redis.call('HGET', KEYS[6], ARGV[1])
-  if not first then
-    redis.call('HSET', KEYS[6], ARGV[1], ARGV[7])
-    first = ARGV[7]
-  end
-  local due = math.min(tonumber(ARGV[3]), tonumber(first) + tonumber(ARGV[8]))
-  redis.call('ZADD', KEYS[1], due, ARGV[1])
-end
-if pending then
-  redis.call('HINCRBY', KEYS[4], 'merged', 1)
-  return 2
-end
-redis.call('HINCRBY', KEYS[4], 'admitted', 1)
-return 1
-"""
-
-# KEYS: due, updates:<bucket>, batch:<token>, leases, claims, urgent, first
-# ARGV: bucket, token, now, lease deadline
-# Returns 1 when the bucket was due and is now the leased batch <token>, else 0.
-CLAIM_LUA = """
-local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not s or tonumber(s) > tonumber(ARGV[3]) then return 0 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[6], ARGV[1])
-redis.call('HDEL', KEYS[7], ARGV[1])
-if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
-redis.call('RENAME', KEYS[2], KEYS[3])
-redis.call('ZADD', KEYS[4], ARGV[4], ARGV[2])
-redis.call('HSET', KEYS[5], ARGV[2], '0')
-return 1
-"""
-
-# KEYS: leases, claims, batch:<token>, stats
-# ARGV: token, now, new deadline, max attempts
-# Returns the attempt number when the expired lease was renewed, 0 when the lease is
-# not expired (or gone), -1 when the batch was dropped after max attempts.
-RECLAIM_LUA = """
-local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not s or tonumber(s) > tonumber(ARGV[2]) then return 0 end
-local n = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
-if n >= tonumber(ARGV[4]) then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], ARGV[1])
-  redis.call('DEL', KEYS[3])
-  redis.call('HINCRBY', KEYS[4], 'dropped', 1)
-  return -1
-end
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-return n
-"""
-
-# KEYS: leases, claims, batch:<token>, stats
-# ARGV: token. Returns 1 if this call acked the batch, 0 if it was already gone.
-ACK_LUA = """
-local had = redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('DEL', KEYS[3])
-if had == 1 then redis.call('HINCRBY', KEYS[4], 'extracted', 1) end
-return had
-"""
-
-
-@dataclass(frozen=True)
-class MemoryKeys:
-    """Key names of the memory queue under one prefix (one hash tag for all)."""
-
-    prefix: str
-
-    def _k(self, name: str) -> str:
-        return f"{self.prefix}{{memory}}:{name}"
-
-    @property
-    def due(self) -> str:
-        """Sorted set: pending bucket -> due time."""
-        return self._k("due")
-
-    @property
-    def urgent(self) -> str:
-        """Hash: buckets holding an urgent update (never pushed back)."""
-        return self._k("urgent")
-
-    @property
-    def first(self) -> str:
-        """Hash: pending bucket -> time of its first admission (bounds the debounce)."""
-        return self._k("first")
-
-    @property
-    def leases(self) -> str:
-        """Sorted set: claimed batch token -> lease deadline."""
-        return self._k("leases")
-
-    @property
-    def claims(self) -> str:
-        """Hash: claimed batch token -> reclaim count."""
-        return self._k("claims")
-
-    @property
-    def stats(self) -> str:
-        """Hash of counters."""
-        return self._k("stats")
-
-    def updates(self, bucket: str) -> str:
-        """List of a bucket's admitted updates."""
-        return self._k(f"updates:{bucket}")
-
-    def batch(self, token: str) -> str:
-        """List of a claimed batch's updates."""
-        return self._k(f"batch:{token}")
+from shared.redis_keys import MemoryKeys
 
 
 def bucket_of(agent_name: str, user_id: str, thread_id: str) -> str:
@@ -198,10 +72,10 @@ class MemoryQueue:
         self.claim_ttl_s = claim_ttl_s
         self.max_attempts = max_attempts
         self.clock = clock
-        self._admit = client.register_script(ADMIT_LUA)
-        self._claim = client.register_script(CLAIM_LUA)
-        self._reclaim = client.register_script(RECLAIM_LUA)
-        self._ack = client.register_script(ACK_LUA)
+        self._admit = lua.register(client, "memory_admit")
+        self._claim = lua.register(client, "memory_claim")
+        self._reclaim = lua.register(client, "memory_reclaim")
+        self._ack = lua.register(client, "memory_ack")
 
     def admit(self, update: MemoryUpdate) -> AdmitOutcome:
         """Write the update durably to its bucket (or skip it under backpressure)."""

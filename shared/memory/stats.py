@@ -6,7 +6,7 @@ from typing import Any
 
 import redis
 
-from shared.memory.queue import MemoryKeys
+from shared.redis_keys import MemoryKeys
 from shared.settings import Settings
 
 

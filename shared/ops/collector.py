@@ -26,7 +26,7 @@ from celery import Celery
 from shared import metrics
 from shared.ops.connections import read_connections
 from shared.ops.store import OpsStore
-from shared.redis_keys import Keys
+from shared.redis_keys import Keys, MemoryKeys
 from shared.runs.model import RunStatus
 from shared.settings import Settings
 from shared.taskqueue import MEMORY_QUEUE, RUNS_QUEUE
@@ -282,10 +282,6 @@ class OpsCollector:
         return stats
 
     def _memory_oldest_due_age(self) -> float | None:
-        try:
-            from shared.memory.queue import MemoryKeys
-        except ImportError:
-            return None
         first = self.redis.zrange(MemoryKeys(self.settings.redis_prefix).due, 0, 0, withscores=True)
         if not first:
             return None

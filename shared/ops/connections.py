@@ -21,12 +21,11 @@ from typing import Any
 
 import redis
 
-from shared.redis_keys import Keys
+from shared.redis_keys import OPS_WEB_TTL_PERIODS, Keys
 
 log = logging.getLogger(__name__)
 
 SUB_PREFIX = "sub:"
-TTL_FACTOR = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +129,7 @@ class ConnectionReporter:
         if snap:
             pipe.hset(key, mapping=dict[Any, Any](snap))
         pipe.hset(key, "_alive", 1)
-        pipe.expire(key, max(1, int(self.period_s * TTL_FACTOR)))
+        pipe.expire(key, max(1, int(self.period_s * OPS_WEB_TTL_PERIODS)))
         pipe.zadd(self.keys.ops_web_index(), {self.proc: time.time()})
         pipe.execute()
 
@@ -157,7 +156,7 @@ class Connections:
 def read_connections(client: redis.Redis, keys: Keys, period_s: float) -> Connections:
     """Sum the records of web processes that reported within the TTL; prune the rest."""
     index = keys.ops_web_index()
-    cutoff = time.time() - period_s * TTL_FACTOR
+    cutoff = time.time() - period_s * OPS_WEB_TTL_PERIODS
     client.zremrangebyscore(index, "-inf", cutoff)
     procs = [p.decode() if isinstance(p, bytes) else str(p) for p in client.zrange(index, 0, -1)]
     pipe = client.pipeline(transaction=False)
