@@ -149,3 +149,7 @@ ACTIVE_SET_TTL_MS = 86_400_000
 
 OPS_WEB_TTL_PERIODS = 3
 """A web process's ops record lives this many report periods (a dead process drops out)."""
+
+REAPER_LEAD_TTL_INTERVALS = 3
+"""The reaper's leader lock lives this many reaper intervals: a dead leader is replaced
+within that, while a live one renews it every interval."""

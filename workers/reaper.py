@@ -16,6 +16,7 @@ from shared import lua, metrics, serde
 from shared.bridge.base import END_EVENT
 from shared.bridge.publisher import PublishCall
 from shared.leases import lease_value
+from shared.redis_keys import REAPER_LEAD_TTL_INTERVALS
 from shared.runs.model import CancelAction, RunStatus
 from workers.runtime import WorkerRuntime
 
@@ -102,7 +103,7 @@ async def fail_run(rt: WorkerRuntime, run_id: str, epoch: int, reason: str) -> b
 async def reaper_loop(rt: WorkerRuntime) -> None:
     """Forever: if leader, reap; sleep one interval."""
     interval = rt.settings.reaper_interval_s
-    ttl_ms = int(interval * 3 * 1000)
+    ttl_ms = int(interval * REAPER_LEAD_TTL_INTERVALS * 1000)
     while True:
         try:
             if await _lead(rt, ttl_ms):
