@@ -41,6 +41,7 @@ from bench.chaos import table
 from bench.internals import Sandbox
 from shared.db import make_async_pool, make_pool
 from shared.leases import lease_value
+from shared.runs.model import MultitaskStrategy, RunRequest
 from shared.runs.store import RunStore
 from shared.settings import Settings
 from shared.state.modes import CheckpointMode, thread_state_schema
@@ -147,18 +148,18 @@ def claimed_run(settings: Settings) -> tuple[str, str, dict[str, str]]:
     pool = make_pool(settings, name="bench-checkpoints-store", max_size=1)
     try:
         store = RunStore(pool)
-        tid = str(store.create_thread(None, "bench", {}, "raise")["thread_id"])
+        tid = store.create_thread(None, "bench", {}, "raise").thread_id
         run_id = str(uuid.uuid4())
         store.admit(
-            thread_id=tid,
+            RunRequest(thread_id=tid, assistant_id="bench"),
+            run_id=run_id,
             owner="bench",
-            run={"run_id": run_id, "assistant_id": "bench", "graph_id": "bench"},
-            strategy="enqueue",
-            create_thread=False,
+            graph_id="bench",
+            strategy=MultitaskStrategy.ENQUEUE,
         )
         claim = store.claim(run_id, "bench-worker")
         assert claim.run is not None
-        lease = lease_value(int(claim.run["owner_epoch"]), "bench-worker")
+        lease = lease_value(claim.run.owner_epoch, "bench-worker")
     finally:
         pool.close()
     return tid, run_id, {RUN_KEY: run_id, LEASE_KEY: lease}

@@ -62,7 +62,8 @@ from shared.db.migrate import migrate
 from shared.leases import LeaseManager, lease_value
 from shared.redis_keys import Keys
 from shared.runs.admission import AdmissionOutcome
-from shared.runs.store import ClaimOutcome, RunStore
+from shared.runs.model import MultitaskStrategy, RunRequest, RunStatus, ThreadStatus
+from shared.runs.store import Admission, ClaimOutcome, RunStore
 from shared.settings import Settings
 from shared.taskqueue import RUNS_QUEUE, Dispatcher, make_celery
 
@@ -409,16 +410,23 @@ async def interleave(n: int, ops: Sequence[Op], *, warmup: int = WARMUP) -> list
     return samples
 
 
-def _run_fields() -> dict[str, Any]:
-    return {
-        "run_id": str(uuid.uuid4()),
-        "assistant_id": "bench",
-        "graph_id": "bench",
-        "input": {"messages": [{"role": "user", "content": "hello"}]},
-        "config": {"configurable": {}},
-        "metadata": {},
-        "kwargs": {"stream_mode": ["values", "messages-tuple"]},
-    }
+def _request(thread_id: str, *, create_thread: bool) -> RunRequest:
+    return RunRequest(
+        thread_id=thread_id,
+        assistant_id="bench",
+        input={"messages": [{"role": "user", "content": "hello"}]},
+        config={"configurable": {}},
+        metadata={},
+        kwargs={"stream_mode": ["values", "messages-tuple"]},
+        create_thread=create_thread,
+    )
+
+
+def _admit(store: RunStore, request: RunRequest, run_id: str) -> Admission:
+    """What the web's RunManager.admit asks of the store (strategy `enqueue`)."""
+    return store.admit(
+        request, run_id=run_id, owner=OWNER, graph_id="bench", strategy=MultitaskStrategy.ENQUEUE
+    )
 
 
 def _raw_insert_thread(pool: DictPool) -> None:
@@ -434,18 +442,12 @@ async def stage_admission(b: Bench) -> list[Row]:
     """RunStore.admit on fresh threads and on one thread (enqueue) vs a raw INSERT … RETURNING."""
 
     async def fresh(i: int) -> float:
-        run = _run_fields()
+        request, run_id = _request(str(uuid.uuid4()), create_thread=True), str(uuid.uuid4())
         t0 = time.perf_counter()
-        adm = b.store.admit(
-            thread_id=str(uuid.uuid4()),
-            owner=OWNER,
-            run=run,
-            strategy="enqueue",
-            create_thread=True,
-        )
+        adm = _admit(b.store, request, run_id)
         ms = _ms_since(t0)
         assert adm.decision.outcome is AdmissionOutcome.DISPATCH
-        b.admitted.append(run["run_id"])
+        b.admitted.append(run_id)
         return ms
 
     async def raw(i: int) -> float:
@@ -455,14 +457,12 @@ async def stage_admission(b: Bench) -> list[Row]:
 
     ours_fresh, base_fresh = await interleave(b.n, [fresh, raw])
 
-    thread_id = str(b.store.create_thread(None, OWNER, {}, "raise")["thread_id"])
+    thread_id = b.store.create_thread(None, OWNER, {}, "raise").thread_id
 
     async def one_thread(i: int) -> float:
-        run = _run_fields()
+        request, run_id = _request(thread_id, create_thread=False), str(uuid.uuid4())
         t0 = time.perf_counter()
-        b.store.admit(
-            thread_id=thread_id, owner=OWNER, run=run, strategy="enqueue", create_thread=False
-        )
+        _admit(b.store, request, run_id)
         return _ms_since(t0)
 
     ours_one, base_one = await interleave(b.n, [one_thread, raw])
@@ -539,15 +539,9 @@ async def stage_claim(b: Bench) -> list[Row]:
     """store.claim (via to_thread, as the worker) + LeaseManager.acquire vs a raw UPDATE … RETURNING."""
     raw_runs: list[str] = []
     for _ in range(WARMUP + b.n):  # pending heads for the baseline (untimed)
-        run = _run_fields()
-        b.store.admit(
-            thread_id=str(uuid.uuid4()),
-            owner=OWNER,
-            run=run,
-            strategy="enqueue",
-            create_thread=True,
-        )
-        raw_runs.append(run["run_id"])
+        run_id = str(uuid.uuid4())
+        _admit(b.store, _request(str(uuid.uuid4()), create_thread=True), run_id)
+        raw_runs.append(run_id)
     raw_claimed: list[tuple[str, int]] = []
     claim_part: list[float] = []
 
@@ -557,12 +551,12 @@ async def stage_claim(b: Bench) -> list[Row]:
         claim = await asyncio.to_thread(b.store.claim, run_id, WORKER)
         t1 = time.perf_counter()
         assert claim.outcome is ClaimOutcome.CLAIMED and claim.run is not None, claim.outcome
-        epoch = int(claim.run["owner_epoch"])
+        epoch = claim.run.owner_epoch
         assert await b.leases.acquire(run_id, epoch, WORKER)
         ms = _ms_since(t0)
         if i >= WARMUP:
             claim_part.append((t1 - t0) * 1000.0)
-        b.claimed.append((run_id, str(claim.run["thread_id"]), epoch))
+        b.claimed.append((run_id, claim.run.thread_id, epoch))
         return ms
 
     async def raw(i: int) -> float:
@@ -595,7 +589,12 @@ async def stage_claim(b: Bench) -> list[Row]:
         run_id, thread_id, epoch = b.claimed[i]
         t0 = time.perf_counter()
         fin = b.store.finish(
-            run_id, thread_id, epoch, status="success", error=None, thread_status="idle"
+            run_id,
+            thread_id,
+            epoch,
+            status=RunStatus.SUCCESS,
+            error=None,
+            thread_status=ThreadStatus.IDLE,
         )
         ms = _ms_since(t0)
         assert not fin.fenced

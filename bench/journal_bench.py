@@ -44,6 +44,7 @@ from shared import serde
 from shared.db import DictPool, make_pool
 from shared.db.migrate import migrate
 from shared.journal import RunEvent, RunEventStore, RunJournal
+from shared.runs.model import MultitaskStrategy, RunRequest
 from shared.runs.store import RunStore
 from shared.settings import Settings
 
@@ -191,17 +192,17 @@ class Runs:
 
     def __init__(self, pool: DictPool) -> None:
         self.store = RunStore(pool)
-        self.thread_id = str(self.store.create_thread(None, OWNER, {}, "raise")["thread_id"])
+        self.thread_id = self.store.create_thread(None, OWNER, {}, "raise").thread_id
 
     def new(self) -> str:
         """Admit a run; it holds its `created` event at seq 1."""
         run_id = str(uuid.uuid4())
         self.store.admit(
-            thread_id=self.thread_id,
+            RunRequest(thread_id=self.thread_id, assistant_id="bench"),
+            run_id=run_id,
             owner=OWNER,
-            run={"run_id": run_id, "assistant_id": "bench", "graph_id": "bench"},
-            strategy="enqueue",
-            create_thread=False,
+            graph_id="bench",
+            strategy=MultitaskStrategy.ENQUEUE,
         )
         return run_id
 

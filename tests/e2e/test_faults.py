@@ -33,7 +33,7 @@ from psycopg.rows import dict_row
 from pydantic import SecretStr
 
 from shared.db.migrate import migrate
-from shared.runs.store import TERMINAL
+from shared.runs.model import TERMINAL_STATUSES
 from shared.settings import Settings
 from tests.conftest import create_database, drop_database, settings_env
 from tests.e2e.conftest import ALICE, API_KEYS, FAST_LEASES, Cluster
@@ -211,7 +211,7 @@ def run_row(dsn: str, run_id: str) -> dict[str, Any]:
 
 def terminal_status(dsn: str, run_id: str) -> str | None:
     status = run_row(dsn, run_id)["status"]
-    return str(status) if status in TERMINAL else None
+    return str(status) if status in TERMINAL_STATUSES else None
 
 
 def checkpoint_ids(dsn: str, tid: str) -> set[str]:
@@ -229,8 +229,8 @@ def assert_one_outcome(dsn: str, run_id: str) -> str:
     """The run is terminal, its audit log holds exactly one terminal transition, the same one."""
     row = run_row(dsn, run_id)
     kinds = lifecycle(dsn, run_id)
-    assert row["status"] in TERMINAL, row
-    assert [k for k in kinds if k in TERMINAL] == [row["status"]], (row["status"], kinds)
+    assert row["status"] in TERMINAL_STATUSES, row
+    assert [k for k in kinds if k in TERMINAL_STATUSES] == [row["status"]], (row["status"], kinds)
     assert row["ended_at"] is not None
     return str(row["status"])
 

@@ -23,7 +23,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.db import make_pool
-from shared.runs.store import TERMINAL, RunStore
+from shared.runs.model import TERMINAL_STATUSES
+from shared.runs.store import RunStore
 from shared.settings import Settings
 from tests.conftest import private_settings, settings_env
 from tests.e2e.conftest import ALICE, API_KEYS, FAST_LEASES, Cluster, Proc, free_port
@@ -138,7 +139,7 @@ def new_run(c: Cluster, tokens: int = 5, delay_ms: int = 0, thread: str | None =
         return {"thread_id": tid, **res.json()}
 
 
-def wait_status(store: RunStore, run_id: str, statuses: frozenset[str] = TERMINAL) -> str:
+def wait_status(store: RunStore, run_id: str, statuses: frozenset[str] = TERMINAL_STATUSES) -> str:
     return str(
         wait_for(
             lambda: (store.run_status(run_id) in statuses) and store.run_status(run_id),
@@ -310,9 +311,9 @@ def test_requeue_of_a_run_whose_owner_froze(ops_cluster: Cluster, store: RunStor
     run = new_run(ops_cluster, tokens=60, delay_ms=40)
     rid = run["run_id"]
     wait_status(store, rid, frozenset({"running"}))
-    row = store.get_run_by_id(rid)
-    assert row is not None
-    pid = int(row["owner"].split(":")[1])
+    running = store.get_run_by_id(rid)
+    assert running is not None and running.owner is not None
+    pid = int(running.owner.split(":")[1])
     freeze_outside_a_transaction(pid, ops_cluster.settings)
     try:
         with client(ops_cluster) as ops:
@@ -332,7 +333,7 @@ def test_requeue_of_a_run_whose_owner_froze(ops_cluster: Cluster, store: RunStor
         os.kill(pid, signal.SIGCONT)
     assert wait_status(store, rid) == "success"
     final = store.get_run_by_id(rid)
-    assert final is not None and final["attempt"] == 2 and final["owner_epoch"] == 2
+    assert final is not None and final.attempt == 2 and final.owner_epoch == 2
 
 
 def freeze_outside_a_transaction(pid: int, settings: Settings) -> None:

@@ -19,7 +19,8 @@ import redis
 
 from shared.db import make_pool
 from shared.redis_keys import Keys
-from shared.runs.store import TERMINAL, RunStore
+from shared.runs.model import TERMINAL_STATUSES, MultitaskStrategy, RunRequest
+from shared.runs.store import RunStore
 from shared.settings import Settings
 from tests.conftest import private_settings, settings_env
 from tests.e2e.conftest import ALICE, API_KEYS, FAST_LEASES, Cluster
@@ -106,28 +107,32 @@ def wait_published(c: Cluster, run_id: str, n: int = 3) -> None:
 
 
 def owner_pid(store: RunStore, run_id: str) -> int:
-    row = store.get_run_by_id(run_id)
-    assert row is not None and row["owner"]
-    return int(row["owner"].split(":")[1])
+    run = store.get_run_by_id(run_id)
+    assert run is not None and run.owner
+    return int(run.owner.split(":")[1])
 
 
 def test_r4_lost_dispatch_is_redispatched_by_the_reaper(fast: Cluster, store: RunStore) -> None:
     """R4: a committed pending run whose message never reached the broker still runs."""
     with api(fast) as client:
         tid = client.post("/threads", json={}).json()["thread_id"]
-    run = {
-        "run_id": str(uuid.uuid4()),
-        "assistant_id": "lead_agent",
-        "graph_id": "lead_agent",
-        "input": {"messages": [{"role": "user", "content": "no message was sent"}]},
-        "config": {"configurable": {"tokens": 5}},
-    }
-    adm = store.admit(
-        thread_id=tid, owner="alice", run=run, strategy="enqueue", create_thread=False
+    run_id = str(uuid.uuid4())
+    request = RunRequest(
+        thread_id=tid,
+        assistant_id="lead_agent",
+        input={"messages": [{"role": "user", "content": "no message was sent"}]},
+        config={"configurable": {"tokens": 5}},
     )
-    assert adm.dispatch == [run["run_id"]]  # we deliberately do not send it
+    adm = store.admit(
+        request,
+        run_id=run_id,
+        owner="alice",
+        graph_id="lead_agent",
+        strategy=MultitaskStrategy.ENQUEUE,
+    )
+    assert adm.dispatch == [run_id]  # we deliberately do not send it
     status = wait_for(
-        lambda: (store.run_status(run["run_id"]) in TERMINAL) and store.run_status(run["run_id"]),
+        lambda: (store.run_status(run_id) in TERMINAL_STATUSES) and store.run_status(run_id),
         20,
         "the reaper to dispatch the run",
     )
@@ -147,7 +152,7 @@ def test_l4_l5_killed_owner_run_resumes_on_another_worker(fast: Cluster, store: 
         os.kill(pid, signal.SIGKILL)
         victim.popen.wait(timeout=10)
         wait_for(
-            lambda: store.run_status(run_id) in TERMINAL,
+            lambda: store.run_status(run_id) in TERMINAL_STATUSES,
             60,
             "the run to finish on the other worker",
         )
@@ -183,13 +188,13 @@ def test_l2_frozen_owner_is_fenced_when_it_wakes(fast: Cluster, store: RunStore)
         os.kill(pid, signal.SIGSTOP)
         try:
             wait_for(
-                lambda: (store.get_run_by_id(run_id) or {}).get("attempt") == 2,
+                lambda: getattr(store.get_run_by_id(run_id), "attempt", None) == 2,
                 30,
                 "a second attempt",
             )
         finally:
             os.kill(pid, signal.SIGCONT)
-        wait_for(lambda: store.run_status(run_id) in TERMINAL, 60, "the run to finish")
+        wait_for(lambda: store.run_status(run_id) in TERMINAL_STATUSES, 60, "the run to finish")
         time.sleep(1.5)  # give the stale worker time to try its writes
         row = client.get(f"/threads/{tid}/runs/{run_id}").json()
         assert row["status"] == "success" and row["attempt"] == 2
@@ -213,7 +218,7 @@ def test_l3_duplicate_delivery_runs_once(fast: Cluster, store: RunStore) -> None
         run_id = slow_run(client, tid, tokens=30, delay_ms=10)
         dispatcher.dispatch_run(run_id)
         dispatcher.dispatch_run(run_id)
-        wait_for(lambda: store.run_status(run_id) in TERMINAL, 30, "the run to finish")
+        wait_for(lambda: store.run_status(run_id) in TERMINAL_STATUSES, 30, "the run to finish")
         time.sleep(0.5)
         kinds = [e["type"] for e in store.run_events(run_id) if e["category"] == "lifecycle"]
         assert kinds == ["created", "claimed", "success"]
@@ -233,7 +238,9 @@ def test_r7_sigterm_hands_the_run_over(fast: Cluster, store: RunStore) -> None:
         victim = next(p for p in fast.procs if p.popen.pid == pid)
         os.kill(pid, signal.SIGTERM)
         victim.popen.wait(timeout=30)
-        wait_for(lambda: store.run_status(run_id) in TERMINAL, 60, "the run to finish elsewhere")
+        wait_for(
+            lambda: store.run_status(run_id) in TERMINAL_STATUSES, 60, "the run to finish elsewhere"
+        )
         row = client.get(f"/threads/{tid}/runs/{run_id}").json()
         assert row["status"] == "success" and row["attempt"] == 2
         events = [e for e in store.run_events(run_id) if e["category"] == "lifecycle"]

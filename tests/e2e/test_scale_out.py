@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from shared.runs.store import TERMINAL
+from shared.runs.model import TERMINAL_STATUSES
 from shared.settings import Settings
 from tests.conftest import private_settings, settings_env
 from tests.e2e.conftest import ALICE, API_KEYS, Cluster
@@ -189,7 +189,7 @@ def test_scale_out_200_runs_over_50_threads_complete_exactly_once(
         for r in rows:
             k = kinds[r["run_id"]]
             assert k.count("created") == 1 and k.count("claimed") == 1, k
-            assert [x for x in k if x in TERMINAL] == ["success"], k
+            assert [x for x in k if x in TERMINAL_STATUSES] == ["success"], k
             assert "requeued" not in k, k
         # Runs of one thread never overlapped and ran in creation order (enqueue, R3).
         by_thread: dict[str, list[dict[str, Any]]] = {}

@@ -31,6 +31,7 @@ from shared.journal import (
     write_delivery_receipt,
 )
 from shared.journal.event_store import parse_thread_cursor
+from shared.runs.model import MultitaskStrategy, RunRequest, RunStatus, ThreadStatus
 from shared.runs.store import RunStore
 from shared.settings import Settings
 
@@ -56,14 +57,14 @@ def events(pool: ConnectionPool) -> RunEventStore:
 
 def new_run(runs: RunStore, thread_id: str | None = None) -> tuple[str, str]:
     """A thread (new unless given) and an admitted run on it; the run has `created` at seq 1."""
-    tid = thread_id or str(runs.create_thread(None, OWNER, {}, "raise")["thread_id"])
+    tid = thread_id or runs.create_thread(None, OWNER, {}, "raise").thread_id
     run_id = str(uuid.uuid4())
     runs.admit(
-        thread_id=tid,
+        RunRequest(thread_id=tid, assistant_id="lead_agent"),
+        run_id=run_id,
         owner=OWNER,
-        run={"run_id": run_id, "assistant_id": "lead_agent", "graph_id": "lead_agent"},
-        strategy="enqueue",
-        create_thread=False,
+        graph_id="lead_agent",
+        strategy=MultitaskStrategy.ENQUEUE,
     )
     return tid, run_id
 
@@ -160,7 +161,7 @@ def test_j4_compatible_with_runstore_max_plus_one_lifecycle_events(
     claim = runs.claim(run_id, "w1")  # claimed = 2
     assert claim.run is not None
     assert [e.seq for e in events.append_batch([ev(run_id, tid) for _ in range(3)])] == [3, 4, 5]
-    assert runs.requeue(run_id, claim.run["owner_epoch"], "test")  # requeued = 6
+    assert runs.requeue(run_id, claim.run.owner_epoch, "test")  # requeued = 6
     runs.claim(run_id, "w2")  # claimed = 7
     assert [e.seq for e in events.append_batch([ev(run_id, tid) for _ in range(2)])] == [8, 9]
     assert [e["seq"] for e in runs.run_events(run_id)] == list(range(1, 10))
@@ -319,11 +320,11 @@ def test_l2_j5_receipt_is_fenced_by_the_epoch(
     tid, run_id = new_run(runs)
     first = runs.claim(run_id, "old").run
     assert first is not None
-    old = int(first["owner_epoch"])
+    old = first.owner_epoch
     assert runs.requeue(run_id, old, "test")
     second = runs.claim(run_id, "new").run
     assert second is not None
-    new = int(second["owner_epoch"])
+    new = second.owner_epoch
     naps: list[float] = []
     with pytest.raises(LeaseLost):
         write_delivery_receipt(
@@ -337,7 +338,9 @@ def test_l2_j5_receipt_is_fenced_by_the_epoch(
     assert write_delivery_receipt(events, run_id, tid, 2, False, [], tmp_path, epoch=new) is (
         DeliveryOutcome.ALREADY_WRITTEN
     )
-    runs.finish(run_id, tid, new, status="success", error=None, thread_status="idle")
+    runs.finish(
+        run_id, tid, new, status=RunStatus.SUCCESS, error=None, thread_status=ThreadStatus.IDLE
+    )
     with pytest.raises(LeaseLost):
         write_delivery_receipt(events, run_id, tid, 3, False, [], tmp_path, epoch=new)
 

@@ -17,24 +17,25 @@ from shared.agent.lead_agent import build_lead_agent
 from shared.db import make_async_pool, make_pool
 from shared.errors import LeaseLost
 from shared.leases import lease_value
+from shared.runs.model import MultitaskStrategy, RunRequest
 from shared.runs.store import ClaimOutcome, RunStore
 from shared.settings import Settings
 from shared.state.savers import FENCE_SQL, LEASE_KEY, RUN_KEY, FencedPostgresSaver
 
 
 def _claimed_run(store: RunStore, owner: str) -> tuple[str, str, int]:
-    tid = str(store.create_thread(None, "alice", {}, "raise")["thread_id"])
+    tid = store.create_thread(None, "alice", {}, "raise").thread_id
     run_id = str(uuid.uuid4())
     store.admit(
-        thread_id=tid,
+        RunRequest(thread_id=tid, assistant_id="lead_agent"),
+        run_id=run_id,
         owner="alice",
-        run={"run_id": run_id, "assistant_id": "lead_agent", "graph_id": "lead_agent"},
-        strategy="enqueue",
-        create_thread=False,
+        graph_id="lead_agent",
+        strategy=MultitaskStrategy.ENQUEUE,
     )
     claim = store.claim(run_id, owner)
     assert claim.outcome is ClaimOutcome.CLAIMED and claim.run is not None
-    return tid, run_id, int(claim.run["owner_epoch"])
+    return tid, run_id, claim.run.owner_epoch
 
 
 def _config(tid: str, run_id: str, epoch: int, owner: str, ws: Path) -> dict[str, Any]:
@@ -73,7 +74,7 @@ def test_l2_stale_attempt_cannot_write_a_checkpoint(settings: Settings, tmp_path
             assert await asyncio.to_thread(store.requeue, run_id, old_epoch, "test")
             claim = await asyncio.to_thread(store.claim, run_id, "new")
             assert claim.run is not None
-            new_epoch = int(claim.run["owner_epoch"])
+            new_epoch = claim.run.owner_epoch
             assert new_epoch == old_epoch + 1
             with pytest.raises(LeaseLost):
                 await graph.ainvoke(_hi("again"), old)

@@ -14,8 +14,16 @@ from psycopg_pool import ConnectionPool
 from shared.db import make_pool
 from shared.db.migrate import migrate, migrations
 from shared.errors import Conflict, RunNotFound, ThreadExists, ThreadNotFound
-from shared.runs.admission import AdmissionOutcome
-from shared.runs.store import CancelOutcome, ClaimOutcome, RunStore
+from shared.runs.admission import AdmissionOutcome, CancelOutcome
+from shared.runs.model import (
+    CancelAction,
+    MultitaskStrategy,
+    Run,
+    RunRequest,
+    RunStatus,
+    ThreadStatus,
+)
+from shared.runs.store import Admission, ClaimOutcome, RunStore
 from shared.settings import Settings
 
 OWNER = "alice"
@@ -34,95 +42,104 @@ def store(pool: ConnectionPool) -> RunStore:
 
 
 def new_thread(store: RunStore, owner: str = OWNER) -> str:
-    return str(store.create_thread(None, owner, {"k": "v"}, "raise")["thread_id"])
+    return store.create_thread(None, owner, {"k": "v"}, "raise").thread_id
 
 
-def run_fields(**kw: Any) -> dict[str, Any]:
-    return {
-        "run_id": str(uuid.uuid4()),
-        "assistant_id": "lead_agent",
-        "graph_id": "lead_agent",
-        **kw,
-    }
+def admit(store: RunStore, tid: str, strategy: str = "enqueue") -> Admission:
+    return admit_as(store, tid, OWNER, strategy)
 
 
-def admit(store: RunStore, tid: str, strategy: str = "enqueue") -> Any:
+def admit_as(store: RunStore, tid: str, owner: str, strategy: str = "enqueue") -> Admission:
     return store.admit(
-        thread_id=tid, owner=OWNER, run=run_fields(), strategy=strategy, create_thread=False
+        RunRequest(thread_id=tid, assistant_id="lead_agent"),
+        run_id=str(uuid.uuid4()),
+        owner=owner,
+        graph_id="lead_agent",
+        strategy=MultitaskStrategy(strategy),
     )
+
+
+def admitted(store: RunStore, tid: str, strategy: str = "enqueue") -> str:
+    """The id of a run admitted on `tid` (it must be created)."""
+    run = admit(store, tid, strategy).run
+    assert run is not None
+    return run.run_id
+
+
+def claimed(store: RunStore, run_id: str, owner: str) -> Run:
+    claim = store.claim(run_id, owner)
+    assert claim.run is not None, claim.outcome
+    return claim.run
 
 
 def test_a4_threads_are_owned(store: RunStore) -> None:
     """A4: another user's thread looks exactly like a missing one."""
     tid = new_thread(store)
-    assert store.get_thread(tid, OWNER)["metadata"] == {"k": "v"}
+    assert store.get_thread(tid, OWNER).metadata == {"k": "v"}
     with pytest.raises(ThreadNotFound):
         store.get_thread(tid, "mallory")
     with pytest.raises(ThreadNotFound):
         admit_as(store, tid, "mallory")
     with pytest.raises(ThreadExists):
         store.create_thread(tid, "mallory", {}, "do_nothing")
-    assert store.create_thread(tid, OWNER, {}, "do_nothing")["thread_id"] == uuid.UUID(tid)
-
-
-def admit_as(store: RunStore, tid: str, owner: str) -> Any:
-    return store.admit(
-        thread_id=tid, owner=owner, run=run_fields(), strategy="enqueue", create_thread=False
-    )
+    assert store.create_thread(tid, OWNER, {}, "do_nothing").thread_id == tid
 
 
 def test_r3_reject_then_enqueue_fifo(store: RunStore) -> None:
     """R3: reject answers a busy thread; enqueue waits FIFO; only the head is dispatched."""
     tid = new_thread(store)
     first = admit(store, tid, "reject")
+    assert first.run is not None
     assert first.decision.outcome is AdmissionOutcome.DISPATCH and first.dispatch == [
-        str(first.run["run_id"])
+        first.run.run_id
     ]
     assert admit(store, tid, "reject").run is None
     second = admit(store, tid)
     third = admit(store, tid)
+    assert second.run is not None and third.run is not None
     assert second.dispatch == [] and third.dispatch == []
-    assert store.get_thread(tid, OWNER)["status"] == "busy"
+    assert store.get_thread(tid, OWNER).status == "busy"
     # The queued runs cannot be claimed before the head.
-    assert store.claim(str(second.run["run_id"]), "w1").outcome is ClaimOutcome.NOT_HEAD
-    head = store.claim(str(first.run["run_id"]), "w1")
-    assert head.outcome is ClaimOutcome.CLAIMED and head.run["user_id"] == OWNER
+    assert store.claim(second.run.run_id, "w1").outcome is ClaimOutcome.NOT_HEAD
+    head = store.claim(first.run.run_id, "w1")
+    assert head.outcome is ClaimOutcome.CLAIMED and head.run is not None
+    assert head.run.user_id == OWNER
     fin = store.finish(
-        str(first.run["run_id"]),
+        first.run.run_id,
         tid,
-        head.run["owner_epoch"],
-        status="success",
+        head.run.owner_epoch,
+        status=RunStatus.SUCCESS,
         error=None,
-        thread_status="idle",
+        thread_status=ThreadStatus.IDLE,
     )
-    assert fin.next_run_id == str(second.run["run_id"])
+    assert fin.next_run_id == second.run.run_id
     claim2 = store.claim(fin.next_run_id, "w1")
-    assert claim2.outcome is ClaimOutcome.CLAIMED
+    assert claim2.outcome is ClaimOutcome.CLAIMED and claim2.run is not None
     fin2 = store.finish(
         fin.next_run_id,
         tid,
-        claim2.run["owner_epoch"],
-        status="success",
+        claim2.run.owner_epoch,
+        status=RunStatus.SUCCESS,
         error=None,
-        thread_status="idle",
+        thread_status=ThreadStatus.IDLE,
     )
-    assert fin2.next_run_id == str(third.run["run_id"])
-    claim3 = store.claim(fin2.next_run_id, "w1")
+    assert fin2.next_run_id == third.run.run_id
+    claim3 = claimed(store, fin2.next_run_id, "w1")
     store.finish(
         fin2.next_run_id,
         tid,
-        claim3.run["owner_epoch"],
-        status="error",
+        claim3.owner_epoch,
+        status=RunStatus.ERROR,
         error={"error": "X"},
-        thread_status="error",
+        thread_status=ThreadStatus.ERROR,
     )
-    assert store.get_thread(tid, OWNER)["status"] == "error"
+    assert store.get_thread(tid, OWNER).status == "error"
 
 
 def test_l3_duplicate_claim_does_not_start_a_second_executor(store: RunStore) -> None:
     """L3: a second delivery of the same run cannot claim it."""
     tid = new_thread(store)
-    run_id = str(admit(store, tid).run["run_id"])
+    run_id = admitted(store, tid)
     assert store.claim(run_id, "w1").outcome is ClaimOutcome.CLAIMED
     assert store.claim(run_id, "w2").outcome is ClaimOutcome.NOT_PENDING
 
@@ -130,41 +147,43 @@ def test_l3_duplicate_claim_does_not_start_a_second_executor(store: RunStore) ->
 def test_l2_stale_epoch_cannot_finish(store: RunStore) -> None:
     """L2/L4: after the reaper re-queues a run and another worker claims it, the old owner is fenced."""
     tid = new_thread(store)
-    run_id = str(admit(store, tid).run["run_id"])
-    old = store.claim(run_id, "old").run
-    assert store.requeue(run_id, old["owner_epoch"], "lease expired")
-    new = store.claim(run_id, "new").run
-    assert new["owner_epoch"] == old["owner_epoch"] + 1 and new["attempt"] == 2
+    run_id = admitted(store, tid)
+    old = claimed(store, run_id, "old")
+    assert store.requeue(run_id, old.owner_epoch, "lease expired")
+    new = claimed(store, run_id, "new")
+    assert new.owner_epoch == old.owner_epoch + 1 and new.attempt == 2
+    success, idle = RunStatus.SUCCESS, ThreadStatus.IDLE
     assert store.finish(
-        run_id, tid, old["owner_epoch"], status="success", error=None, thread_status="idle"
+        run_id, tid, old.owner_epoch, status=success, error=None, thread_status=idle
     ).fenced
     assert not store.finish(
-        run_id, tid, new["owner_epoch"], status="success", error=None, thread_status="idle"
+        run_id, tid, new.owner_epoch, status=success, error=None, thread_status=idle
     ).fenced
     kinds = [e["type"] for e in store.run_events(run_id)]
     assert kinds == ["created", "claimed", "requeued", "claimed", "fenced", "success"]
     # R1: a terminal status never changes again.
     assert store.finish(
-        run_id, tid, new["owner_epoch"], status="error", error=None, thread_status="idle"
+        run_id, tid, new.owner_epoch, status=RunStatus.ERROR, error=None, thread_status=idle
     ).fenced
-    assert store.run_status(run_id) == "success"
+    assert store.run_status(run_id) is RunStatus.SUCCESS
 
 
 def test_l5_max_attempts_ends_in_error(store: RunStore) -> None:
     """L5: after max_attempts the reaper ends the run `error` with the reason."""
     tid = new_thread(store)
-    run_id = str(admit(store, tid).run["run_id"])
-    run = store.claim(run_id, "w").run
+    run_id = admitted(store, tid)
+    run = claimed(store, run_id, "w")
     for _ in range(2):
-        assert store.requeue(run_id, run["owner_epoch"], "lease expired")
-        run = store.claim(run_id, "w").run
-    assert run["attempt"] == 3
-    expired = store.fail_expired(run_id, run["owner_epoch"], "reaper", "lease expired")
-    assert expired is not None and expired.epoch == run["owner_epoch"] + 1
+        assert store.requeue(run_id, run.owner_epoch, "lease expired")
+        run = claimed(store, run_id, "w")
+    assert run.attempt == 3
+    expired = store.fail_expired(run_id, run.owner_epoch, "reaper", "lease expired")
+    assert expired is not None and expired.epoch == run.owner_epoch + 1
     # The dead owner is fenced from now on; a second reaper pass changes nothing.
-    assert store.fail_expired(run_id, run["owner_epoch"], "reaper", "lease expired") is None
-    row = store.get_run(tid, run_id, OWNER)
-    assert row["status"] == "error" and "lease expired" in row["error"]["message"]
+    assert store.fail_expired(run_id, run.owner_epoch, "reaper", "lease expired") is None
+    ended = store.get_run(tid, run_id, OWNER)
+    assert ended.status is RunStatus.ERROR
+    assert ended.error is not None and "lease expired" in ended.error["message"]
 
 
 def test_r3_one_running_run_per_thread_is_enforced_by_the_database(
@@ -172,8 +191,8 @@ def test_r3_one_running_run_per_thread_is_enforced_by_the_database(
 ) -> None:
     """R3: even a buggy writer cannot make two runs of a thread `running`."""
     tid = new_thread(store)
-    a = str(admit(store, tid).run["run_id"])
-    b = str(admit(store, tid).run["run_id"])
+    a = admitted(store, tid)
+    b = admitted(store, tid)
     store.claim(a, "w")
     with pool.connection() as conn, pytest.raises(psycopg.errors.UniqueViolation):
         conn.execute("UPDATE runs SET status = 'running' WHERE run_id = %s", (b,))
@@ -182,23 +201,29 @@ def test_r3_one_running_run_per_thread_is_enforced_by_the_database(
 def test_r5_cancel_pending_and_running(store: RunStore) -> None:
     """R5: a pending run is interrupted at once and the next one dispatched; a running one is flagged."""
     tid = new_thread(store)
-    a = str(admit(store, tid).run["run_id"])
-    b = str(admit(store, tid).run["run_id"])
-    c = str(admit(store, tid).run["run_id"])
-    assert store.request_cancel(tid, b, OWNER, "interrupt") == (CancelOutcome.CANCELLED, None)
-    run_a = store.claim(a, "w").run
-    assert store.request_cancel(tid, a, OWNER, "interrupt") == (CancelOutcome.REQUESTED, None)
-    assert store.request_cancel(tid, a, OWNER, "interrupt") == (
+    a = admitted(store, tid)
+    b = admitted(store, tid)
+    c = admitted(store, tid)
+    interrupt = CancelAction.INTERRUPT
+    assert store.request_cancel(tid, b, OWNER, interrupt) == (CancelOutcome.CANCELLED, None)
+    run_a = claimed(store, a, "w")
+    assert store.request_cancel(tid, a, OWNER, interrupt) == (CancelOutcome.REQUESTED, None)
+    assert store.request_cancel(tid, a, OWNER, interrupt) == (
         CancelOutcome.ALREADY_REQUESTED,
         None,
     )
     fin = store.finish(
-        a, tid, run_a["owner_epoch"], status="interrupted", error=None, thread_status="idle"
+        a,
+        tid,
+        run_a.owner_epoch,
+        status=RunStatus.INTERRUPTED,
+        error=None,
+        thread_status=ThreadStatus.IDLE,
     )
     assert fin.next_run_id == c
-    assert store.request_cancel(tid, a, OWNER, "interrupt") == (CancelOutcome.ALREADY_DONE, None)
+    assert store.request_cancel(tid, a, OWNER, interrupt) == (CancelOutcome.ALREADY_DONE, None)
     with pytest.raises(RunNotFound):
-        store.request_cancel(tid, a, "mallory", "interrupt")
+        store.request_cancel(tid, a, "mallory", interrupt)
     with pytest.raises(Conflict):
         store.delete_run(tid, c, OWNER)
 
@@ -206,12 +231,26 @@ def test_r5_cancel_pending_and_running(store: RunStore) -> None:
 def test_r3_interrupt_strategy_cancels_inflight(store: RunStore) -> None:
     """R3: interrupt cancels the running run (flag) and pending ones (at once); the new run waits."""
     tid = new_thread(store)
-    a = str(admit(store, tid).run["run_id"])
+    a = admitted(store, tid)
     store.claim(a, "w")
-    b = str(admit(store, tid).run["run_id"])
+    b = admitted(store, tid)
     adm = admit(store, tid, "interrupt")
     assert adm.cancel_running == [a] and adm.dispatch == []
-    assert store.run_status(b) == "interrupted"
+    assert store.run_status(b) is RunStatus.INTERRUPTED
+
+
+def test_r3_interrupt_of_pending_only_dispatches_now(store: RunStore) -> None:
+    """R3: interrupt on a thread whose inflight runs are all pending ends them at once, so
+    the new run is the head and is dispatched right away."""
+    tid = new_thread(store)
+    b = admitted(store, tid)  # the dispatched head, not claimed yet: pending
+    c = admitted(store, tid)  # queued behind b
+    adm = admit(store, tid, "interrupt")
+    assert adm.run is not None and adm.decision.dispatch_now
+    assert adm.cancel_running == [] and adm.dispatch == [adm.run.run_id]
+    assert store.run_status(b) is RunStatus.INTERRUPTED
+    assert store.run_status(c) is RunStatus.INTERRUPTED
+    assert store.claim(adm.run.run_id, "w").outcome is ClaimOutcome.CLAIMED
 
 
 def test_r3_rollback_strategy_flags_runs_with_progress(store: RunStore) -> None:
@@ -219,25 +258,38 @@ def test_r3_rollback_strategy_flags_runs_with_progress(store: RunStore) -> None:
     once, and keeps a requeued run (one that already ran) pending with the rollback request,
     so the attempt that claims it restores the pre-run state instead of running."""
     tid = new_thread(store)
-    a = str(admit(store, tid).run["run_id"])
-    run_a = store.claim(a, "w").run
-    b = str(admit(store, tid).run["run_id"])
+    a = admitted(store, tid)
+    run_a = claimed(store, a, "w")
+    b = admitted(store, tid)
     adm = admit(store, tid, "rollback")
-    assert adm.cancel_running == [a] and adm.cancel_action == "rollback" and adm.dispatch == []
-    assert store.run_status(b) == "interrupted"
-    assert store.get_run_by_id(a)["cancel_action"] == "rollback"  # type: ignore[index]
+    assert (
+        adm.cancel_running == [a]
+        and adm.cancel_action is CancelAction.ROLLBACK
+        and adm.dispatch == []
+    )
+    assert store.run_status(b) is RunStatus.INTERRUPTED
+    flagged = store.get_run_by_id(a)
+    assert flagged is not None and flagged.cancel_action is CancelAction.ROLLBACK
     # A requeued run (its worker died) is pending with progress: it keeps a rollback request.
     tid2 = new_thread(store)
-    c = str(admit(store, tid2).run["run_id"])
-    run_c = store.claim(c, "w").run
-    assert store.requeue(c, run_c["owner_epoch"], "worker died")
-    assert store.request_cancel(tid2, c, OWNER, "rollback") == (CancelOutcome.REQUESTED, None)
-    row = store.get_run_by_id(c)
-    assert row is not None and (row["status"], row["cancel_action"]) == ("pending", "rollback")
-    claimed = store.claim(c, "w2").run
-    assert claimed is not None and claimed["cancel_action"] == "rollback"
+    c = admitted(store, tid2)
+    run_c = claimed(store, c, "w")
+    assert store.requeue(c, run_c.owner_epoch, "worker died")
+    assert store.request_cancel(tid2, c, OWNER, CancelAction.ROLLBACK) == (
+        CancelOutcome.REQUESTED,
+        None,
+    )
+    run = store.get_run_by_id(c)
+    assert run is not None and (run.status, run.cancel_action) == ("pending", "rollback")
+    again = store.claim(c, "w2").run
+    assert again is not None and again.cancel_action is CancelAction.ROLLBACK
     store.finish(
-        a, tid, run_a["owner_epoch"], status="interrupted", error=None, thread_status="idle"
+        a,
+        tid,
+        run_a.owner_epoch,
+        status=RunStatus.INTERRUPTED,
+        error=None,
+        thread_status=ThreadStatus.IDLE,
     )
 
 
@@ -247,9 +299,7 @@ def _admit_in_child(args: tuple[str, str, str, Any]) -> str:
     pool = make_pool(settings, name="child", max_size=1)
     try:
         barrier.wait(timeout=30)
-        adm = RunStore(pool).admit(
-            thread_id=tid, owner=OWNER, run=run_fields(), strategy=strategy, create_thread=False
-        )
+        adm = admit(RunStore(pool), tid, strategy)
         return adm.decision.outcome.value
     finally:
         pool.close()
