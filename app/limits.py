@@ -24,11 +24,11 @@ import redis
 from flask import Flask, Response, g, request
 
 from app.auth import principal
-from app.errors import error_body
-from app.http import json_response, validate
+from app.http import error_body, json_response, validate
 from app.schemas import RunCreate
 from app.services import Services
 from shared import serde
+from shared.errors import ThreadrunError
 from shared.redis_keys import LimitKeys
 from shared.settings import Settings
 
@@ -115,7 +115,7 @@ ACTIVE_SET_TTL_MS = 86_400_000
 """The active-run set of an idle user expires after a day (its runs are long over)."""
 
 
-class LimitExceeded(Exception):
+class LimitExceeded(ThreadrunError):
     """A request over one of the limits."""
 
     def __init__(
