@@ -35,6 +35,14 @@ def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = 
     return Response(serde.dumps(obj), status=status, mimetype="application/json", headers=headers)
 
 
+def error_body(code: str, message: str, field: str | None = None) -> dict[str, object]:
+    """The JSON error shape: `detail` for LangGraph SDK users, plus code and field."""
+    body: dict[str, object] = {"error": code, "message": message, "detail": message}
+    if field:
+        body["field"] = field
+    return body
+
+
 def parse_body(model: type[M], *, allow_empty: bool = False) -> M:
     """Validate the JSON body; 422 naming the field on error, 400 on non-JSON."""
     raw = request.get_data(cache=True)

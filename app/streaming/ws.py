@@ -204,7 +204,7 @@ class CancelFrame(_Frame):
     action: CancelAction = CancelAction.INTERRUPT
 
 
-class _FrameError(Exception):
+class _FrameError(ThreadrunError):
     """A protocol-level refusal that has no place in shared.errors."""
 
     def __init__(self, code: str, message: str, field: str | None = None) -> None:

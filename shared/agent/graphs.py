@@ -32,6 +32,8 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import StateGraph
 from langgraph.pregel import Pregel
 
+from shared.errors import AssistantNotFound, ConfigError
+
 # The namespace the LangGraph Agent Server derives its per-graph assistant ids from, so
 # a graph's default assistant has the same id here as on the official server.
 ASSISTANT_NAMESPACE = UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")
@@ -46,12 +48,12 @@ Graph = Pregel[Any, Any, Any, Any]
 GraphFactory = Callable[[RunnableConfig], object]
 
 
-class GraphConfigError(Exception):
+class GraphConfigError(ConfigError):
     """The graphs config file, a graph spec or the object it names is unusable."""
 
 
-class GraphNotFound(KeyError):
-    """No graph (or assistant) with this id is registered."""
+class GraphNotFound(AssistantNotFound, KeyError):
+    """No graph (or assistant) with this id is registered (still a KeyError for lookups)."""
 
     def __init__(self, graph_id: str) -> None:
         super().__init__(graph_id)

@@ -14,12 +14,13 @@ from typing import Any
 
 import jwt
 
+from shared.errors import ThreadrunError
 from shared.settings import Settings
 
 HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})
 
 
-class InvalidToken(Exception):
+class InvalidToken(ThreadrunError):
     """The bearer token is not acceptable (the message never contains the token)."""
 
 

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from shared.errors import LeaseLost
-from shared.journal.event_store import DELIVERY_TYPE, Category, EventStore, RunEvent
+from shared.journal.base import Category, EventStore, RunEvent
 from shared.runs.model import RunStatus
 
 log = logging.getLogger(__name__)
 
+DELIVERY_TYPE = "run.delivery"
 DEFAULT_ATTEMPTS = 3
 DEFAULT_BACKOFF_S = 0.1
 _CHUNK = 1 << 20
@@ -37,6 +38,16 @@ class DeliveryOutcome(enum.Enum):
     WRITTEN = "written"
     ALREADY_WRITTEN = "already_written"  # this (run_id, attempt) has its receipt already
     FAILED = "failed"  # every try failed
+
+
+def check_receipt(event: RunEvent) -> RunEvent:
+    """`event` if it has a receipt's shape (a delivery/run.delivery event with an integer
+    payload attempt), else ValueError; both stores check this before they write one."""
+    if event.category != Category.DELIVERY or event.type != DELIVERY_TYPE:
+        raise ValueError("a receipt is a delivery/run.delivery event")
+    if not isinstance(event.payload.get("attempt"), int):
+        raise ValueError("a receipt's payload needs an integer attempt")
+    return event
 
 
 def file_sha256(path: Path) -> str:

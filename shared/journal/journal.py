@@ -56,16 +56,13 @@ from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
 
-from shared.journal.event_store import (
+from shared.journal.base import Category, EventStore, RunEvent, check_category
+from shared.journal.usage import (
     DEFAULT_TAG,
     MODEL_END,
-    Category,
-    EventStore,
-    RunEvent,
     Usage,
     UsageSummary,
     add_usage,
-    check_category,
     empty_usage,
     usage_summary,
 )

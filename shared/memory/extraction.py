@@ -11,7 +11,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from shared.agent.model import EXTRACT_TASK
-from shared.errors import ThreadrunError
+from shared.errors import UpstreamFailed
 from shared.memory.base import CATEGORIES, Fact, MemoryUpdate, NewFact
 
 EXTRACT_PROMPT = f"""{EXTRACT_TASK}
@@ -28,7 +28,7 @@ KNOWN_FACTS = "Known facts:"
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
 
 
-class ExtractionFailed(ThreadrunError):
+class ExtractionFailed(UpstreamFailed):
     """The extraction model failed or answered something that is not the JSON asked for."""
 
     code = "memory_extraction_failed"

@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 from shared import serde
 from shared.db import DictPool
 from shared.errors import Conflict, RunNotFound, ThreadExists, ThreadNotFound
-from shared.journal.event_store import APPEND_EVENT_SQL
+from shared.journal import Category, append_in
 from shared.runs.admission import (
     AdmissionDecision,
     CancelOutcome,
@@ -630,17 +630,7 @@ class RunStore:
     ) -> None:
         """Append a `lifecycle` audit event in the caller's transaction (same seq counter as
         the journal, so concurrent appenders never collide)."""
-        conn.execute(
-            APPEND_EVENT_SQL,
-            {
-                "run_id": run_id,
-                "thread_id": thread_id,
-                "category": "lifecycle",
-                "type": kind,
-                "payload": _json(payload),
-                "created_at": None,
-            },
-        )
+        append_in(conn, run_id, Category.LIFECYCLE, kind, payload)
 
     def run_events(self, run_id: str) -> list[dict[str, Any]]:
         """The run's audit events in order."""

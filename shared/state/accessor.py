@@ -23,7 +23,7 @@ import base64
 import copy
 import threading
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.channels.binop import BinaryOperatorAggregate
@@ -41,7 +41,6 @@ from langgraph.pregel import Pregel
 from langgraph.types import Overwrite, StateSnapshot
 
 from shared import serde
-from shared.agent.graphs import GraphRegistry
 from shared.db import DictPool
 from shared.errors import Conflict, NotFound
 from shared.state.modes import CheckpointMode
@@ -114,10 +113,22 @@ def empty_state(thread_id: str) -> dict[str, Any]:
     }
 
 
+class GraphSource(Protocol):
+    """Where the accessor finds a thread's graph by id (`shared.agent.graphs.GraphRegistry`).
+
+    A protocol, so the state layer does not import the agent layer
+    (tests/unit/test_state_boundary.py).
+    """
+
+    def get(self, graph_id: str) -> Pregel[Any, Any, Any, Any]:
+        """The compiled graph registered under `graph_id` (no checkpointer)."""
+        ...
+
+
 class CheckpointStateAccessor:
     """get / history / update / rollback of a thread's state through its graph (S5)."""
 
-    def __init__(self, saver: BaseCheckpointSaver[Any], registry: GraphRegistry) -> None:
+    def __init__(self, saver: BaseCheckpointSaver[Any], registry: GraphSource) -> None:
         self._saver = saver
         self._registry = registry
         self._graphs: dict[tuple[str, bool], Pregel] = {}
@@ -125,7 +136,7 @@ class CheckpointStateAccessor:
 
     @classmethod
     def for_pool(
-        cls, pool: DictPool, registry: GraphRegistry, *, mode: CheckpointMode
+        cls, pool: DictPool, registry: GraphSource, *, mode: CheckpointMode
     ) -> CheckpointStateAccessor:
         """The web's accessor: sync, over a connection pool."""
         return cls(StatePostgresSaver(pool, mode=mode), registry)

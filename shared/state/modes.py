@@ -31,7 +31,7 @@ from langgraph.channels.delta import DeltaChannel
 from langgraph.graph.message import add_messages
 from psycopg.rows import DictRow
 
-from shared.errors import Conflict
+from shared.errors import ConfigError, Conflict
 from shared.settings import Settings, get_settings
 from shared.state.thread_state import ThreadState
 
@@ -48,7 +48,7 @@ class CheckpointModeMismatch(Conflict):
     code = "checkpoint_mode_mismatch"
 
 
-class CheckpointModeRecordMismatch(RuntimeError):
+class CheckpointModeRecordMismatch(ConfigError, RuntimeError):
     """The process's mode or snapshot frequency differs from the database's record."""
 
 

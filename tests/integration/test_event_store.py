@@ -14,26 +14,23 @@ from typing import Any
 import psycopg
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
-from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from shared.agent.lead_agent import build_lead_agent
 from shared.db import make_pool
 from shared.errors import LeaseLost, RunNotFound
 from shared.journal import (
-    APPEND_EVENT_SQL,
+    Category,
     DeliveryOutcome,
-    EventStore,
-    MemoryEventStore,
-    RunEvent,
     RunEventStore,
     RunJournal,
+    append_in,
     write_delivery_receipt,
 )
-from shared.journal.event_store import parse_thread_cursor
 from shared.runs.model import MultitaskStrategy, RunRequest, RunStatus, ThreadStatus
 from shared.runs.store import RunStore
 from shared.settings import Settings
+from tests.event_store_conformance import EventStoreConformance, MakeStore, NewRun, ev
 
 OWNER = "journal-tests"
 
@@ -67,10 +64,6 @@ def new_run(runs: RunStore, thread_id: str | None = None) -> tuple[str, str]:
         strategy=MultitaskStrategy.ENQUEUE,
     )
     return tid, run_id
-
-
-def ev(run_id: str, tid: str, category: str = "tool", **payload: Any) -> RunEvent:
-    return RunEvent(run_id, tid, category, f"{category}.test", payload)
 
 
 # --- J4: seq allocation -------------------------------------------------------------------------
@@ -113,7 +106,7 @@ def test_j4_seq_strictly_increasing_under_concurrent_processes(
 def test_j4_seq_strictly_increasing_under_concurrent_threads_with_lifecycle_events(
     runs: RunStore, events: RunEventStore, pool: ConnectionPool
 ) -> None:
-    """J4: 8 threads append singles while RunStore-style lifecycle events use APPEND_EVENT_SQL."""
+    """J4: 8 threads append singles while RunStore-style lifecycle events use `append_in`."""
     tid, run_id = new_run(runs)
     barrier = threading.Barrier(9)
     got: list[int] = []
@@ -130,19 +123,9 @@ def test_j4_seq_strictly_increasing_under_concurrent_threads_with_lifecycle_even
         barrier.wait(timeout=30)
         for i in range(10):
             with pool.connection() as conn, conn.transaction():
-                row = conn.execute(
-                    APPEND_EVENT_SQL,
-                    {
-                        "run_id": run_id,
-                        "thread_id": tid,
-                        "category": "lifecycle",
-                        "type": "tick",
-                        "payload": Jsonb({"i": i}),
-                        "created_at": None,
-                    },
-                ).fetchone()
+                seq = append_in(conn, run_id, Category.LIFECYCLE, "tick", {"i": i})
             with lock:
-                got.append(int(row["seq"]))
+                got.append(seq or 0)
 
     threads = [threading.Thread(target=appender, args=(w,)) for w in range(8)]
     threads.append(threading.Thread(target=lifecycle))
@@ -156,7 +139,7 @@ def test_j4_seq_strictly_increasing_under_concurrent_threads_with_lifecycle_even
 def test_j4_compatible_with_runstore_max_plus_one_lifecycle_events(
     runs: RunStore, events: RunEventStore
 ) -> None:
-    """J4: RunStore still appends lifecycle events with max(seq)+1; the counter never reuses a seq."""
+    """J4: RunStore's lifecycle events and the store's appends interleave; no seq is reused."""
     tid, run_id = new_run(runs)  # created = 1
     claim = runs.claim(run_id, "w1")  # claimed = 2
     assert claim.run is not None
@@ -183,18 +166,7 @@ def test_j4_no_deadlock_with_a_transaction_that_locked_the_run_row(
         appender.start()
         appender.join(timeout=0.5)
         assert appender.is_alive()  # blocked on the run row, holding nothing we need
-        row = conn.execute(
-            APPEND_EVENT_SQL,
-            {
-                "run_id": run_id,
-                "thread_id": tid,
-                "category": "lifecycle",
-                "type": "cancel_requested",
-                "payload": Jsonb({}),
-                "created_at": None,
-            },
-        ).fetchone()
-        assert row is not None and row["seq"] == 3
+        assert append_in(conn, run_id, Category.LIFECYCLE, "cancel_requested", {}) == 3
     appender.join(timeout=30)
     assert done == [4]
 
@@ -205,112 +177,29 @@ def test_j4_append_to_a_missing_run_is_run_not_found(events: RunEventStore) -> N
         events.append(ev(str(uuid.uuid4()), str(uuid.uuid4())))
 
 
-# --- J4: pages ------------------------------------------------------------------------------------
-@pytest.fixture(params=["postgres", "memory"])
-def any_store(request: pytest.FixtureRequest, events: RunEventStore) -> EventStore:
-    """The conformance pair: the Postgres store and the in-process one, same settings."""
-    if request.param == "postgres":
-        return events
-    return MemoryEventStore(page_size=4, page_size_max=6, max_payload_bytes=2048)
+def test_j4_append_in_a_missing_run_appends_nothing(pool: ConnectionPool) -> None:
+    """J4: `append_in` in a caller's transaction returns None for a run that does not exist."""
+    with pool.connection() as conn, conn.transaction():
+        assert append_in(conn, str(uuid.uuid4()), Category.LIFECYCLE, "fenced", {}) is None
 
 
-def test_j4_run_pages_both_directions_with_category_filter(
-    runs: RunStore, any_store: EventStore
-) -> None:
-    """J4: after_seq/before_seq, forward/backward, category filter, default and max page size."""
-    tid, run_id = new_run(runs)
-    cats = ["model", "tool", "message"]
-    stored = any_store.append_batch(
-        [ev(run_id, tid, cats[i % 3], i=i) for i in range(20)]
-    )  # the memory store starts at seq 1, Postgres at 2 (after `created`)
-    base = stored[0].seq or 0
-    seq = [e.seq for e in stored]
+# --- J2, J4, J5: the conformance suite ---------------------------------------------------------------
+class TestRunEventStore(EventStoreConformance):
+    """The Postgres store against the suite the in-process store also passes."""
 
-    page = any_store.list_run_events(run_id, categories=["tool"])
-    assert [e.payload["i"] for e in page.events] == [1, 4, 7, 10] and page.has_more
-    page = any_store.list_run_events(run_id, categories=["tool"], after_seq=int(page.last or 0))
-    assert [e.payload["i"] for e in page.events] == [13, 16, 19] and not page.has_more
-    page = any_store.list_run_events(run_id, categories=["tool", "model"], before_seq=seq[19])
-    assert [e.payload["i"] for e in page.events] == [13, 15, 16, 18] and page.has_more
-    page = any_store.list_run_events(
-        run_id, categories=["tool", "model"], before_seq=int(page.first or 0), limit=100
-    )
-    assert len(page.events) == 6 and page.events[-1].payload["i"] == 12  # clamped to max 6
-    page = any_store.list_run_events(run_id, after_seq=seq[2], before_seq=seq[9])
-    assert [e.seq for e in page.events] == seq[3:7] and page.has_more
-    page = any_store.list_run_events(run_id, direction="backward", limit=2)
-    assert [e.seq for e in page.events] == [base + 18, base + 19] and page.has_more
+    @pytest.fixture
+    def make_store(self, pool: ConnectionPool) -> MakeStore:
+        def make(**settings: Any) -> RunEventStore:
+            return RunEventStore(pool, **settings)
 
+        return make
 
-def test_j4_thread_pages_span_runs_in_admission_order(
-    runs: RunStore, any_store: EventStore
-) -> None:
-    """J4: a thread's events come run by run (admission order), each by seq; cursors both ways."""
-    tid, first = new_run(runs)
-    _, second = new_run(runs, tid)
-    # the second run writes first: order still follows the runs, not the clock
-    any_store.append_batch([ev(first, tid, "model", i=i) for i in range(3)])
-    any_store.append_batch([ev(second, tid, "model", i=10 + i) for i in range(3)])
-    any_store.append_batch([ev(first, tid, "tool", i=3)])
-    page = any_store.list_thread_events(tid, categories=["model", "tool"], limit=5)
-    assert [e.payload["i"] for e in page.events] == [0, 1, 2, 3, 10] and page.has_more
-    nxt = any_store.list_thread_events(
-        tid, categories=["model", "tool"], after=parse_thread_cursor(page.last or "")
-    )
-    assert [e.payload["i"] for e in nxt.events] == [11, 12] and not nxt.has_more
-    back = any_store.list_thread_events(
-        tid, categories=["model", "tool"], before=parse_thread_cursor(nxt.first or ""), limit=2
-    )
-    assert [e.payload["i"] for e in back.events] == [3, 10] and back.has_more
-    assert {e.run_id for e in page.events} == {first, second}
-
-
-def test_j4_truncation_and_nul_in_postgres(runs: RunStore, events: RunEventStore) -> None:
-    """J4: a payload past max bytes is stored as the marker; NUL characters do not break jsonb."""
-    tid, run_id = new_run(runs)
-    big = {"content": "y" * 10_000}
-    stored = events.append_batch([ev(run_id, tid, text="a\x00b"), ev(run_id, tid, **big)])
-    page = events.list_run_events(run_id, categories=["tool"])
-    assert page.events[0].payload == {"text": "a\ufffdb"}
-    marker = page.events[1].payload
-    assert marker["_truncated"] is True and marker["original_bytes"] > 10_000
-    assert marker["preview"].startswith('{"content":"yyy')
-    assert [e.seq for e in page.events] == [e.seq for e in stored]
+    @pytest.fixture
+    def new_run(self, runs: RunStore) -> NewRun:
+        return lambda thread_id=None: new_run(runs, thread_id)
 
 
 # --- J5: receipts -----------------------------------------------------------------------------------
-def test_j5_receipt_is_written_once_per_attempt(
-    runs: RunStore, events: RunEventStore, tmp_path: Path
-) -> None:
-    """J5: a retried receipt write finds the first; a conflict leaves no seq gap; attempts differ."""
-    tid, run_id = new_run(runs)
-    (tmp_path / tid / "outputs").mkdir(parents=True)
-    (tmp_path / tid / "outputs" / "a.md").write_text("A")
-    args = (events, run_id, tid, 1, True, ["outputs/a.md"], tmp_path)
-    assert write_delivery_receipt(*args) is DeliveryOutcome.WRITTEN
-    assert write_delivery_receipt(*args) is DeliveryOutcome.ALREADY_WRITTEN
-    assert events.append(ev(run_id, tid)).seq == 3  # created=1, receipt=2: no gap
-    assert write_delivery_receipt(events, run_id, tid, 2, False, [], tmp_path) is (
-        DeliveryOutcome.WRITTEN
-    )
-    receipts = events.list_run_events(run_id, categories=["delivery"]).events
-    assert [(r.type, r.payload["attempt"]) for r in receipts] == [
-        ("run.delivery", 1),
-        ("run.delivery", 2),
-    ]
-    first = events.get_receipt(run_id, 1)
-    assert first is not None and first.payload["coverage"] == [
-        {
-            "path": "outputs/a.md",
-            "exists": True,
-            "size": 1,
-            "sha256": hashlib.sha256(b"A").hexdigest(),
-        }
-    ]
-    latest = events.get_receipt(run_id)
-    assert latest is not None and latest.payload["attempt"] == 2
-
-
 def test_l2_j5_receipt_is_fenced_by_the_epoch(
     runs: RunStore, events: RunEventStore, tmp_path: Path
 ) -> None:
@@ -343,28 +232,6 @@ def test_l2_j5_receipt_is_fenced_by_the_epoch(
     )
     with pytest.raises(LeaseLost):
         write_delivery_receipt(events, run_id, tid, 3, False, [], tmp_path, epoch=new)
-
-
-def test_j5_concurrent_receipt_writers_write_one(
-    runs: RunStore, events: RunEventStore, tmp_path: Path
-) -> None:
-    """J5: 6 writers race on the same (run, attempt): exactly one receipt exists."""
-    tid, run_id = new_run(runs)
-    barrier = threading.Barrier(6)
-    outcomes: list[DeliveryOutcome] = []
-
-    def write() -> None:
-        barrier.wait(timeout=30)
-        outcomes.append(write_delivery_receipt(events, run_id, tid, 1, True, [], tmp_path))
-
-    threads = [threading.Thread(target=write) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert sorted(o.value for o in outcomes) == ["already_written"] * 5 + ["written"]
-    assert len(events.list_run_events(run_id, categories=["delivery"]).events) == 1
-    assert events.append(ev(run_id, tid)).seq == 3
 
 
 # --- J1/J2: the lead agent, journaled into Postgres --------------------------------------------------

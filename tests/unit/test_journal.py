@@ -1,4 +1,5 @@
-"""RunJournal, the in-process event store, payload truncation and the delivery receipt (J1-J6)."""
+"""RunJournal, payload truncation and the delivery receipt (J1-J6); the in-process store's
+pages are in the event store conformance suite (test_memory_event_store.py)."""
 
 from __future__ import annotations
 
@@ -27,14 +28,15 @@ from shared.journal import (
     RunEvent,
     RunJournal,
     journal_from_config,
+    parse_thread_cursor,
     settle_delivery,
     summarize_usage,
     truncate_payload,
     write_delivery_receipt,
 )
 from shared.journal.delivery import coverage
-from shared.journal.event_store import encode_payload, parse_thread_cursor
 from shared.journal.journal import usage_of
+from shared.journal.payload import encode_payload
 
 RUN, THREAD = "run-1", "thread-1"
 
@@ -356,26 +358,6 @@ def test_j4_nul_characters_are_replaced_but_escaped_backslashes_are_not() -> Non
     """J4: jsonb refuses \\u0000; the store replaces it and leaves a literal backslash-u0000 alone."""
     text = encode_payload({"a": "x\x00y", "b": "\\u0000"}, 1024)
     assert json.loads(text) == {"a": "x\ufffdy", "b": "\\u0000"}
-
-
-def test_j4_memory_store_pages_both_ways_with_a_category_filter() -> None:
-    """J4: after/before cursors, direction, category filter, clamped page size."""
-    store = MemoryEventStore(page_size=3, page_size_max=4)
-    store.append_batch(
-        [RunEvent(RUN, THREAD, "tool" if i % 2 else "model", "t", {"i": i}) for i in range(10)]
-    )
-    page = store.list_run_events(RUN)
-    assert [e.seq for e in page.events] == [1, 2, 3] and page.has_more and page.last == "3"
-    page = store.list_run_events(RUN, after_seq=8)
-    assert [e.seq for e in page.events] == [9, 10] and not page.has_more
-    page = store.list_run_events(RUN, before_seq=10, limit=100)
-    assert [e.seq for e in page.events] == [6, 7, 8, 9] and page.has_more
-    page = store.list_run_events(RUN, categories=["tool"], direction="backward", limit=2)
-    assert [e.payload["i"] for e in page.events] == [7, 9] and page.first == "8"
-    with pytest.raises(ValueError):
-        store.list_run_events(RUN, categories=["nope"])
-    with pytest.raises(ValueError):
-        store.list_run_events(RUN, limit=0)
 
 
 def test_thread_cursor_parsing() -> None:

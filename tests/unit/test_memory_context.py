@@ -22,8 +22,7 @@ from shared.agent.middleware.durable_context import (
 )
 from shared.agent.middleware.memory import MemoryInjectionMiddleware, injection_update
 from shared.agent.model import HIDDEN_KEY
-from shared.journal import RunJournal
-from shared.journal.event_store import MemoryEventStore
+from shared.journal import MemoryEventStore, RunJournal
 from shared.journal.journal import sha256_text
 from shared.memory.base import Fact, FailurePolicy, MemoryReadFailed, NewFact
 from shared.memory.inprocess import InProcessMemoryBackend

@@ -1,9 +1,11 @@
-"""S5: `CheckpointStateAccessor` is the only path to checkpointed state.
+"""S5: `CheckpointStateAccessor` is the only path to checkpointed state, both ways.
 
 Outside `shared/state/`, no module imports LangGraph's checkpoint savers or calls a graph's
 or a saver's state methods; the worker runtime only builds its savers (and binds graphs to
-them for execution), and `migrate` only runs the saver's `setup()`. New code that reaches
-for a saver directly fails here, which is how the rule is kept.
+them for execution), and `migrate` only runs the saver's `setup()`. Inside it, no module
+imports the agent layer (`shared.agent`): the accessor is given its graphs (a
+`GraphSource`), so the state layer stays below the agent. New code that crosses either
+way fails here, which is how the rule is kept.
 """
 
 from __future__ import annotations
@@ -99,3 +101,56 @@ def test_s5_the_boundary_check_catches_a_direct_saver_call(tmp_path: Path) -> No
     )
     found = _violations(bad, "workers/probe.py")
     assert len(found) == 3, found
+
+
+def _imported_modules(tree: ast.AST, package: str) -> list[tuple[int, str]]:
+    """(line, module) of every import in `tree`, relative ones resolved against `package`;
+    `from a import b` yields both `a` and `a.b` (b may be a module)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{a.name}") for a in node.names]
+    return found
+
+
+def _agent_imports(path: Path, rel: str) -> list[str]:
+    """Imports of `shared.agent` (or anything under it) in one module of the state package."""
+    package = rel.removesuffix(".py").replace("/", ".").rpartition(".")[0]
+    tree = ast.parse(path.read_text(), filename=rel)
+    hits: dict[int, str] = {}
+    for line, name in _imported_modules(tree, package):
+        if name == "shared.agent" or name.startswith("shared.agent."):
+            hits.setdefault(line, name)
+    return [f"{rel}:{line} imports {name}" for line, name in sorted(hits.items())]
+
+
+def test_s5_the_state_layer_does_not_import_the_agent_layer() -> None:
+    """S5: nothing under shared/state/ imports shared.agent (graphs come in as arguments)."""
+    violations = [
+        v
+        for path in sorted(STATE_PACKAGE.rglob("*.py"))
+        for v in _agent_imports(path, path.relative_to(ROOT).as_posix())
+    ]
+    assert violations == [], "pass the graph in (a GraphSource) instead:\n" + "\n".join(violations)
+
+
+def test_s5_the_agent_import_check_catches_every_spelling(tmp_path: Path) -> None:
+    """The check itself works: absolute, `from shared import agent` and relative imports."""
+    bad = tmp_path / "probe.py"
+    bad.write_text(
+        "import shared.agent.graphs\n"
+        "from shared import agent\n"
+        "from shared.agent.graphs import GraphRegistry\n"
+        "from ..agent import model\n"
+        "from . import modes\n"
+        "from shared.agentic import x\n"
+    )
+    found = _agent_imports(bad, "shared/state/probe.py")
+    assert [f.split(":")[1].split()[0] for f in found] == ["1", "2", "3", "4"], found

@@ -31,8 +31,7 @@ from shared.agent.middleware.summarization import (
     sha256_of,
 )
 from shared.agent.model import BuiltinChatModel
-from shared.journal import RunJournal
-from shared.journal.event_store import MemoryEventStore
+from shared.journal import MemoryEventStore, RunJournal
 from shared.settings import Settings
 
 CTX = SummaryContext("t1", "alice", "lead_agent", [])

@@ -43,7 +43,7 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.runtime import Runtime
 
 from shared.agent.model import SUMMARY_TASK, make_model
-from shared.errors import Conflict, ThreadrunError
+from shared.errors import Conflict, UpstreamFailed
 from shared.journal.journal import journal_from_config
 from shared.settings import Settings
 from shared.state.accessor import CheckpointStateAccessor
@@ -73,7 +73,7 @@ class NothingToCompact(Conflict):
     code = "nothing_to_compact"
 
 
-class SummaryFailed(ThreadrunError):
+class SummaryFailed(UpstreamFailed):
     """Manual compact: the summary model failed or answered blank; the state is unchanged."""
 
     code = "summary_failed"

@@ -1,4 +1,4 @@
-"""The audit event store (SPEC J4): append-only `run_events`, per-run seq, cursor pages.
+"""The Postgres event store (SPEC J4): append-only `run_events`, per-run seq, cursor pages.
 
 Seq allocation. Every writer takes a run's next seqs from its `run_event_seqs` row
 with one upsert (`INSERT … ON CONFLICT DO UPDATE … RETURNING last_seq`) in the same
@@ -10,290 +10,57 @@ hot (claim, finish, cancel and the reaper all update it), and some writers appen
 without having locked it (RunStore's `fenced` event), so `max + 1` races with them; the
 counter is private to event writers. Lock order is the run row (FOR KEY SHARE, which
 the FK check takes anyway), then the counter row: RunStore's transactions lock or update
-the run row before they append, so the two orders agree and cannot deadlock. The
-allocator takes `greatest(counter, max(seq))`, which keeps it correct next to a writer
-that still appends with `max(seq) + 1` (RunStore until it moves to `APPEND_EVENT_SQL`,
-an old process during a rolling deploy); once every writer uses the counter that term
-is one index probe. `bench/journal_bench.py`: a batch of 20 runs at ~0.9x the events/s of
-a raw COPY of 20 (and ~1.2x a raw multi-row INSERT); a single append costs ~0.25 ms more
-than a bare INSERT.
+the run row before they append (`append_in`), so the two orders agree and cannot
+deadlock. The allocator takes `greatest(counter, max(seq))`, which keeps it correct next
+to a writer that still appends with `max(seq) + 1` (an old process during a rolling
+deploy); once every writer uses the counter that term is one index probe.
+`bench/journal_bench.py`: a batch of 20 runs at ~0.9x the events/s of a raw COPY of 20
+(and ~1.2x a raw multi-row INSERT); a single append costs ~0.25 ms more than a bare
+INSERT.
 
 Rows. The store takes an event's thread_id from the run row it locks, so it is always
-the run's own. Payloads
-are sent as binary text arrays: psycopg's text-format array quoting of JSON cost 3x the
-statement itself on 500-event batches.
+the run's own. Payloads are sent as binary text arrays: psycopg's text-format array
+quoting of JSON cost 3x the statement itself on 500-event batches.
 
-Pages. A run's events are ordered by seq; a thread's by (runs.seq, seq), i.e. run
-admission order then seq, with the cursor `"<run_seq>:<seq>"`. Both take an
-exclusive `after` and/or `before` bound, read forward (ascending, the default) or
-backward (the `limit` events just before `before`), and always return ascending pages.
+All SQL of the store is in the constants below, referenced by name.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
-import re
-import threading
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
 
 import psycopg
+from psycopg.rows import DictRow
 
-from shared import serde
 from shared.db import DictPool
 from shared.errors import LeaseLost, RunNotFound, StoreError
+from shared.journal.base import Category, EventPage, RunEvent, check_category
+from shared.journal.delivery import check_receipt
+from shared.journal.pages import (
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_PAGE_SIZE_MAX,
+    MAX_SEQ,
+    Direction,
+    ThreadCursor,
+    format_thread_cursor,
+    page_direction,
+    page_limit,
+)
+from shared.journal.payload import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload, payload_json
+from shared.journal.usage import (
+    USAGE_KEYS,
+    Usage,
+    UsageSummary,
+    add_usage,
+    empty_usage,
+    usage_summary,
+)
 
-Direction = Literal["forward", "backward"]
-Usage = dict[str, int]
-UsageSummary = dict[str, Any]
-ThreadCursor = tuple[int, int]
-
-DEFAULT_TAG = "lead_agent"
-USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens")
-MODEL_END = "model.end"
-DELIVERY_TYPE = "run.delivery"
-MAX_SEQ = (1 << 63) - 1
-
-DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
-DEFAULT_PAGE_SIZE = 100
-DEFAULT_PAGE_SIZE_MAX = 500
-
-
-class Category(enum.StrEnum):
-    """Event categories (J4)."""
-
-    MESSAGE = "message"
-    MODEL = "model"
-    TOOL = "tool"
-    MIDDLEWARE = "middleware"
-    MEMORY = "memory"
-    ARTIFACT = "artifact"
-    WORKSPACE = "workspace"
-    LIFECYCLE = "lifecycle"
-    DELIVERY = "delivery"
-
-
-CATEGORIES = frozenset(c.value for c in Category)
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class RunEvent:
-    """One audit event; `seq` is None until the store assigned it."""
-
-    run_id: str
-    thread_id: str
-    category: str
-    type: str
-    payload: dict[str, Any]
-    seq: int | None = None
-    created_at: datetime = field(default_factory=_now)
-
-    def to_json(self) -> dict[str, Any]:
-        """The API shape of the event."""
-        return {
-            "run_id": self.run_id,
-            "thread_id": self.thread_id,
-            "seq": self.seq,
-            "category": self.category,
-            "type": self.type,
-            "payload": self.payload,
-            "created_at": self.created_at.isoformat(),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class EventPage:
-    """One page of events in ascending order.
-
-    `has_more` says whether more events exist past the page in the direction read
-    (newer when forward, older when backward). `first`/`last` are the cursors of the
-    first/last event (a seq for a run's page, `"<run_seq>:<seq>"` for a thread's): pass
-    `last` as `after` to read on, `first` as `before` to read back.
-    """
-
-    events: list[RunEvent]
-    has_more: bool
-    first: str | None
-    last: str | None
-
-
-# --- pure helpers -----------------------------------------------------------------------------
-_NUL_ESCAPE = re.compile(r"(\\+)u0000")
-
-
-def _drop_nul(text: str) -> str:
-    """Replace JSON `\\u0000` escapes (Postgres jsonb refuses them) with U+FFFD."""
-    if "u0000" not in text:
-        return text
-
-    def repl(m: re.Match[str]) -> str:
-        slashes = m.group(1)
-        if len(slashes) % 2 == 0:  # an escaped backslash followed by the text "u0000"
-            return m.group(0)
-        return slashes[:-1] + "\\ufffd"
-
-    return _NUL_ESCAPE.sub(repl, text)
-
-
-def encode_payload(payload: Mapping[str, Any], max_bytes: int) -> str:
-    """The payload as JSON text; past `max_bytes` it becomes a truncation marker.
-
-    The marker is `{"_truncated": true, "original_bytes": N, "preview": …}`, where the
-    preview is the start of the original JSON text (half the budget, cut on a character
-    boundary), so the marker itself stays within `max_bytes` for any budget over ~100.
-    """
-    raw = serde.dumps(payload)
-    if len(raw) > max_bytes:
-        preview = raw[: max(0, max_bytes // 2)].decode("utf-8", errors="ignore")
-        raw = serde.dumps({"_truncated": True, "original_bytes": len(raw), "preview": preview})
-    return _drop_nul(raw.decode())
-
-
-def truncate_payload(payload: Mapping[str, Any], max_bytes: int) -> dict[str, Any]:
-    """What the store keeps of `payload` (the marker when it is too large)."""
-    value = serde.loads(encode_payload(payload, max_bytes))
-    assert isinstance(value, dict)
-    return value
-
-
-def check_category(category: str) -> str:
-    """`category` if it is one of J4's, else ValueError."""
-    if category not in CATEGORIES:
-        raise ValueError(f"unknown event category {category!r}")
-    return category
-
-
-def empty_usage() -> Usage:
-    """Zero token counts."""
-    return dict.fromkeys(USAGE_KEYS, 0)
-
-
-def add_usage(into: Usage, other: Mapping[str, Any]) -> Usage:
-    """Add the token counts of `other` to `into` (missing or bad counts count as 0)."""
-    for key in USAGE_KEYS:
-        value = other.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            into[key] += value
-    return into
-
-
-def usage_summary(by_tag: Mapping[str, Mapping[str, Any]]) -> UsageSummary:
-    """`{"total": usage, "by_tag": {tag: usage}}` from per-tag counts."""
-    total = empty_usage()
-    tags: dict[str, Usage] = {}
-    for tag in sorted(by_tag):
-        tags[tag] = add_usage(empty_usage(), by_tag[tag])
-        add_usage(total, tags[tag])
-    return {"total": total, "by_tag": tags}
-
-
-def summarize_usage(events: Iterable[RunEvent]) -> UsageSummary:
-    """Sum the `model.end` usage of events by tag (J2); no IO."""
-    by_tag: dict[str, Usage] = defaultdict(empty_usage)
-    for ev in events:
-        if ev.category == Category.MODEL and ev.type == MODEL_END:
-            usage = ev.payload.get("usage")
-            if isinstance(usage, Mapping):
-                add_usage(by_tag[str(ev.payload.get("tag") or DEFAULT_TAG)], usage)
-    return usage_summary(by_tag)
-
-
-def format_thread_cursor(cursor: ThreadCursor) -> str:
-    """`"<run_seq>:<seq>"`."""
-    return f"{cursor[0]}:{cursor[1]}"
-
-
-def parse_thread_cursor(text: str) -> ThreadCursor:
-    """The pair of a `"<run_seq>:<seq>"` cursor; ValueError when malformed."""
-    run_seq, sep, seq = text.partition(":")
-    if not sep or not run_seq.isdigit() or not seq.isdigit():
-        raise ValueError(f"malformed thread event cursor {text[:64]!r}")
-    return int(run_seq), int(seq)
-
-
-def page_limit(limit: int | None, default: int, maximum: int) -> int:
-    """The page size to use: `default` when None, at most `maximum`; ValueError below 1."""
-    n = default if limit is None else limit
-    if n < 1:
-        raise ValueError(f"limit must be at least 1, got {n}")
-    return min(n, maximum)
-
-
-def _direction(direction: Direction | None, after: object, before: object) -> Direction:
-    if direction is None:
-        return "backward" if before is not None and after is None else "forward"
-    if direction not in ("forward", "backward"):
-        raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
-    return direction
-
-
-# --- the contract -------------------------------------------------------------------------------
-class EventStore(Protocol):
-    """Append-only audit events of runs (J4). Sync: async callers use asyncio.to_thread."""
-
-    def append(self, event: RunEvent) -> RunEvent:
-        """Append one event; returns it with its seq."""
-        ...
-
-    def append_batch(self, events: Sequence[RunEvent]) -> list[RunEvent]:
-        """Append events atomically, each run's in the given order; returns them with seqs."""
-        ...
-
-    def append_receipt(self, event: RunEvent, *, epoch: int | None = None) -> RunEvent | None:
-        """Append a `run.delivery` receipt once per (run_id, payload.attempt); None if present.
-
-        With `epoch`, only while that epoch owns the running run (L2), else LeaseLost.
-        """
-        ...
-
-    def list_run_events(
-        self,
-        run_id: str,
-        *,
-        after_seq: int | None = None,
-        before_seq: int | None = None,
-        categories: Sequence[str] | None = None,
-        limit: int | None = None,
-        direction: Direction | None = None,
-    ) -> EventPage:
-        """A page of the run's events, by seq."""
-        ...
-
-    def list_thread_events(
-        self,
-        thread_id: str,
-        *,
-        after: ThreadCursor | None = None,
-        before: ThreadCursor | None = None,
-        categories: Sequence[str] | None = None,
-        limit: int | None = None,
-        direction: Direction | None = None,
-    ) -> EventPage:
-        """A page of the thread's events, by (run order, seq)."""
-        ...
-
-    def run_usage(self, run_id: str) -> UsageSummary:
-        """The run's token usage by tag and in total (J2)."""
-        ...
-
-    def thread_usage(self, thread_id: str) -> UsageSummary:
-        """The thread's token usage: total, by tag, and `by_run` totals."""
-        ...
-
-    def get_receipt(self, run_id: str, attempt: int | None = None) -> RunEvent | None:
-        """The delivery receipt of an attempt (the latest attempt's when None)."""
-        ...
-
-
-# --- Postgres -----------------------------------------------------------------------------------
+# --- SQL ------------------------------------------------------------------------------------------
 # The allocator: the next `n` seqs of one run (see the module docstring). It takes the
 # run row's FOR KEY SHARE lock first (the lock the FK check would take at the end of the
 # statement anyway), so every writer locks the run row before the counter row: RunStore
@@ -328,8 +95,8 @@ RETURNING seq
 """
 )
 # One event. Params: run_id, category, type, payload (JSON text or Jsonb) and created_at
-# (None = now()); a `thread_id` param is accepted and ignored. RunStore's lifecycle
-# events use this too (same allocator).
+# (None = now()); a `thread_id` param is accepted and ignored. `append_in` runs it in a
+# caller's transaction (RunStore's lifecycle events: same allocator).
 _INSERT_ONE = """
 INSERT INTO run_events (run_id, seq, thread_id, category, type, payload, created_at)
 SELECT run.run_id, alloc.last_seq, run.thread_id, %(category)s, %(type)s,
@@ -355,7 +122,6 @@ APPEND_FENCED_RECEIPT_SQL = APPEND_RECEIPT_SQL.replace(
     " FOR SHARE OF runs",
     1,
 )
-RUN_EXISTS_SQL = "SELECT 1 FROM runs WHERE run_id = %(run_id)s"
 RUN_OWNER_SQL = "SELECT owner_epoch, status FROM runs WHERE run_id = %(run_id)s"
 _EVENT_COLUMNS = "run_id::text, thread_id::text, seq, category, type, payload, created_at"
 LIST_RUN_EVENTS_SQL = f"""
@@ -410,6 +176,32 @@ WHERE run_id = %(run_id)s AND category = 'delivery' AND type = 'run.delivery'
 ORDER BY seq DESC
 LIMIT 1
 """
+
+
+def append_in(
+    conn: psycopg.Connection[DictRow],
+    run_id: str,
+    category: Category,
+    type: str,
+    payload: Mapping[str, Any],
+) -> int | None:
+    """Append one event in the caller's transaction; its seq, or None if there is no such run.
+
+    For writers that change a run and record it atomically (RunStore's lifecycle events):
+    the event commits or rolls back with the caller's transaction and takes its seq from
+    the same counter as the store's appends. Lock the run row before calling (see the
+    module docstring). The event is stamped with the transaction's `now()` and its
+    payload is kept whole (the caller's own small payloads, not a tool's output).
+    """
+    params = {
+        "run_id": run_id,
+        "category": check_category(category),
+        "type": type,
+        "payload": payload_json(payload),
+        "created_at": None,
+    }
+    row = conn.execute(APPEND_EVENT_SQL, params).fetchone()
+    return None if row is None else int(row["seq"])
 
 
 def _row_event(row: Mapping[str, Any]) -> RunEvent:
@@ -511,16 +303,13 @@ class RunEventStore:
         its presented paths. A conflict rolls the transaction back, so the seq the
         allocator took is returned and no gap is left.
         """
-        if event.category != Category.DELIVERY or event.type != DELIVERY_TYPE:
-            raise ValueError("a receipt is a delivery/run.delivery event")
-        if not isinstance(event.payload.get("attempt"), int):
-            raise ValueError("a receipt's payload needs an integer attempt")
+        check_receipt(event)
         params = {
             "run_id": event.run_id,
             "thread_id": event.thread_id,
             "category": event.category,
             "type": event.type,
-            "payload": _drop_nul(serde.dumps_str(event.payload)),
+            "payload": payload_json(event.payload),
             "created_at": event.created_at,
             "epoch": epoch,
             "idle": self._fence_idle,
@@ -555,7 +344,7 @@ class RunEventStore:
         limit: int | None,
     ) -> tuple[Direction, int, list[str] | None]:
         """The direction, page size and checked categories of a page request."""
-        way = _direction(direction, after, before)
+        way = page_direction(direction, after, before)
         n = page_limit(limit, self.page_size, self.page_size_max)
         cats = [check_category(c) for c in categories] if categories is not None else None
         return way, n, cats
@@ -653,159 +442,3 @@ class RunEventStore:
         with self._pool.connection() as conn:
             row = conn.execute(GET_RECEIPT_SQL, params).fetchone()
         return _row_event(row) if row else None
-
-
-# --- in process (unit tests only, G2) ---------------------------------------------------------------
-class MemoryEventStore:
-    """A process-local EventStore for unit tests; never a multi-process default (G2).
-
-    A thread's run order is the order in which its runs first appended an event.
-    """
-
-    def __init__(
-        self,
-        *,
-        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        page_size: int = DEFAULT_PAGE_SIZE,
-        page_size_max: int = DEFAULT_PAGE_SIZE_MAX,
-    ) -> None:
-        self.max_payload_bytes = max_payload_bytes
-        self.page_size = page_size
-        self.page_size_max = page_size_max
-        self._lock = threading.Lock()
-        self._events: dict[str, list[RunEvent]] = defaultdict(list)
-        self._run_seq: dict[str, int] = {}
-        self._thread_runs: dict[str, list[str]] = defaultdict(list)
-
-    def append(self, event: RunEvent) -> RunEvent:
-        """Append one event."""
-        return self.append_batch([event])[0]
-
-    def append_batch(self, events: Sequence[RunEvent]) -> list[RunEvent]:
-        """Append events, all or none."""
-        for ev in events:
-            check_category(ev.category)
-        stored = [
-            replace(ev, payload=truncate_payload(ev.payload, self.max_payload_bytes))
-            for ev in events
-        ]
-        with self._lock:
-            return [self._add(ev) for ev in stored]
-
-    def _add(self, ev: RunEvent) -> RunEvent:
-        log = self._events[ev.run_id]
-        if ev.run_id not in self._run_seq:
-            self._run_seq[ev.run_id] = len(self._run_seq) + 1
-            self._thread_runs[ev.thread_id].append(ev.run_id)
-        out = replace(ev, seq=(log[-1].seq or 0) + 1 if log else 1)
-        log.append(out)
-        return out
-
-    def append_receipt(self, event: RunEvent, *, epoch: int | None = None) -> RunEvent | None:
-        """Append a receipt once per (run_id, attempt); `epoch` is not checked (no runs)."""
-        if event.category != Category.DELIVERY or event.type != DELIVERY_TYPE:
-            raise ValueError("a receipt is a delivery/run.delivery event")
-        if not isinstance(event.payload.get("attempt"), int):
-            raise ValueError("a receipt's payload needs an integer attempt")
-        with self._lock:
-            if self._receipt(event.run_id, event.payload["attempt"]) is not None:
-                return None
-            return self._add(replace(event, payload=serde.to_jsonable(event.payload)))
-
-    def _receipt(self, run_id: str, attempt: int | None) -> RunEvent | None:
-        for ev in reversed(self._events.get(run_id, [])):
-            if (
-                ev.category == Category.DELIVERY
-                and ev.type == DELIVERY_TYPE
-                and (attempt is None or ev.payload.get("attempt") == attempt)
-            ):
-                return ev
-        return None
-
-    def _page(
-        self,
-        keyed: list[tuple[Any, RunEvent]],
-        after: Any,
-        before: Any,
-        categories: Sequence[str] | None,
-        limit: int | None,
-        way: Direction,
-        fmt: Any,
-    ) -> EventPage:
-        n = page_limit(limit, self.page_size, self.page_size_max)
-        cats = {check_category(c) for c in categories} if categories is not None else None
-        hits = [
-            (k, ev)
-            for k, ev in keyed
-            if (after is None or k > after)
-            and (before is None or k < before)
-            and (cats is None or ev.category in cats)
-        ]
-        page = hits[:n] if way == "forward" else hits[-n:] if hits else []
-        return EventPage(
-            [ev for _, ev in page],
-            len(hits) > n,
-            fmt(page[0][0]) if page else None,
-            fmt(page[-1][0]) if page else None,
-        )
-
-    def list_run_events(
-        self,
-        run_id: str,
-        *,
-        after_seq: int | None = None,
-        before_seq: int | None = None,
-        categories: Sequence[str] | None = None,
-        limit: int | None = None,
-        direction: Direction | None = None,
-    ) -> EventPage:
-        """A page of the run's events, by seq."""
-        way = _direction(direction, after_seq, before_seq)
-        with self._lock:
-            keyed = [(ev.seq, ev) for ev in self._events.get(run_id, [])]
-        return self._page(keyed, after_seq, before_seq, categories, limit, way, str)
-
-    def list_thread_events(
-        self,
-        thread_id: str,
-        *,
-        after: ThreadCursor | None = None,
-        before: ThreadCursor | None = None,
-        categories: Sequence[str] | None = None,
-        limit: int | None = None,
-        direction: Direction | None = None,
-    ) -> EventPage:
-        """A page of the thread's events, by (run order, seq)."""
-        way = _direction(direction, after, before)
-        with self._lock:
-            keyed = [
-                ((self._run_seq[run_id], ev.seq), ev)
-                for run_id in self._thread_runs.get(thread_id, [])
-                for ev in self._events[run_id]
-            ]
-        return self._page(keyed, after, before, categories, limit, way, format_thread_cursor)
-
-    def run_usage(self, run_id: str) -> UsageSummary:
-        """The run's token usage."""
-        with self._lock:
-            events = list(self._events.get(run_id, []))
-        return summarize_usage(events)
-
-    def thread_usage(self, thread_id: str) -> UsageSummary:
-        """The thread's token usage with `by_run` totals."""
-        with self._lock:
-            runs = {r: list(self._events[r]) for r in self._thread_runs.get(thread_id, [])}
-        by_tag: dict[str, Usage] = defaultdict(empty_usage)
-        by_run: dict[str, Usage] = {}
-        for run_id, events in runs.items():
-            summary = summarize_usage(events)
-            for tag, usage in summary["by_tag"].items():
-                add_usage(by_tag[tag], usage)
-            if summary["by_tag"]:
-                by_run[run_id] = summary["total"]
-        return {**usage_summary(by_tag), "by_run": dict(sorted(by_run.items()))}
-
-    def get_receipt(self, run_id: str, attempt: int | None = None) -> RunEvent | None:
-        """The delivery receipt of `attempt` (the latest one's when None)."""
-        with self._lock:
-            return self._receipt(run_id, attempt)

@@ -1,0 +1,187 @@
+"""The error hierarchy and the one table that maps errors to HTTP (app/errors.py).
+
+Every error class the project defines descends from `ThreadrunError` (the HTTP client's
+family is its own root, see shared/errors.py); `REPLIES` answers each with the status and
+body the API has always given, which the e2e tests check end to end.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import psycopg
+import pytest
+from flask import Flask
+from werkzeug.exceptions import Forbidden, HTTPException
+from werkzeug.exceptions import NotFound as HTTPNotFound
+
+from app.errors import REPLIES, Reply, register, reply_for
+from app.limits import LimitExceeded
+from shared.agent.graphs import GraphConfigError, GraphNotFound
+from shared.agent.middleware.summarization import NothingToCompact, SummaryFailed
+from shared.auth.tokens import InvalidToken
+from shared.devservices import DevServicesError
+from shared.errors import (
+    AssistantNotFound,
+    ConfigError,
+    LeaseLost,
+    RunNotFound,
+    StoreError,
+    StreamCursorInvalid,
+    ThreadBusy,
+    ThreadrunError,
+    ValidationFailed,
+)
+from shared.memory.extraction import ExtractionFailed
+from shared.state.modes import CheckpointModeMismatch, CheckpointModeRecordMismatch
+from shared.state.reducers import InvalidStateUpdate
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILTIN_BASES = {
+    "Exception",
+    "BaseException",
+    "KeyError",
+    "LookupError",
+    "ValueError",
+    "TypeError",
+    "RuntimeError",
+    "OSError",
+}
+OWN_ROOTS = {
+    ("shared/errors.py", "ThreadrunError"),  # the root
+    ("shared/client.py", "ThreadrunClientError"),  # the HTTP client's answers
+    ("shared/client.py", "ConnectionDropped"),  # the client's internal resume signal
+}
+
+
+def _base_name(node: ast.expr) -> str:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _outside_the_root() -> list[str]:
+    """Classes whose every base is a builtin exception (they start a hierarchy of their own)."""
+    found = []
+    for top in ("app", "shared", "workers"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for node in ast.walk(ast.parse(path.read_text(), filename=rel)):
+                if not isinstance(node, ast.ClassDef) or not node.bases:
+                    continue
+                bases = {_base_name(b) for b in node.bases}
+                if bases <= BUILTIN_BASES and (rel, node.name) not in OWN_ROOTS:
+                    found.append(f"{rel}: class {node.name}({', '.join(sorted(bases))})")
+    return found
+
+
+def test_every_error_class_descends_from_the_root() -> None:
+    """No error class starts a hierarchy of its own: subclass ThreadrunError or a kind."""
+    assert _outside_the_root() == []
+
+
+def test_errors_keep_their_builtin_bases_where_callers_catch_them() -> None:
+    """Joining the root keeps what `except KeyError` / `except RuntimeError` relied on."""
+    assert issubclass(GraphNotFound, KeyError) and issubclass(GraphNotFound, AssistantNotFound)
+    assert issubclass(CheckpointModeRecordMismatch, RuntimeError)
+    assert issubclass(DevServicesError, RuntimeError)
+    for cls in (GraphConfigError, CheckpointModeRecordMismatch, DevServicesError):
+        assert issubclass(cls, ConfigError)
+    for cls in (LimitExceeded, InvalidToken, SummaryFailed, ExtractionFailed):
+        assert issubclass(cls, ThreadrunError)
+    assert str(GraphNotFound("g")) == "no graph or assistant 'g' is registered"
+
+
+def body(code: str, message: str, field: str | None = None) -> dict[str, object]:
+    out: dict[str, object] = {"error": code, "message": message, "detail": message}
+    if field:
+        out["field"] = field
+    return out
+
+
+CASES: list[tuple[Exception, Reply]] = [
+    (ValidationFailed("x: bad", field="x"), Reply(422, body("invalid_request", "x: bad", "x"))),
+    (
+        ValidationFailed("not JSON", field="body", status=400),
+        Reply(400, body("invalid_request", "not JSON", "body")),
+    ),
+    (
+        InvalidStateUpdate("values: bad", field="values"),
+        Reply(422, body("invalid_state_update", "values: bad", "values")),
+    ),
+    (
+        StreamCursorInvalid("bad id"),
+        Reply(400, body("invalid_last_event_id", "bad id", "Last-Event-ID")),
+    ),
+    (RunNotFound("run r not found"), Reply(404, body("not_found", "run r not found"))),
+    (
+        GraphNotFound("g"),
+        Reply(404, body("not_found", "no graph or assistant 'g' is registered")),
+    ),
+    (ThreadBusy("busy"), Reply(409, body("thread_busy", "busy"))),
+    (NothingToCompact("nothing"), Reply(409, body("nothing_to_compact", "nothing"))),
+    (CheckpointModeMismatch("delta"), Reply(409, body("checkpoint_mode_mismatch", "delta"))),
+    (LeaseLost("lost"), Reply(409, body("lease_lost", "lost"))),
+    (SummaryFailed("down"), Reply(502, body("summary_failed", "down"))),
+    (ExtractionFailed("bad JSON"), Reply(502, body("memory_extraction_failed", "bad JSON"))),
+    (StoreError("db down"), Reply(500, body("store_error", "db down"))),
+    (GraphConfigError("/etc/graphs.json"), Reply(500, body("internal_error", "internal error"))),
+    (KeyError("k"), Reply(500, body("internal_error", "internal error"))),
+    (
+        psycopg.errors.NumericValueOutOfRange("x"),
+        Reply(422, body("invalid_request", "a value is out of range or cannot be stored")),
+    ),
+    (Forbidden("ops only"), Reply(403, body("forbidden", "ops only"))),
+    (
+        LimitExceeded("runs_per_minute", "slow down", retry_after=3),
+        Reply(
+            429,
+            {**body("limit_exceeded", "slow down"), "limit": "runs_per_minute", "retry_after": 3},
+            {"Retry-After": "3"},
+        ),
+    ),
+    (
+        LimitExceeded("max_input_bytes", "too big", status=422, field="input"),
+        Reply(422, {**body("limit_exceeded", "too big", "input"), "limit": "max_input_bytes"}),
+    ),
+]
+
+
+@pytest.mark.parametrize("exc,reply", CASES, ids=[type(e).__name__ for e, _ in CASES])
+def test_the_table_answers_each_error(exc: Exception, reply: Reply) -> None:
+    """Each error's status, body and headers, by the most specific row of its class."""
+    assert reply_for(exc) == reply
+
+
+def test_flask_dispatches_every_error_through_the_table() -> None:
+    """Registered on an app, the table answers raised errors and werkzeug's own 404/405."""
+    app = Flask(__name__)
+    register(app)
+
+    @app.get("/raise/<kind>")
+    def _raise(kind: str) -> str:
+        raise {
+            "limit": LimitExceeded("runs_per_minute", "slow down", retry_after=2),
+            "missing": RunNotFound("run r not found"),
+            "unexpected": ZeroDivisionError("x"),
+        }[kind]
+
+    client = app.test_client()
+    res = client.get("/raise/limit")
+    assert res.status_code == 429 and res.headers["Retry-After"] == "2"
+    assert res.json == {
+        **body("limit_exceeded", "slow down"),
+        "limit": "runs_per_minute",
+        "retry_after": 2,
+    }
+    res = client.get("/raise/missing")
+    assert res.status_code == 404 and res.json == body("not_found", "run r not found")
+    res = client.get("/raise/unexpected")
+    assert res.status_code == 500 and res.json == body("internal_error", "internal error")
+    res = client.get("/nowhere")
+    assert res.status_code == 404 and res.json is not None and res.json["error"] == "not_found"
+    res = client.post("/raise/limit")
+    assert res.status_code == 405 and res.json is not None
+    assert res.json["error"] == "method_not_allowed"
+    assert HTTPException in REPLIES and HTTPNotFound not in REPLIES  # werkzeug's: one row
