@@ -35,7 +35,6 @@ from langgraph.checkpoint.base import (
     copy_checkpoint,
 )
 from langgraph.checkpoint.base.id import uuid6
-from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.graph import START, StateGraph
 from langgraph.pregel import Pregel
 from langgraph.types import Overwrite, StateSnapshot
@@ -45,6 +44,7 @@ from shared.db import DictPool
 from shared.errors import Conflict, NotFound
 from shared.state.modes import CheckpointMode
 from shared.state.savers import StatePostgresSaver
+from shared.state.upstream import delta_snapshot
 
 NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
 """LangGraph's task id for writes no task owns (its constant is private since v1)."""
@@ -347,7 +347,7 @@ class CheckpointStateAccessor:
                 old = new["channel_versions"].get(key)
                 version = self._saver.get_next_version(old, None)
                 new["channel_versions"][key] = version
-                new["channel_values"][key] = _DeltaSnapshot(values[key])
+                new["channel_values"][key] = delta_snapshot(values[key])
                 new_versions[key] = version
                 for seen in new["versions_seen"].values():
                     if key in seen and seen[key] == old:
