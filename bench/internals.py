@@ -56,7 +56,7 @@ from shared.bridge.publisher import (
     PublishResult,
     StreamPublisher,
 )
-from shared.bridge.redis import StreamSubscriber
+from shared.bridge.subscriber import StreamSubscriber
 from shared.db import CONN_KWARGS, AsyncDictPool, DictPool, make_async_pool, make_pool
 from shared.db.migrate import migrate
 from shared.leases import LeaseManager, lease_value

@@ -44,7 +44,7 @@ from app.services import Services, current_services
 from app.streaming.sse import event_filter
 from shared import metrics, serde
 from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat
-from shared.bridge.redis import StreamSubscriber
+from shared.bridge.subscriber import StreamSubscriber
 from shared.errors import RunNotFound, StreamCursorInvalid, ThreadrunError, ValidationFailed
 from shared.ops.connections import TRACKER
 from shared.redis_keys import Keys
