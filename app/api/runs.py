@@ -16,7 +16,8 @@ from app.auth import principal
 from app.http import json_response, parse_body, parse_query, validate
 from app.schemas import CancelQuery, JoinStreamQuery, RunCreate, RunListQuery
 from app.services import current_services
-from app.streaming.sse import event_filter, sse_body
+from app.streaming.frames import event_filter
+from app.streaming.sse import sse_body
 from shared import serde
 from shared.bridge.base import END_EVENT, Event, Gap
 from shared.errors import RunNotFound
