@@ -9,7 +9,7 @@ from flask import current_app
 
 from shared.agent.graphs import GraphRegistry
 from shared.bridge.hub import SubscriptionHub
-from shared.bridge.redis import StreamSubscriber
+from shared.bridge.subscriber import StreamSubscriber
 from shared.db import make_pool
 from shared.journal import RunEventStore
 from shared.redis_keys import Keys

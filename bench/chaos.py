@@ -23,15 +23,12 @@ exactly that database and deletes exactly those keys, also on Ctrl-C, SIGTERM or
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import queue
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,11 +44,11 @@ import psycopg
 import redis
 from psycopg.rows import dict_row
 
-from bench.internals import Sandbox, _raise_interrupt, percentile, signals_ignored
+from bench.internals import _raise_interrupt, percentile, signals_ignored
 from shared.redis_keys import Keys
 from shared.settings import Settings
+from shared.testing import Cluster, Sandbox, cluster_env, iter_sse, open_stream, wait_for
 
-PROJECT = Path(__file__).resolve().parent.parent
 LEASE_ENV = (
     "THREADRUN_LEASE_TTL_S",
     "THREADRUN_LEASE_RENEW_S",
@@ -80,141 +77,18 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 # --- the cluster ----------------------------------------------------------------------------------
-@dataclass
-class Proc:
-    """A child process and its log."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-
-@dataclass
-class ChaosCluster:
-    """One web process and N runs workers on the sandbox, every process ours to stop."""
-
-    settings: Settings
-    workdir: Path
-    procs: list[Proc] = field(default_factory=list)
-    url: str = ""
-    _workers: int = 0
-
-    @property
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in LEASE_ENV}
-        env.update(
-            {
-                "THREADRUN_DATABASE_URL": self.settings.dsn,
-                "THREADRUN_REDIS_URL": self.settings.redis_url,
-                "THREADRUN_REDIS_PREFIX": self.settings.redis_prefix,
-                "THREADRUN_DATA_DIR": str(self.workdir / "data"),
-                "THREADRUN_API_KEYS": "",
-                # A benchmark pushes many runs and connections through one user: the
-                # per-user limits (A4) are not what it measures.
-                "THREADRUN_RUNS_PER_MINUTE": "1000000",
-                "THREADRUN_MAX_ACTIVE_RUNS": "1000000",
-                "THREADRUN_MAX_CONNECTIONS_PER_USER": "1000000",
-            }
-        )
-        env.pop("THREADRUN_CONFIG", None)
-        return env
-
-    def _spawn(self, name: str, argv: list[str]) -> Proc:
-        path = self.workdir / f"{name}.log"
-        with path.open("wb") as fh:
-            popen = subprocess.Popen(
-                argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT, cwd=PROJECT
-            )
-        proc = Proc(name, popen, path)
-        self.procs.append(proc)
-        return proc
-
-    def start_web(self) -> None:
-        """One web process as deployed: app/gunicorn_conf.py (its server model), one worker."""
-        port = free_port()
-        argv = [
-            sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf",
-            "--bind", f"127.0.0.1:{port}", "--workers", "1", "--graceful-timeout", "3",
-        ]  # fmt: skip
-        proc = self._spawn("web", argv)
-        self.url = f"http://127.0.0.1:{port}"
-        end = time.monotonic() + 60
-        while time.monotonic() < end:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/ok", timeout=1).status_code == 200:
-                    return
-            if not proc.alive():
-                break
-            time.sleep(0.2)
-        raise RuntimeError(f"web did not come up:\n{proc.tail()}")
-
-    def start_worker(self) -> Proc:
-        self._workers += 1
-        name = f"worker{self._workers}"
-        argv = [
-            sys.executable, "-m", "celery", "-A", "workers.celery_app:celery", "worker",
-            "-Q", "runs", "-P", "threads", "-c", "8", "-n", f"chaos-{name}-{os.getpid()}@%h",
-            "--without-gossip", "--without-mingle", "-l", "info",
-        ]  # fmt: skip
-        proc = self._spawn(name, argv)
-        end = time.monotonic() + 60
-        while time.monotonic() < end:
-            if "ready." in proc.log.read_text(errors="replace"):
-                return proc
-            if not proc.alive():
-                break
-            time.sleep(0.2)
-        raise RuntimeError(f"{name} did not become ready:\n{proc.tail()}")
-
-    def workers(self) -> list[Proc]:
-        return [p for p in self.procs if p.name.startswith("worker") and p.alive()]
-
-    def stop(self, procs: Sequence[Proc] | None = None, timeout: float = 15) -> None:
-        """SIGTERM at once, wait, SIGKILL what is left; reap everything."""
-        targets = list(self.procs if procs is None else procs)
-        for p in targets:
-            if p.alive():
-                with contextlib.suppress(ProcessLookupError):
-                    p.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for p in targets:
-            try:
-                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.popen.kill()
-                p.popen.wait(timeout=5)
+def bench_cluster(settings: Settings, workdir: Path) -> Cluster:
+    """Web and runs-worker processes on the sandbox, with the default lease settings (whatever
+    the environment says) and no API keys; every process ours to stop."""
+    extra = {"THREADRUN_DATA_DIR": str(workdir / "data"), "THREADRUN_API_KEYS": ""}
+    return Cluster(settings, cluster_env(settings, extra, without=LEASE_ENV), workdir)
 
 
 # --- helpers ----------------------------------------------------------------------------------------
 def sql(dsn: str, query: str, params: Any = ()) -> list[dict[str, Any]]:
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
         return conn.execute(query, params).fetchall()
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
 
 
 def run_body(text: str, tokens: int, delay_ms: float = 0, **extra: Any) -> dict[str, Any]:
@@ -251,23 +125,12 @@ class Follower(threading.Thread):
         try:
             with (
                 httpx.Client(base_url=self.url, timeout=120) as client,
-                client.stream(
-                    "GET",
-                    f"/threads/{self.tid}/runs/{self.run_id}/stream",
-                    headers={"Last-Event-ID": "-1"},
-                ) as res,
+                open_stream(client, self.tid, self.run_id) as res,
             ):
-                eid = event = ""
-                for line in res.iter_lines():
-                    if line.startswith("id: "):
-                        eid = line[4:]
-                    elif line.startswith("event: "):
-                        event = line[7:]
-                    elif line.startswith("data: "):
-                        self.events.put(Seen(time.monotonic(), time.time(), eid, event, line[6:]))
-                        if event in ("end", "gap"):
-                            break
-                        eid = event = ""
+                for e in iter_sse(res.iter_lines()):
+                    self.events.put(Seen(time.monotonic(), time.time(), e.id, e.event, e.text))
+                    if e.event in ("end", "gap"):
+                        break
         except BaseException as exc:  # noqa: BLE001 - reported by the caller
             self.error = exc
         finally:
@@ -325,7 +188,7 @@ def _lifecycle_times(dsn: str, run_id: str) -> dict[str, float]:
     return out
 
 
-def measure_recovery(c: ChaosCluster, repeat: int) -> Recovery:
+def measure_recovery(c: Cluster, repeat: int) -> Recovery:
     """Start a slow run, kill -9 its owner, time the kill to attempt 2's first event."""
     dsn = c.settings.dsn
     keys = Keys(c.settings.redis_prefix)
@@ -345,7 +208,7 @@ def measure_recovery(c: ChaosCluster, repeat: int) -> Recovery:
             time.sleep(1.0)  # a second of tokens: well inside the run
             owner = sql(dsn, "SELECT owner FROM runs WHERE run_id = %s", (run_id,))[0]["owner"]
             pid = int(owner.split(":")[1])
-            victim = next(p for p in c.procs if p.popen.pid == pid)
+            victim = c.process(pid)
             leader = rclient.get(keys.reaper_leader())
             was_leader = leader is not None and leader.decode() == owner
             pttl_ms = int(rclient.pttl(keys.lease(run_id)))
@@ -357,7 +220,8 @@ def measure_recovery(c: ChaosCluster, repeat: int) -> Recovery:
             times = wait_for(
                 lambda: (lambda t: t if len(t) == 2 else None)(_lifecycle_times(dsn, run_id)),
                 10,
-                "the lifecycle events",
+                0.05,
+                what="the lifecycle events",
             )
             first_id_wall = int(first.id.split("-")[0]) / 1000.0
             rec = Recovery(
@@ -443,9 +307,7 @@ def burst(
     return Phase(name, len(items), wall, [x for xs in lat for x in xs], sum(failed))
 
 
-def measure_admission(
-    c: ChaosCluster, *, clients: int, creates: int, rounds: int
-) -> dict[str, Phase]:
+def measure_admission(c: Cluster, *, clients: int, creates: int, rounds: int) -> dict[str, Phase]:
     dsn = c.settings.dsn
     owner = c.settings.local_user
     with httpx.Client(base_url=c.url, timeout=30) as client:
@@ -594,11 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run both measurements in a private sandbox, print the tables, always clean up."""
     args = parse_args(argv)
     base = Settings()
-    sandbox = Sandbox(base)
-    tag = uuid.uuid4().hex[:10]
-    sandbox.db_name, sandbox.prefix = f"threadrun_chaos_{tag}", f"trchaos:{tag}:"
+    sandbox = Sandbox(base, "chaos")
     workdir = Path(tempfile.mkdtemp(prefix="threadrun-chaos-"))
-    cluster: ChaosCluster | None = None
+    cluster: Cluster | None = None
     old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     started = time.time()
     rc = 0
@@ -609,16 +469,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in LEASE_ENV:
             if name in os.environ:
                 log(f"chaos: ignoring {name} from the environment (defaults are measured)")
-        cluster = ChaosCluster(settings, workdir)
+        cluster = bench_cluster(settings, workdir)
         cluster.start_web()
-        cluster.start_worker()
-        cluster.start_worker()
+        cluster.start_worker("worker1")
+        cluster.start_worker("worker2")
         recs: list[Recovery] = []
         for i in range(1, args.repeats + 1):
             log(f"chaos: kill -9 {i}/{args.repeats}")
             recs.append(measure_recovery(cluster, i))
             log(f"chaos:   {asdict(recs[-1])}")
-            cluster.start_worker()  # back to two workers (not timed)
+            cluster.start_worker(f"worker{i + 2}")  # back to two workers (not timed)
         cluster.stop(cluster.workers())
         phases = measure_admission(
             cluster, clients=args.clients, creates=args.creates, rounds=args.rounds

@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-import psycopg
 import redis
 import redis.asyncio as aredis
 import uvloop
@@ -41,11 +40,8 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
-from pydantic import SecretStr
 
 from shared import serde
 from shared.bridge.base import END_EVENT, Event
@@ -56,9 +52,8 @@ from shared.bridge.publisher import (
     PublishResult,
     StreamPublisher,
 )
-from shared.bridge.redis import StreamSubscriber
+from shared.bridge.subscriber import StreamSubscriber
 from shared.db import CONN_KWARGS, AsyncDictPool, DictPool, make_async_pool, make_pool
-from shared.db.migrate import migrate
 from shared.leases import LeaseManager, lease_value
 from shared.redis_keys import Keys
 from shared.runs.admission import AdmissionOutcome
@@ -66,6 +61,7 @@ from shared.runs.model import MultitaskStrategy, RunRequest, RunStatus, ThreadSt
 from shared.runs.store import Admission, ClaimOutcome, RunStore
 from shared.settings import Settings
 from shared.taskqueue import RUNS_QUEUE, Dispatcher, make_celery
+from shared.testing import Sandbox
 
 OWNER = "bench-user"
 WORKER = "bench-worker"
@@ -245,71 +241,8 @@ def report_dict(rows: Sequence[Row], meta: dict[str, Any], notes: dict[str, Any]
     }
 
 
-def server_dsn(database_url: str, dbname: str) -> str:
-    """The server of `database_url` with database `dbname`."""
-    params = conninfo_to_dict(database_url)
-    params["dbname"] = dbname
-    return make_conninfo(**params)  # type: ignore[arg-type]
-
-
 def _ms_since(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
-
-
-# --- the sandbox: our own database and key prefix --------------------------------------------------
-def delete_prefix(client: redis.Redis, prefix: str) -> int:
-    """Delete every key under `prefix` (SCAN, batches of 500); return how many."""
-    n = 0
-    batch: list[bytes] = []
-    for key in client.scan_iter(match=f"{prefix}*", count=1000):
-        batch.append(key)
-        if len(batch) >= 500:
-            n += int(client.delete(*batch))
-            batch.clear()
-    if batch:
-        n += int(client.delete(*batch))
-    return n
-
-
-class Sandbox:
-    """A private database and Redis prefix for one benchmark run, removed exactly at the end."""
-
-    def __init__(self, base: Settings) -> None:
-        tag = uuid.uuid4().hex[:10]
-        self.db_name = f"threadrun_bench_{tag}"
-        self.prefix = f"trbench:{tag}:"
-        self.redis_url = base.redis_url
-        self._server = base.dsn
-        self._created = False
-
-    def create(self) -> Settings:
-        """CREATE DATABASE, migrate it, and return the settings that point at the sandbox."""
-        with psycopg.connect(server_dsn(self._server, "postgres"), autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.db_name)))
-        self._created = True
-        settings = Settings(
-            database_url=SecretStr(server_dsn(self._server, self.db_name)),
-            redis_url=self.redis_url,
-            redis_prefix=self.prefix,
-        )
-        migrate(settings)
-        return settings
-
-    def destroy(self) -> int:
-        """Drop the database (forcing out connections) and delete our keys; return keys deleted."""
-        if self._created:
-            with psycopg.connect(server_dsn(self._server, "postgres"), autocommit=True) as conn:
-                conn.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                        sql.Identifier(self.db_name)
-                    )
-                )
-            self._created = False
-        client = redis.Redis.from_url(self.redis_url)
-        try:
-            return delete_prefix(client, self.prefix)
-        finally:
-            client.close()
 
 
 # --- the components under test ---------------------------------------------------------------------

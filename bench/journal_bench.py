@@ -35,18 +35,15 @@ from types import FrameType
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
-from pydantic import SecretStr
 
 from shared import serde
 from shared.db import DictPool, make_pool
-from shared.db.migrate import migrate
 from shared.journal import RunEvent, RunEventStore, RunJournal
 from shared.runs.model import MultitaskStrategy, RunRequest
 from shared.runs.store import RunStore
 from shared.settings import Settings
+from shared.testing import Sandbox
 
 OWNER = "bench-user"
 COLUMNS = "(run_id, seq, thread_id, category, type, payload, created_at)"
@@ -128,46 +125,6 @@ def format_table(rows: Sequence[Row]) -> str:
         )
 
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(c) for c in cells[1:]])
-
-
-# --- the sandbox -------------------------------------------------------------------------------------
-def server_dsn(database_url: str, dbname: str) -> str:
-    """The server of `database_url` with database `dbname`."""
-    params = conninfo_to_dict(database_url)
-    params["dbname"] = dbname
-    return make_conninfo(**params)  # type: ignore[arg-type]
-
-
-class Sandbox:
-    """A private database, dropped exactly at the end."""
-
-    def __init__(self, base: Settings) -> None:
-        self.db_name = f"threadrun_jbench_{uuid.uuid4().hex[:10]}"
-        self._server = base.dsn
-        self._created = False
-
-    def create(self, *, async_commit: bool = False) -> Settings:
-        """CREATE DATABASE (with synchronous_commit off if asked) and migrate it."""
-        name = sql.Identifier(self.db_name)
-        with psycopg.connect(server_dsn(self._server, "postgres"), autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
-            self._created = True
-            if async_commit:
-                conn.execute(sql.SQL("ALTER DATABASE {} SET synchronous_commit = off").format(name))
-        settings = Settings(database_url=SecretStr(server_dsn(self._server, self.db_name)))
-        migrate(settings)
-        return settings
-
-    def destroy(self) -> None:
-        """DROP DATABASE … WITH (FORCE)."""
-        if self._created:
-            with psycopg.connect(server_dsn(self._server, "postgres"), autocommit=True) as conn:
-                conn.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                        sql.Identifier(self.db_name)
-                    )
-                )
-            self._created = False
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -399,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    sandbox = Sandbox(Settings())
+    sandbox = Sandbox(Settings(), "jbench", uses_redis=False)
     old_term = signal.signal(signal.SIGTERM, _interrupt)
     rc = 0
     started = time.time()

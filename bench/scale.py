@@ -2,8 +2,8 @@
 
 Run with `.venv/bin/python -m bench.scale [--workers 1,2,3] [--runs 150] [--tokens 40]
 [--json PATH]` (or `make scale-bench`). It starts two gunicorn web processes on a private
-database `threadrun_scale_<hex>` and Redis prefix `trscale:<hex>:` (the Sandbox of
-bench/internals.py), then for each worker count: starts that many Celery runs workers, warms
+database `threadrun_scale_<hex>` and Redis prefix `trscale:<hex>:` (shared.testing's
+Sandbox), then for each worker count: starts that many Celery runs workers, warms
 them up, admits `--runs` background runs (one per thread, alternating between the web
 processes, from 16 client threads) and measures until the last one has ended. Then it stops
 those workers. At the end it stops every process it started and drops exactly its database
@@ -31,7 +31,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -43,10 +42,11 @@ import psycopg
 import redis
 from psycopg.rows import dict_row
 
-from bench.chaos import ChaosCluster, Proc, free_port, log, table
-from bench.internals import Sandbox, _raise_interrupt, signals_ignored
+from bench.chaos import bench_cluster, log, table
+from bench.internals import _raise_interrupt, signals_ignored
 from shared.redis_keys import Keys
 from shared.settings import Settings
+from shared.testing import Cluster, Sandbox
 
 CLIENTS = 16
 WEBS = 2
@@ -54,68 +54,8 @@ BASELINE_S = 1.5
 PG_CONNS = 8
 XADD_BATCH = 100
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-# --- the cluster ----------------------------------------------------------------------------------
-NO_USER_LIMITS = {
-    "THREADRUN_RUNS_PER_MINUTE": "60000",
-    "THREADRUN_MAX_ACTIVE_RUNS": "1000000",
-    "THREADRUN_MAX_CONNECTIONS_PER_USER": "1000000",
-}
-"""The benchmark's one user would hit the per-user limits (A3), which are not measured here."""
-
-
-class ScaleCluster(ChaosCluster):
-    """Several web processes and a changing number of runs workers on the sandbox."""
-
-    urls: list[str]
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {**super().env, **NO_USER_LIMITS}
-
-    def start_webs(self, n: int) -> None:
-        self.urls = []
-        for i in range(n):
-            port = free_port()
-            # The deployment's server model (app/gunicorn_conf.py), one process each.
-            argv = [
-                sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf",
-                "--bind", f"127.0.0.1:{port}", "--workers", "1", "app:create_app()",
-            ]  # fmt: skip
-            proc = self._spawn(f"web{i}", argv)
-            url = f"http://127.0.0.1:{port}"
-            end = time.monotonic() + 60
-            while time.monotonic() < end:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}/ok", timeout=1).status_code == 200:
-                        break
-                if not proc.alive():
-                    raise RuntimeError(f"web{i} died:\n{proc.tail()}")
-                time.sleep(0.2)
-            else:
-                raise RuntimeError(f"web{i} did not come up:\n{proc.tail()}")
-            self.urls.append(url)
-        self.url = self.urls[0]
-
-    def start_runs_worker(self, concurrency: int) -> Proc:
-        self._workers += 1
-        name = f"worker{self._workers}"
-        argv = [
-            sys.executable, "-m", "celery", "-A", "workers.celery_app:celery", "worker",
-            "-Q", "runs", "-P", "threads", "-c", str(concurrency),
-            "-n", f"scale-{name}-{os.getpid()}@%h", "--without-gossip", "--without-mingle",
-            "-l", "info",
-        ]  # fmt: skip
-        proc = self._spawn(name, argv)
-        end = time.monotonic() + 90
-        while time.monotonic() < end:
-            if "ready." in proc.log.read_text(errors="replace"):
-                return proc
-            if not proc.alive():
-                break
-            time.sleep(0.2)
-        raise RuntimeError(f"{name} did not become ready:\n{proc.tail()}")
+WORKER_NUMBERS = itertools.count(1)
+"""Worker names stay unique across phases (each has its own log file)."""
 
 
 # --- CPU accounting -----------------------------------------------------------------------------------
@@ -261,12 +201,13 @@ def wait_done(dsn: str, run_ids: list[str], timeout: float) -> None:
 
 
 def measure(
-    c: ScaleCluster, workers: int, runs: int, tokens: int, concurrency: int, rclient: redis.Redis
+    c: Cluster, workers: int, runs: int, tokens: int, concurrency: int, rclient: redis.Redis
 ) -> Phase:
     """Start `workers` runs workers, warm up, time `runs` runs, stop the workers."""
     s = c.settings
+    names = [f"worker{next(WORKER_NUMBERS)}" for _ in range(workers)]
     with ThreadPoolExecutor(workers) as boot:
-        procs = list(boot.map(lambda _: c.start_runs_worker(concurrency), range(workers)))
+        procs = list(boot.map(lambda name: c.start_worker(name, concurrency, timeout=90), names))
     try:
         warm = admit(c.urls, 4 * workers, tokens)
         wait_done(s.dsn, warm, 120)
@@ -389,9 +330,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 @contextlib.contextmanager
 def sandboxed(base: Settings) -> Iterator[tuple[Sandbox, Settings]]:
-    sandbox = Sandbox(base)
-    tag = uuid.uuid4().hex[:10]
-    sandbox.db_name, sandbox.prefix = f"threadrun_scale_{tag}", f"trscale:{tag}:"
+    sandbox = Sandbox(base, "scale")
     try:
         yield sandbox, sandbox.create()
     finally:
@@ -411,15 +350,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     started = time.time()
     cpus = len(os.sched_getaffinity(0))
-    cluster: ScaleCluster | None = None
+    cluster: Cluster | None = None
     rc = 0
     try:
         with sandboxed(base) as (sandbox, settings):
             log(f"scale: database {sandbox.db_name}, prefix {sandbox.prefix}, logs {workdir}")
             rclient = redis.Redis.from_url(settings.redis_url)
-            cluster = ScaleCluster(settings, workdir)
+            cluster = bench_cluster(settings, workdir)
             try:
-                cluster.start_webs(WEBS)
+                for _ in range(WEBS):  # the deployment's server model, one process each
+                    cluster.start_web()
                 phases = []
                 for w in counts:
                     log(f"scale: {w} worker(s), {args.runs} runs of {args.tokens} tokens")

@@ -2,7 +2,7 @@
 
 Run with `.venv/bin/python -m bench.streams [--models gevent,gthread] [--threads 64]
 [--idle 5000] [--json PATH]`. For each server model it starts a private cluster with
-bench/chaos.py's helpers (one gunicorn web process configured by app/gunicorn_conf.py with
+shared.testing (one gunicorn web process configured by app/gunicorn_conf.py with
 `THREADRUN_WEB_WORKER_CLASS`, one Celery runs worker) on a database
 `threadrun_streams_<hex>` and the Redis key prefix `trstreams:<hex>:`, and at the end stops
 every process it started, drops exactly that database and deletes exactly those keys, also
@@ -45,7 +45,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -57,9 +56,10 @@ import httpx
 import redis
 from websockets.sync.client import ClientConnection, connect
 
-from bench.chaos import ChaosCluster, Proc, free_port, log, run_body, table
-from bench.internals import Sandbox, _raise_interrupt, percentile, signals_ignored
+from bench.chaos import bench_cluster, log, run_body, table
+from bench.internals import _raise_interrupt, percentile, signals_ignored
 from shared.settings import Settings
+from shared.testing import Cluster, Proc, Sandbox, iter_sse, open_stream
 
 LAT_TOKENS, LAT_DELAY_MS = 200, 10
 BLOCKER_TOKENS = 100  # x 10 ms: the measured run waits ~1 s behind it
@@ -91,9 +91,8 @@ def f(v: float | None, fmt: str = ".2f") -> str:
 
 def web_worker_pid(web: Proc) -> int:
     """gunicorn's (single) worker process: the master's child."""
-    master = web.popen.pid
-    kids = Path(f"/proc/{master}/task/{master}/children").read_text().split()
-    return int(kids[0]) if kids else master
+    kids = web.children()
+    return kids[0] if kids else web.pid
 
 
 def rss_mb(pid: int) -> float:
@@ -113,42 +112,15 @@ def threads_of(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
-@dataclass
-class StreamsCluster(ChaosCluster):
-    """ChaosCluster whose web server is started from app/gunicorn_conf.py with a chosen model."""
-
-    extra_env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {**super().env, **self.extra_env}
-
-    def start_model(self, worker_class: str, threads: int) -> Proc:
-        """One gunicorn worker process of `worker_class` (gthread: `threads` threads)."""
-        port = free_port()
-        self.extra_env = {
-            "THREADRUN_HOST": "127.0.0.1",
-            "THREADRUN_PORT": str(port),
+def start_model(c: Cluster, worker_class: str, threads: int) -> Proc:
+    """One gunicorn worker process of `worker_class` (gthread: `threads` threads)."""
+    c.start_web(
+        {
             "THREADRUN_WEB_WORKER_CLASS": worker_class,
-            "THREADRUN_WEB_WORKERS": "1",
             "THREADRUN_WEB_THREADS": str(threads),
-            "THREADRUN_WEB_GRACEFUL_TIMEOUT_S": "3",
-            # the idle clients are all one (local) user: lift a per-user connection cap
-            "THREADRUN_MAX_CONNECTIONS_PER_USER": "1000000",
         }
-        proc = self._spawn(
-            "web", [sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf"]
-        )
-        self.url = f"http://127.0.0.1:{port}"
-        end = time.monotonic() + 60
-        while time.monotonic() < end:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/ok", timeout=1).status_code == 200:
-                    return proc
-            if not proc.alive():
-                break
-            time.sleep(0.2)
-        raise RuntimeError(f"web did not come up:\n{proc.tail()}")
+    )
+    return next(p for p in c.procs if p.role == "web")
 
 
 # --- clients ------------------------------------------------------------------------------------------
@@ -207,30 +179,19 @@ def ws_follow(ws: ClientConnection, run_id: str, out: Tokens, deadline: float) -
 def sse_follow(base: str, tid: str, run_id: str, out: Tokens, deadline: float) -> None:
     try:
         timeout = httpx.Timeout(10, read=max(1.0, deadline - time.time()))
+        params = {"stream_mode": "messages-tuple"}
         with (
             httpx.Client(base_url=base, timeout=timeout) as client,
-            client.stream(
-                "GET",
-                f"/threads/{tid}/runs/{run_id}/stream",
-                params={"stream_mode": "messages-tuple"},
-                headers={"Last-Event-ID": "-1"},
-            ) as res,
+            open_stream(client, tid, run_id, params=params) as res,
         ):
-            eid = event = ""
-            for line in res.iter_lines():
-                if line.startswith("id: "):
-                    eid = line[4:]
-                elif line.startswith("event: "):
-                    event = line[7:]
-                elif line.startswith("data: "):
-                    now = time.time()
-                    if event == "messages":
-                        out.samples.append((now, now * 1000.0 - id_ms(eid)))
-                        out.sample_bytes = out.sample_bytes or len(line) - 6
-                    elif event in ("end", "gap"):
-                        out.end = event
-                        return
-                    eid = event = ""
+            for e in iter_sse(res.iter_lines(), heartbeats=True):
+                now = time.time()
+                if e.event == "messages":
+                    out.samples.append((now, now * 1000.0 - id_ms(e.id)))
+                    out.sample_bytes = out.sample_bytes or len(e.text)
+                elif e.event in ("end", "gap"):
+                    out.end = e.event
+                    return
                 if time.time() > deadline:
                     out.error = "deadline"
                     return
@@ -316,7 +277,7 @@ def cancel(client: httpx.Client, tid: str, run_id: str) -> None:
         )
 
 
-def measure_latency(c: ChaosCluster, rounds: int) -> dict[str, Tokens]:
+def measure_latency(c: Cluster, rounds: int) -> dict[str, Tokens]:
     r = redis.Redis.from_url(c.settings.redis_url)
     out = {"ws": Tokens(), "sse": Tokens(), "raw": Tokens()}
     try:
@@ -350,7 +311,7 @@ def measure_latency(c: ChaosCluster, rounds: int) -> dict[str, Tokens]:
     return out
 
 
-def measure_throughput(c: ChaosCluster, tokens: int, size: int) -> dict[str, Any]:
+def measure_throughput(c: Cluster, tokens: int, size: int) -> dict[str, Any]:
     log(f"streams: throughput, {tokens} tokens")
     with httpx.Client(base_url=c.url, timeout=30) as client:
         tid = new_thread(client)
@@ -464,9 +425,7 @@ class IdleHolder:
         self.thread.join(timeout=5)
 
 
-def measure_connections(
-    c: ChaosCluster, idle: int, web_pid: int, delay_ms: float
-) -> dict[str, Any]:
+def measure_connections(c: Cluster, idle: int, web_pid: int, delay_ms: float) -> dict[str, Any]:
     res: dict[str, Any] = {"idle_requested": idle, "streaming_requested": STREAMING_SOCKETS}
     streams: list[ClientConnection] = []
     holder: IdleHolder | None = None
@@ -703,11 +662,11 @@ def measure_model(
     settings: Settings, workdir: Path, model: str, args: argparse.Namespace
 ) -> ModelResult:
     """Start a cluster with this server model, measure, stop it."""
-    cluster = StreamsCluster(settings, workdir)
+    cluster = bench_cluster(settings, workdir)
     try:
         log(f"streams: {model}: starting web and worker (logs {workdir})")
-        web = cluster.start_model(model, args.threads)
-        cluster.start_worker()
+        web = start_model(cluster, model, args.threads)
+        cluster.start_worker("worker1")
         web_pid = web_worker_pid(web)
         lat = measure_latency(cluster, args.rounds)
         tput = measure_throughput(cluster, args.tokens, lat["sse"].sample_bytes or 300)
@@ -733,9 +692,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for model in args.models:
             # A sandbox per model: runs the first cluster left behind never reach the second.
-            sandbox = Sandbox(Settings())
-            tag = uuid.uuid4().hex[:10]
-            sandbox.db_name, sandbox.prefix = f"threadrun_streams_{tag}", f"trstreams:{tag}:"
+            sandbox = Sandbox(Settings(), "streams")
             log(f"streams: {model}: database {sandbox.db_name}, redis prefix {sandbox.prefix}")
             try:
                 (workdir / model).mkdir()

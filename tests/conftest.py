@@ -14,51 +14,29 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import psycopg
 import pytest
 import redis
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from pydantic import SecretStr
 
+from shared import testing
 from shared.settings import Settings
 
 DEFAULT_DB_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
-def server_dsn(db: str) -> str:
-    """The configured PostgreSQL server, with database `db`."""
-    base = os.environ.get("THREADRUN_DATABASE_URL", DEFAULT_DB_URL)
-    params = conninfo_to_dict(base)
-    params["dbname"] = db
-    return make_conninfo(**params)  # type: ignore[arg-type]
+def server_url() -> str:
+    """The configured PostgreSQL server."""
+    return os.environ.get("THREADRUN_DATABASE_URL", DEFAULT_DB_URL)
 
 
 def create_database(name: str) -> str:
-    """CREATE DATABASE `name`; return its DSN."""
-    with psycopg.connect(server_dsn("postgres"), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return server_dsn(name)
+    """CREATE DATABASE `name` on the configured server; return its DSN."""
+    return testing.create_database(server_url(), name)
 
 
 def drop_database(name: str) -> None:
     """DROP DATABASE `name` (forcing out leftover connections)."""
-    with psycopg.connect(server_dsn("postgres"), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def delete_prefix(client: redis.Redis, prefix: str) -> int:
-    """Delete every key under `prefix`."""
-    n = 0
-    batch: list[bytes] = []
-    for key in client.scan_iter(match=f"{prefix}*", count=1000):
-        batch.append(key)
-        if len(batch) >= 500:
-            n += client.delete(*batch)
-            batch.clear()
-    if batch:
-        n += client.delete(*batch)
-    return n
+    testing.drop_database(server_url(), name)
 
 
 @pytest.fixture(scope="session")
@@ -92,7 +70,7 @@ def redis_prefix(session_id: str, redis_url: str) -> Iterator[str]:
     yield prefix
     client = redis.Redis.from_url(redis_url)
     try:
-        delete_prefix(client, prefix)
+        testing.delete_prefix(client, prefix)
     finally:
         client.close()
 
@@ -130,30 +108,5 @@ def private_settings(base: Settings, redis_url: str) -> Iterator[Settings]:
     database whose lease it cannot see under its own prefix, so two clusters sharing a
     database but not a prefix would take each other's runs.
     """
-    from shared.db.migrate import migrate
-
-    tag = uuid.uuid4().hex[:10]
-    name = f"threadrun_t_{tag}"
-    dsn = create_database(name)
-    prefix = f"trt:{tag}:"
-    try:
-        s = base.model_copy(update={"database_url": SecretStr(dsn), "redis_prefix": prefix})
-        migrate(s)
+    with testing.Sandbox(base.model_copy(update={"redis_url": redis_url}), "t") as s:
         yield s
-    finally:
-        drop_database(name)
-        client = redis.Redis.from_url(redis_url)
-        try:
-            delete_prefix(client, prefix)
-        finally:
-            client.close()
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment that makes a child process use these settings."""
-    return {
-        "THREADRUN_DATABASE_URL": settings.dsn,
-        "THREADRUN_REDIS_URL": settings.redis_url,
-        "THREADRUN_REDIS_PREFIX": settings.redis_prefix,
-        "THREADRUN_DATA_DIR": str(settings.data_dir),
-    }

@@ -21,7 +21,8 @@ from app.http import (
 )
 from app.schemas import CancelQuery, JoinStreamQuery, RunCreate, RunListQuery
 from app.services import current_services
-from app.streaming.sse import event_filter, sse_body
+from app.streaming.frames import event_filter
+from app.streaming.sse import sse_body
 from shared import serde
 from shared.bridge.base import END_EVENT, Event, Gap
 from shared.runs.model import CancelAction, OnDisconnect, Run, RunStatus

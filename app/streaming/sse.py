@@ -1,46 +1,34 @@
-"""SSE framing of bridge items (A1, B6): `id:`/`event:`/`data:` lines, heartbeats, gap, end."""
+"""SSE serialisation of frames (A1, B6): `id:`/`event:`/`data:` lines, comment heartbeats."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from shared import metrics, serde
-from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat, StreamItem
+from app.streaming import frames
+from app.streaming.frames import EndFrame, EventFrame, Frame, GapFrame, HeartbeatFrame, KeepEvent
+from shared import serde
+from shared.bridge.base import StreamItem
 from shared.ops.connections import TRACKER
 
 HEARTBEAT = b": heartbeat\n\n"
 
 
-def frame(item: StreamItem) -> bytes:
-    """One SSE message."""
-    if isinstance(item, Event):
+def encode(frame: Frame) -> bytes:
+    """One SSE message; `end` is an ordinary event on this wire."""
+    if isinstance(frame, EventFrame | EndFrame):
+        item = frame.event
         return f"id: {item.id}\nevent: {item.event}\ndata: {item.data}\n\n".encode()
-    if isinstance(item, Gap):
-        metrics.gap_sent()
-        return b"event: gap\ndata: " + serde.dumps(item.payload()) + b"\n\n"
-    if isinstance(item, Heartbeat):
+    if isinstance(frame, GapFrame):
+        return b"event: gap\ndata: " + serde.dumps(frame.gap.payload()) + b"\n\n"
+    if isinstance(frame, HeartbeatFrame):
         return HEARTBEAT
-    raise TypeError(f"not a stream item: {item!r}")
-
-
-def event_filter(modes: list[str] | None) -> Callable[[Event], bool]:
-    """Keep only the requested stream modes (control events always pass)."""
-    if not modes:
-        return lambda _e: True
-    wanted = {"messages" if m == "messages-tuple" else m for m in modes}
-    control = {"metadata", "error", END_EVENT}
-
-    def keep(event: Event) -> bool:
-        base = event.event.split("|", 1)[0]
-        return base in control or base in wanted
-
-    return keep
+    raise TypeError(f"not a frame: {frame!r}")
 
 
 def sse_body(
     batches: Iterator[list[StreamItem]],
     *,
-    keep: Callable[[Event], bool] = lambda _e: True,
+    keep: KeepEvent = frames.keep_all,
     on_close: Callable[[bool], None] | None = None,
     run_id: str | None = None,
 ) -> Iterator[bytes]:
@@ -50,12 +38,9 @@ def sse_body(
     ticket = TRACKER.open("sse", run_id)
     try:
         for batch in batches:
-            chunk = b"".join(
-                frame(item) for item in batch if not isinstance(item, Event) or keep(item)
-            )
-            for item in batch:
-                if isinstance(item, Gap) or (isinstance(item, Event) and item.event == END_EVENT):
-                    ended = True
+            out = frames.from_batch(batch, keep)
+            ended = ended or any(frames.is_last(f) for f in out)
+            chunk = b"".join(encode(f) for f in out)
             if chunk:
                 yield chunk
     finally:

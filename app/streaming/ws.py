@@ -39,10 +39,11 @@ from app.http import checked_run_id, checked_thread_id, validate
 from app.limits import ConnectionSlot, LimitExceeded, TokenBucket, admit_limits, limiter
 from app.schemas import STREAM_MODES, RunCreate
 from app.services import Services, current_services
-from app.streaming.sse import event_filter
-from shared import metrics, serde
-from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat
-from shared.bridge.redis import StreamSubscriber
+from app.streaming import frames
+from app.streaming.frames import EndFrame, EventFrame, Frame, GapFrame, HeartbeatFrame
+from shared import serde
+from shared.bridge.base import END_EVENT
+from shared.bridge.subscriber import StreamSubscriber
 from shared.errors import StreamCursorInvalid, ThreadrunError, ValidationFailed
 from shared.ops.connections import TRACKER
 from shared.redis_keys import Keys
@@ -243,21 +244,24 @@ def _dump(obj: Any) -> str:
     return serde.dumps_str(obj)
 
 
-def _event_frame(run_id: str, item: Event) -> str:
-    # `item.data` is JSON the publisher encoded: splice it in instead of parse + re-encode.
-    return (
-        f'{{"type":"event","run_id":{_dump(run_id)},"id":{_dump(item.id)},'
-        f'"event":{_dump(item.event)},"data":{item.data or "null"}}}'
-    )
-
-
-def _end_frame(run_id: str, item: Event) -> str:
-    try:
-        data = serde.loads(item.data)
-    except ValueError:
-        data = None
-    status = data.get("status") if isinstance(data, dict) else None
-    return _dump({"type": "end", "run_id": run_id, "id": item.id, "status": status})
+def encode(frame: Frame, run_id: str) -> str:
+    """One WebSocket text frame of the run `run_id`."""
+    if isinstance(frame, EventFrame):
+        item = frame.event
+        # `item.data` is JSON the publisher encoded: splice it in instead of parse + re-encode.
+        return (
+            f'{{"type":"event","run_id":{_dump(run_id)},"id":{_dump(item.id)},'
+            f'"event":{_dump(item.event)},"data":{item.data or "null"}}}'
+        )
+    if isinstance(frame, EndFrame):
+        return _dump(
+            {"type": "end", "run_id": run_id, "id": frame.event.id, "status": frame.status}
+        )
+    if isinstance(frame, GapFrame):
+        return _dump({"type": "gap", **frame.gap.payload()})
+    if isinstance(frame, HeartbeatFrame):
+        return _dump({"type": "heartbeat", "run_id": run_id})
+    raise TypeError(f"not a frame: {frame!r}")
 
 
 def _poll_subscriber(svc: Services) -> tuple[StreamSubscriber, float]:
@@ -505,7 +509,7 @@ class _Session:
             # without an item, leaving the client without any answer).
             newest = self._subscriber.last_event(run_id)
             if newest is not None and newest.id == cursor and newest.event == END_EVENT:
-                self.send([_end_frame(run_id, newest)])
+                self.send([encode(EndFrame(newest), run_id)])
                 return
         self._follow(
             _Subscription(
@@ -574,7 +578,7 @@ class _Session:
     def _pump(self, sub: _Subscription) -> None:
         """Relay one run's stream to the socket until end, gap, stop or a dead socket."""
         run_id, runs = sub.run_id, self.svc.runs
-        keep = event_filter(sub.modes)
+        keep = frames.event_filter(sub.modes)
         # A generator: closed below so nothing outlives the thread.
         batches = self._subscriber.subscribe_batches(
             run_id, sub.cursor, is_terminal=lambda: runs.is_terminal(run_id)
@@ -585,22 +589,14 @@ class _Session:
             for batch in batches:
                 if sub.stop.is_set() or self.closed.is_set():
                     break
-                frames: list[str] = []
-                for item in batch:
-                    if isinstance(item, Heartbeat):
-                        if time.monotonic() - last_sent >= self._heartbeat_s - 0.05:
-                            frames.append(_dump({"type": "heartbeat", "run_id": run_id}))
-                    elif isinstance(item, Gap):
-                        sub.ended = True
-                        metrics.gap_sent()
-                        frames.append(_dump({"type": "gap", **item.payload()}))
-                    elif item.event == END_EVENT:
-                        sub.ended = True
-                        frames.append(_end_frame(run_id, item))
-                    elif keep(item):
-                        frames.append(_event_frame(run_id, item))
-                if frames:
-                    if not self.send(frames):
+                out: list[str] = []
+                for frame in frames.from_batch(batch, keep):
+                    if isinstance(frame, HeartbeatFrame) and not self._heartbeat_due(last_sent):
+                        continue
+                    sub.ended = sub.ended or frames.is_last(frame)
+                    out.append(encode(frame, run_id))
+                if out:
+                    if not self.send(out):
                         break
                     last_sent = time.monotonic()
                 if sub.ended:
@@ -619,6 +615,10 @@ class _Session:
             # Decided here, not in shutdown(): a failed send may end this thread first.
             if sub.cancel_on_disconnect and not sub.ended and self.closed.is_set():
                 self._cancel_on_disconnect(sub)
+
+    def _heartbeat_due(self, last_sent: float) -> bool:
+        """The thread polls more often than clients get heartbeats: one per quiet interval."""
+        return time.monotonic() - last_sent >= self._heartbeat_s - 0.05
 
     def _cancel_on_disconnect(self, sub: _Subscription) -> None:
         """The socket went away before the run's end: cancel it, as SSE does (R6)."""

@@ -1,13 +1,18 @@
-"""The bridge contract: what a subscriber receives, and cursor parsing (B1, B4, B5)."""
+"""The bridge contract (`StreamBridge`): what a publisher guarantees, what a subscriber receives,
+when a gap is reported, and the pure cursor and gap decisions (B1-B7)."""
 
 from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shared.errors import StreamCursorInvalid
+
+if TYPE_CHECKING:
+    from shared.bridge.publisher import PublishCall, PublishResult
 
 END_EVENT = "end"
 START_CURSORS = frozenset({"", "-1", "0", "-"})
@@ -52,6 +57,84 @@ class Gap:
 
 
 StreamItem = Event | Heartbeat | Gap
+
+
+class BridgePublisher(Protocol):
+    """The worker side of the bridge (B1-B3, L2); the guarantees are stated on `StreamBridge`."""
+
+    async def publish(self, call: PublishCall) -> PublishResult:
+        """Add one run's events; raise `LeaseLost` when the call's lease is not current."""
+        ...
+
+    async def publish_many(self, calls: list[PublishCall]) -> list[PublishResult | Exception]:
+        """Add several runs' events at once; each result or error in the order of `calls`."""
+        ...
+
+
+class BridgeSubscriber(Protocol):
+    """The web side of the bridge (B4-B7); what it yields is stated on `StreamBridge`."""
+
+    def check_cursor(self, run_id: str, last_event_id: str | None) -> str:
+        """The parsed cursor, or `StreamCursorInvalid` before any byte is sent (B4)."""
+        ...
+
+    def subscribe(
+        self, run_id: str, last_event_id: str | None = None, *, is_terminal: Callable[[], bool]
+    ) -> Iterator[StreamItem]:
+        """Events after `last_event_id`, heartbeats while idle; stops after `end` or a Gap."""
+        ...
+
+    def subscribe_batches(
+        self, run_id: str, last_event_id: str | None = None, *, is_terminal: Callable[[], bool]
+    ) -> Generator[list[StreamItem], None, None]:
+        """`subscribe`, one list per read (a relay writes each list at once)."""
+        ...
+
+    def last_event(self, run_id: str) -> Event | None:
+        """The newest retained event, if any."""
+        ...
+
+
+class StreamBridge(BridgePublisher, BridgeSubscriber, Protocol):
+    """The stream bridge contract (SPEC §4), stated once for every implementation.
+
+    The Redis bridge has its two sides in different processes, `StreamPublisher` in the
+    workers and `StreamSubscriber` in the web (each checked against its side's protocol in
+    shared/bridge/__init__.py); an in-process bridge is one object that is both.
+
+    A publisher guarantees (B1-B3, L2):
+    - only the run's current lease holder adds entries: a call whose lease value is not
+      current adds nothing and fails with `LeaseLost`;
+    - ids strictly increase within a run and stay unique across its attempts (B2); every
+      entry carries its count in the stream, so consecutive entries have consecutive counts;
+    - a retried call adds nothing twice (its `first_seq` numbers its events);
+    - retention is bounded: trimming removes only the oldest entries, keeps at least
+      `stream_maxlen` of them and remembers the newest id it removed (B3);
+    - `end` is the run's last entry; the stream then expires after `stream_ttl_after_end_s`.
+
+    A subscriber of `subscribe(run_id, last_event_id, is_terminal=...)` gets (B4-B7):
+    - cursor None, '', '-1', '0' or '-': everything retained, never a gap for what was
+      trimmed before it; '0-0': from the first event ever published (a gap if anything was
+      trimmed); another id: the events after it. A malformed id, or one beyond the last id
+      issued, raises `StreamCursorInvalid` (`check_cursor` says so before any byte is sent);
+    - the events after the cursor in order, each once, then the live ones as they come;
+    - a `Heartbeat` after every heartbeat interval without an event (B6);
+    - the `end` event (an `Event` named END_EVENT), after which the iteration stops; joining
+      at the `end` event itself stops at once (B7).
+
+    A `Gap` is yielded, exactly once and as the last item, when and only when an event the
+    subscriber would have had is gone (B5):
+    - an entry after the cursor was trimmed, or the cursor is older than the stream itself
+      (the stream was lost and re-created), or '0-0' was asked and something was trimmed;
+    - while following live, the next entry's count is not the last one's plus one;
+    - the stream does not exist and a cursor was given or the run is terminal (expired or
+      lost), or the run is terminal and the stream has stayed silent for two heartbeat
+      intervals without its `end` (lost with a publisher that gave up).
+    Its `requested_event_id` is the cursor the gap is relative to (the client's cursor on
+    replay, the last delivered id when following; None for "from the start"); the
+    `earliest_available_event_id` / `latest_available_event_id` bounds are the first
+    retained id and the last id issued, both None when the stream is gone.
+    """
 
 
 def parse_cursor(last_event_id: str | None) -> str:

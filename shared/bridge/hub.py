@@ -5,7 +5,7 @@ it, one blocking `XREAD … STREAMS k1 k2 …` on one connection serves them all
 each entry out to per-subscriber queues. A new or departing stream wakes the reader with
 `CLIENT UNBLOCK`, so it never waits out a block timeout.
 
-Exactness stays with the subscriber (shared/bridge/redis.py): entries carry the
+Exactness stays with the subscriber (shared/bridge/subscriber.py): entries carry the
 publisher's count `n`, and a subscriber that sees a jump knows something was trimmed or
 lost. A subscriber whose queue overflows (a slow client) is detached and re-reads from
 its own cursor through the gap-checked snapshot, so one slow client never slows the hub

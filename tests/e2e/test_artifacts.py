@@ -9,7 +9,8 @@ import os
 import httpx
 import pytest
 
-from tests.e2e.conftest import ALICE, BOB, Cluster
+from shared.testing import Cluster
+from tests.e2e.conftest import ALICE, BOB
 
 pytestmark = pytest.mark.e2e
 

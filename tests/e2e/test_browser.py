@@ -22,7 +22,6 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -30,9 +29,8 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 
-from shared.settings import Settings
-from tests.conftest import private_settings, settings_env
-from tests.e2e.conftest import ALICE, API_KEYS, Cluster
+from shared.testing import Cluster
+from tests.e2e.conftest import ALICE, ClusterFactory
 
 pytestmark = pytest.mark.e2e
 
@@ -85,22 +83,10 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def tiny(
-    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
+def tiny(private_cluster: ClusterFactory) -> Iterator[Cluster]:
     """Web + one worker keeping 5 events per run (B3), on its own database and Redis prefix."""
-    with private_settings(settings, redis_url) as s:
-        env = {**os.environ, **settings_env(s), "THREADRUN_API_KEYS": API_KEYS, **TINY}
-        env.pop("THREADRUN_CONFIG", None)
-        c = Cluster(s, env, tmp_path_factory.mktemp("ui-tiny-logs"))
-        try:
-            with ThreadPoolExecutor(2) as pool:  # both import the whole stack: start together
-                worker = pool.submit(c.start_worker, "ui-tiny")
-                c.start_web()
-                worker.result()
-            yield c
-        finally:
-            c.stop()
+    with private_cluster("ui-tiny", TINY) as c:
+        yield c.start(workers=["ui-tiny"])
 
 
 class Page:

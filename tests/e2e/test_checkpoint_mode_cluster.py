@@ -3,20 +3,17 @@ and a process started with another mode refuses to start against its database.""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
-from shared.settings import Settings
-from tests.conftest import private_settings, settings_env
-from tests.e2e.conftest import ALICE, API_KEYS, Cluster
+from shared.testing import Cluster, iter_sse, open_stream
+from tests.e2e.conftest import ALICE, ClusterFactory
 
 pytestmark = pytest.mark.e2e
 
@@ -24,22 +21,10 @@ DELTA = {"THREADRUN_CHECKPOINT_MODE": "delta", "THREADRUN_CHECKPOINT_SNAPSHOT_EV
 
 
 @pytest.fixture(scope="module")
-def delta(
-    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
+def delta(private_cluster: ClusterFactory) -> Iterator[Cluster]:
     """A web process and a runs worker in delta mode, on a database of their own."""
-    with private_settings(settings, redis_url) as s:
-        env = {**os.environ, **settings_env(s), "THREADRUN_API_KEYS": API_KEYS, **DELTA}
-        env.pop("THREADRUN_CONFIG", None)
-        c = Cluster(s, env, tmp_path_factory.mktemp("delta-logs"))
-        try:
-            with ThreadPoolExecutor(2) as pool:
-                worker = pool.submit(c.start_worker, "delta")
-                c.start_web()
-                worker.result()
-            yield c
-        finally:
-            c.stop()
+    with private_cluster("delta", DELTA) as c:
+        yield c.start(workers=["delta"])
 
 
 def _wait(client: httpx.Client, tid: str, text: str) -> dict[str, Any]:
@@ -72,9 +57,9 @@ def test_s4_a_delta_deployment_serves_threads(delta: Cluster) -> None:
             "config": {"configurable": {"tokens": 400, "token_delay_ms": 10}},
         }
         run = client.post(f"/threads/{tid}/runs", json=body).json()
-        with client.stream("GET", f"/threads/{tid}/runs/{run['run_id']}/stream") as live:
-            for line in live.iter_lines():
-                if line.startswith("event: values"):
+        with open_stream(client, tid, run["run_id"], last_event_id=None) as live:
+            for event in iter_sse(live.iter_lines()):
+                if event.event.startswith("values"):
                     break  # the run has written its input checkpoint
         cancel = client.post(
             f"/threads/{tid}/runs/{run['run_id']}/cancel", params={"action": "rollback", "wait": 1}

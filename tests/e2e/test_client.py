@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from pydantic import SecretStr
 
 from shared.client import (
     ConnectionInfo,
@@ -33,11 +32,11 @@ from shared.client import (
     ThreadrunClient,
     message_delta,
 )
-from shared.db.migrate import migrate
 from shared.redis_keys import Keys
 from shared.settings import Settings
-from tests.conftest import create_database, drop_database, settings_env
-from tests.e2e.conftest import ALICE, API_KEYS, Cluster
+from shared.testing import Cluster
+from tests.conftest import private_settings
+from tests.e2e.conftest import ALICE, e2e_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -243,36 +242,16 @@ def test_b9_cli_refused_request_exits_1(cluster: Cluster, transport: str) -> Non
 # --- a cluster with tiny retention (gaps) --------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny(
-    settings: Settings, session_id: str, tmp_path_factory: pytest.TempPathFactory
+    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
     """Web + one worker retaining 5 events per run, on their own database and Redis prefix."""
-    name = f"threadrun_t_{session_id}_client"
-    dsn = create_database(name)
-    try:
-        s = settings.model_copy(
-            update={
-                "database_url": SecretStr(dsn),
-                "redis_prefix": f"{settings.redis_prefix}client-tiny:",
-                "data_dir": tmp_path_factory.mktemp("client-tiny-data"),
-            }
-        )
-        migrate(s)
-        env = {
-            **os.environ,
-            **settings_env(s),
-            "THREADRUN_API_KEYS": API_KEYS,
-            "THREADRUN_STREAM_MAXLEN": "5",
-        }
-        env.pop("THREADRUN_CONFIG", None)
-        c = Cluster(s, env, tmp_path_factory.mktemp("client-tiny-logs"))
-        try:
+    with private_settings(settings, redis_url) as s:
+        s = s.model_copy(update={"data_dir": tmp_path_factory.mktemp("client-tiny-data")})
+        logs = tmp_path_factory.mktemp("client-tiny-logs")
+        with e2e_cluster(s, logs, {"THREADRUN_STREAM_MAXLEN": "5"}) as c:
             c.start_web()
             c.start_worker("client-tiny")
             yield c
-        finally:
-            c.stop()
-    finally:
-        drop_database(name)
 
 
 class AwayAfterTokens:

@@ -32,17 +32,21 @@ import pytest
 from psycopg.rows import dict_row
 from pydantic import SecretStr
 
+from shared import testing
 from shared.db.migrate import migrate
 from shared.runs.model import TERMINAL_STATUSES
 from shared.settings import Settings
-from tests.conftest import create_database, drop_database, settings_env
-from tests.e2e.conftest import ALICE, API_KEYS, FAST_LEASES, Cluster
+from shared.testing import Cluster, SseEvent, iter_sse, open_stream, read_stream
+from tests.conftest import create_database, drop_database
+from tests.e2e.conftest import ALICE, FAST_LEASES, e2e_cluster
 from tests.e2e.faults import PrivatePostgres, PrivateRedis, private_servers
 
 pytestmark = pytest.mark.e2e
 
 FAST = {**FAST_LEASES, "THREADRUN_SHUTDOWN_GRACE_S": "1"}
 STREAM_MODES = ["messages-tuple", "values"]
+SERVICE_ERRORS = (httpx.HTTPError, psycopg.OperationalError)
+"""What a check may raise while a restarted service comes back."""
 
 # --------------------------------------------------------------------------------------
 # helpers
@@ -71,58 +75,14 @@ def running_cluster(
 ) -> Iterator[Cluster]:
     """Web and runs-worker processes with short leases, started side by side; all of them
     stopped at the end, also on failure."""
-    full = {**os.environ, **settings_env(settings), "THREADRUN_API_KEYS": API_KEYS, **FAST}
-    full.update(env or {})
-    full.pop("THREADRUN_CONFIG", None)
-    c = Cluster(settings, full, logs)
-    starter = ThreadPoolExecutor(max(1, workers))
-    try:
-        booting = [starter.submit(c.start_worker, f"w{i + 1}", 4) for i in range(workers)]
-        for _ in range(webs):
-            c.start_web()
-        for fut in booting:
-            fut.result()
-        yield c
-    finally:
-        starter.shutdown(wait=True)
-        stop_all(c)
-
-
-def stop_all(c: Cluster, timeout: float = 15) -> None:
-    """SIGTERM every process at once, then wait; SIGKILL what is still there."""
-    for proc in c.procs:
-        if proc.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.popen.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for proc in c.procs:
-        try:
-            proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.popen.kill()
-            proc.popen.wait(timeout=5)
-
-
-def logs_of(c: Cluster, n: int = 30, only: str = "") -> str:
-    """The last `n` lines of each process's log (of those whose name starts with `only`)."""
-    return "\n".join(f"--- {p.name} ---\n{p.tail(n)}" for p in c.procs if p.name.startswith(only))
+    with e2e_cluster(settings, logs, {**FAST, **(env or {})}) as c:
+        yield c.start(webs=webs, workers=[f"w{i + 1}" for i in range(workers)], concurrency=4)
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str, c: Cluster | None = None) -> Any:
-    end = time.monotonic() + timeout
-    last_exc: Exception | None = None
-    while time.monotonic() < end:
-        try:
-            value = check()
-        except (httpx.HTTPError, psycopg.OperationalError) as exc:  # a service coming back
-            last_exc, value = exc, None
-        if value:
-            return value
-        time.sleep(0.1)
-    detail = f" (last error: {last_exc!r})" if last_exc else ""
-    raise AssertionError(
-        f"timed out after {timeout} s waiting for {what}{detail}\n{logs_of(c) if c else ''}"
-    )
+    """`shared.testing.wait_for` through a service restart, with the cluster's logs on timeout."""
+    detail = c.tails if c is not None else None
+    return testing.wait_for(check, timeout, what=what, retry_on=SERVICE_ERRORS, detail=detail)
 
 
 def sql(dsn: str, query: str, params: Any = ()) -> list[dict[str, Any]]:
@@ -161,48 +121,6 @@ def running_run(
     run_id = str(res.json()["run_id"])
     wait_for(lambda: run_row(dsn, run_id)["status"] == "running", 20, "the run to start", c)
     return tid, run_id
-
-
-def sse_items(res: httpx.Response) -> Iterator[tuple[str, str, str]]:
-    """(id, event, data) of an SSE response; control events without an id get ''."""
-    eid = event = ""
-    for line in res.iter_lines():
-        if line.startswith("id: "):
-            eid = line[4:]
-        elif line.startswith("event: "):
-            event = line[7:]
-        elif line.startswith("data: "):
-            yield eid, event, line[6:]
-            eid = event = ""
-
-
-def read_stream(
-    client: httpx.Client, tid: str, run_id: str, last_event_id: str = "-1", within: float = 20
-) -> list[tuple[str, str, str]]:
-    """Join the run's stream after `last_event_id` and read it to its end (end, gap or close);
-    fail if it is still open after `within` seconds (idle streams carry a heartbeat every 5 s,
-    so the deadline is checked even when no event comes)."""
-    items: list[tuple[str, str, str]] = []
-    deadline = time.monotonic() + within
-    with client.stream(
-        "GET", f"/threads/{tid}/runs/{run_id}/stream", headers={"Last-Event-ID": last_event_id}
-    ) as res:
-        assert res.status_code == 200, res.read()
-        eid = event = ""
-        for line in res.iter_lines():
-            if line.startswith("id: "):
-                eid = line[4:]
-            elif line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: "):
-                items.append((eid, event, line[6:]))
-                eid = event = ""
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"the stream of run {run_id} is still open after {within} s "
-                    f"(last events: {[i[1] for i in items[-3:]]}, now only heartbeats)"
-                )
-    return items
 
 
 def run_row(dsn: str, run_id: str) -> dict[str, Any]:
@@ -244,12 +162,12 @@ def assert_nothing_inflight(dsn: str) -> None:
     assert stuck == [], stuck
 
 
-def assert_single_end(events: list[tuple[str, str, str]], status: str) -> None:
+def assert_single_end(events: list[SseEvent], status: str) -> None:
     """One `end`, last, naming the committed status; ids strictly increasing (B2)."""
-    names = [e[1] for e in events]
+    names = [e.event for e in events]
     assert names.count("end") == 1 and names[-1] == "end", names[-5:]
-    assert json.loads(events[-1][2])["status"] == status
-    ids = [tuple(map(int, e[0].split("-"))) for e in events if e[0]]
+    assert events[-1].data["status"] == status
+    ids = [tuple(map(int, e.id.split("-"))) for e in events if e.id]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
 
 
@@ -297,7 +215,7 @@ def test_redis_restart_mid_run_recovers(
             run_id = res.json()["run_id"]
 
             # A live follower, connected through the fault.
-            follower: list[tuple[str, str, str]] = []
+            follower: list[SseEvent] = []
             follower_error: list[BaseException] = []
 
             def follow() -> None:
@@ -311,14 +229,12 @@ def test_redis_restart_mid_run_recovers(
             fut = pool.submit(follow)
             # A cursor inside the stream that Redis will lose.
             cursor = ""
-            with client.stream(
-                "GET", f"/threads/{tid}/runs/{run_id}/stream", headers={"Last-Event-ID": "-1"}
-            ) as live:
+            with open_stream(client, tid, run_id) as live:
                 seen = 0
-                for eid, event, _ in sse_items(live):
-                    if event == "messages":
+                for e in iter_sse(live.iter_lines()):
+                    if e.event == "messages":
                         seen += 1
-                        cursor = eid
+                        cursor = e.id
                     if seen >= 10:
                         break
             assert cursor
@@ -331,8 +247,8 @@ def test_redis_restart_mid_run_recovers(
 
             # B5/B9: the rejoin gets exactly one gap, then the thread's durable state.
             rejoin = read_stream(client, tid, run_id, last_event_id=cursor)
-            assert [e[1] for e in rejoin] == ["gap"], (rejoin, logs_of(c))
-            gap = json.loads(rejoin[0][2])
+            assert [e.event for e in rejoin] == ["gap"], (rejoin, c.tails())
+            gap = rejoin[0].data
             assert gap["code"] == "stream_replay_gap" and gap["requested_event_id"] == cursor
             assert gap["recovery"] == "reload_durable_state"
             state = client.get(f"/threads/{tid}/state")
@@ -347,7 +263,7 @@ def test_redis_restart_mid_run_recovers(
                 f"/threads/{tid2}/runs/wait", json=run_body("after the fault"), timeout=60
             )
             assert after.status_code == 200, after.text
-            assert after.json()["messages"][-1]["type"] == "ai", (after.json(), logs_of(c))
+            assert after.json()["messages"][-1]["type"] == "ai", (after.json(), c.tails())
 
             # The victim settles: never stuck.
             status = wait_for(lambda: terminal_status(dsn, run_id), 60, "the victim to settle", c)
@@ -362,14 +278,14 @@ def test_redis_restart_mid_run_recovers(
             assert assert_one_outcome(dsn, run_id) == status
             events = read_stream(client, tid, run_id)
             assert_single_end(events, status)
-            metas = [json.loads(e[2])["attempt"] for e in events if e[1] == "metadata"]
+            metas = [e.data["attempt"] for e in events if e.event == "metadata"]
             assert metas and min(metas) >= 2  # attempt 1's events were lost with Redis
 
             # The follower never silently skipped the lost events: it ended with a gap (or the
             # connection broke), and never took events of the next attempt without a gap first.
             fut.result(timeout=45)
             pool.shutdown()
-            names = [e[1] for e in follower]
+            names = [e.event for e in follower]
             if follower_error:
                 assert isinstance(follower_error[0], httpx.HTTPError), follower_error
                 assert "gap" not in names
@@ -377,7 +293,7 @@ def test_redis_restart_mid_run_recovers(
                 assert names and names[-1] in ("gap", "end"), names
             first_gap = names.index("gap") if "gap" in names else len(names)
             assert all(
-                json.loads(d)["attempt"] == 1 for _, e, d in follower[:first_gap] if e == "metadata"
+                e.data["attempt"] == 1 for e in follower[:first_gap] if e.event == "metadata"
             )
 
             # Nothing committed before the fault was lost; nothing left inflight.
@@ -677,21 +593,19 @@ def test_r5_cancel_from_the_other_web_process(duo: tuple[Cluster, str]) -> None:
         res = web0.post(f"/threads/{tid}/runs", json=run_body("stop me", tokens=400, delay_ms=20))
         assert res.status_code == 200, res.text
         run_id = res.json()["run_id"]
-        got: list[tuple[str, str, str]] = []
+        got: list[SseEvent] = []
         started = threading.Event()
 
         def follow() -> None:
-            with web0.stream(
-                "GET", f"/threads/{tid}/runs/{run_id}/stream", headers={"Last-Event-ID": "-1"}
-            ) as live:
-                for item in sse_items(live):
+            with open_stream(web0, tid, run_id) as live:
+                for item in iter_sse(live.iter_lines()):
                     got.append(item)
-                    if sum(1 for e in got if e[1] == "messages") >= 5:
+                    if sum(1 for e in got if e.event == "messages") >= 5:
                         started.set()
 
         pool = ThreadPoolExecutor(1)
         fut = pool.submit(follow)
-        assert started.wait(30), logs_of(c)
+        assert started.wait(30), c.tails()
         t0 = time.monotonic()
         cancel = web1.post(
             f"/threads/{tid}/runs/{run_id}/cancel",
@@ -707,7 +621,7 @@ def test_r5_cancel_from_the_other_web_process(duo: tuple[Cluster, str]) -> None:
         pool.shutdown()
         assert_single_end(got, "interrupted")
         assert assert_one_outcome(dsn, run_id) == "interrupted"
-        assert sum(1 for e in got if e[1] == "messages") < 400  # stopped early
+        assert sum(1 for e in got if e.event == "messages") < 400  # stopped early
         # Progress kept (R5), thread usable again.
         assert humans(web1.get(f"/threads/{tid}/state").json()) == ["stop me"]
         again = web1.post(f"/threads/{tid}/runs/wait", json=run_body("again"))
@@ -775,7 +689,7 @@ def test_l1_j5_slow_terminal_write_keeps_the_lease_and_ends_the_stream(
     with api(c.urls[0]) as web0, api(c.urls[1]) as web1:
         tid, run_id = running_run(c, dsn, web0, "slow", tokens=100, delay_ms=15)
         pool = ThreadPoolExecutor(1)
-        fut = pool.submit(read_stream, web1, tid, run_id, "-1", 25)
+        fut = pool.submit(read_stream, web1, tid, run_id, within=25)
         blocker = psycopg.connect(dsn)  # a transaction: the row lock lasts until rollback
         try:
             # FOR NO KEY UPDATE blocks UPDATEs of the row (the terminal write, a requeue), not
@@ -806,7 +720,7 @@ def test_r5_rollback_survives_the_owner_dying(duo: tuple[Cluster, str]) -> None:
     with api(c.urls[0]) as web0, api(c.urls[1]) as web1:
         tid, before, _, run_id = run_to_undo(c, dsn, web0)
         pid = int(run_row(dsn, run_id)["owner"].split(":")[1])
-        victim = next(p for p in c.procs if p.popen.pid == pid)
+        victim = c.process(pid)
         os.kill(pid, signal.SIGSTOP)
         cancel = web1.post(
             f"/threads/{tid}/runs/{run_id}/cancel", params={"action": "rollback"}, timeout=30
@@ -835,10 +749,10 @@ def test_l5_max_attempts_exhausted_run_ends_its_stream(duo: tuple[Cluster, str])
     with api(c.urls[0]) as web0, api(c.urls[1]) as web1:
         tid, run_id = running_run(c, dsn, web0, "die", tokens=400, delay_ms=20)
         pool = ThreadPoolExecutor(1)
-        fut = pool.submit(read_stream, web1, tid, run_id, "-1", 18)
+        fut = pool.submit(read_stream, web1, tid, run_id, within=18)
         time.sleep(1.0)  # the follower is live, tokens are flowing
         pid = int(run_row(dsn, run_id)["owner"].split(":")[1])
-        victim = next(p for p in c.procs if p.popen.pid == pid)
+        victim = c.process(pid)
         os.kill(pid, signal.SIGKILL)
         victim.popen.wait(timeout=10)
         status = wait_for(lambda: terminal_status(dsn, run_id), 20, "the reaper to end it", c)
@@ -875,7 +789,7 @@ def test_b6_a_queued_runs_stream_carries_heartbeats_until_it_runs(
             )
             assert ahead.status_code == 200, ahead.text
             heartbeats = 0
-            items: list[tuple[str, str]] = []
+            items: list[SseEvent] = []
             t0 = time.monotonic()
             try:
                 with client.stream(
@@ -885,22 +799,19 @@ def test_b6_a_queued_runs_stream_carries_heartbeats_until_it_runs(
                         live.read()
                         raise AssertionError(
                             f"POST /runs/stream of the queued run answered {live.status_code} "
-                            f"after {time.monotonic() - t0:.1f} s\n{logs_of(c, 12, only='web')}"
+                            f"after {time.monotonic() - t0:.1f} s\n{c.tails(12, only='web')}"
                         )
-                    event = ""
-                    for line in live.iter_lines():
-                        if line.startswith(": heartbeat"):
+                    for e in iter_sse(live.iter_lines(), heartbeats=True):
+                        if e.heartbeat:
                             heartbeats += 1
-                        elif line.startswith("event: "):
-                            event = line[7:]
-                        elif line.startswith("data: "):
-                            items.append((event, line[6:]))
+                        else:
+                            items.append(e)
             except httpx.HTTPError as exc:
                 raise AssertionError(
                     f"the stream of the queued run broke after {time.monotonic() - t0:.1f} s "
-                    f"({exc!r}); received {items[:3]}, {heartbeats} heartbeats\n{logs_of(c, 12, only='web')}"
+                    f"({exc!r}); received {items[:3]}, {heartbeats} heartbeats\n{c.tails(12, only='web')}"
                 ) from exc
-            names = [e for e, _ in items]
+            names = [e.event for e in items]
             assert heartbeats >= 1 and names and names[0] == "metadata", (heartbeats, names[:3])
-            assert names[-1] == "end" and json.loads(items[-1][1])["status"] == "success"
+            assert names[-1] == "end" and items[-1].data["status"] == "success"
             assert_nothing_inflight(dsn)

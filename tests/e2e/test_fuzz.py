@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +30,8 @@ from schemathesis.specs.openapi.checks import (
 )
 from simple_websocket import ConnectionClosed
 
-from shared.settings import Settings
-from tests.conftest import private_settings, settings_env
-from tests.e2e.conftest import Cluster
+from shared.testing import Cluster
+from tests.e2e.conftest import ClusterFactory
 
 pytestmark = pytest.mark.e2e
 
@@ -83,25 +79,10 @@ class Committed:
 
 
 @pytest.fixture(scope="module")
-def fz(
-    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
+def fz(private_cluster: ClusterFactory) -> Iterator[Cluster]:
     """Web + one worker, own database and prefix."""
-    with private_settings(settings, redis_url) as s:
-        env = {**os.environ, **settings_env(s), **ENV}
-        env.pop("THREADRUN_CONFIG", None)
-        c = Cluster(s, env, tmp_path_factory.mktemp("fuzz-logs"))
-        try:
-            with ThreadPoolExecutor(2) as pool:
-                worker = pool.submit(c.start_worker, "fuzz", 4)
-                c.start_web()
-                worker.result()
-            yield c
-        finally:
-            for proc in c.procs:
-                if proc.popen.poll() is None:
-                    proc.popen.send_signal(signal.SIGTERM)
-            c.stop()
+    with private_cluster("fuzz", ENV) as c:
+        yield c.start(workers=["fuzz"], concurrency=4)
 
 
 def _run(url: str, key: str, text: str) -> tuple[str, str]:
@@ -357,4 +338,4 @@ def test_g3_committed_data_intact_after_hostile_traffic(fz: Cluster, committed: 
     new = {r["run_id"]: r for r in after[first]["runs"]}
     assert set(new) - set(old) == {committed.owner_threads[-1][1]}
     assert all(new[rid] == run for rid, run in old.items())
-    assert not fz.procs[0].popen.poll(), "the web process died"
+    assert next(p for p in fz.procs if p.role == "web").alive(), "the web process died"

@@ -24,7 +24,8 @@ from flask import Flask
 from pydantic import SecretStr
 
 from app import create_app
-from tests.e2e.conftest import ALICE, API_KEYS, BOB, Cluster
+from shared.testing import Cluster
+from tests.e2e.conftest import ALICE, API_KEYS, BOB
 
 pytestmark = pytest.mark.e2e
 

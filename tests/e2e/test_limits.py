@@ -9,10 +9,8 @@ import base64
 import contextlib
 import json
 import os
-import signal
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -20,9 +18,8 @@ import pytest
 import simple_websocket
 from simple_websocket import ConnectionClosed
 
-from shared.settings import Settings
-from tests.conftest import private_settings, settings_env
-from tests.e2e.conftest import Cluster
+from shared.testing import Cluster
+from tests.e2e.conftest import ClusterFactory
 
 pytestmark = pytest.mark.e2e
 
@@ -50,25 +47,10 @@ SLOW = {"configurable": {"tokens": 400, "token_delay_ms": 100}}  # ~40 s unless 
 
 
 @pytest.fixture(scope="module")
-def lim(
-    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
+def lim(private_cluster: ClusterFactory) -> Iterator[Cluster]:
     """Web + one worker with tiny limits, own database and prefix."""
-    with private_settings(settings, redis_url) as s:
-        env = {**os.environ, **settings_env(s), **LIMITS}
-        env.pop("THREADRUN_CONFIG", None)
-        c = Cluster(s, env, tmp_path_factory.mktemp("limits-logs"))
-        try:
-            with ThreadPoolExecutor(2) as pool:
-                worker = pool.submit(c.start_worker, "limits", 4)
-                c.start_web()
-                worker.result()
-            yield c
-        finally:
-            for proc in c.procs:
-                if proc.popen.poll() is None:
-                    proc.popen.send_signal(signal.SIGTERM)
-            c.stop()
+    with private_cluster("limits", LIMITS) as c:
+        yield c.start(workers=["limits"], concurrency=4)
 
 
 def h(user: str, **extra: str) -> dict[str, str]:

@@ -9,9 +9,6 @@ next run still sees the summary.
 from __future__ import annotations
 
 import hashlib
-import os
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,9 +17,8 @@ import httpx
 import pytest
 
 from shared.agent.middleware.durable_context import context_block
-from shared.settings import Settings
-from tests.conftest import private_settings, settings_env
-from tests.e2e.conftest import ALICE, API_KEYS, BOB, Cluster
+from shared.testing import Cluster, wait_for
+from tests.e2e.conftest import ALICE, BOB, ClusterFactory
 
 pytestmark = pytest.mark.e2e
 
@@ -34,29 +30,13 @@ MEMORY_ENV = {
 
 
 @pytest.fixture(scope="module")
-def mc(
-    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
+def mc(private_cluster: ClusterFactory) -> Iterator[Cluster]:
     """Web + runs worker + memory worker on a private database and prefix."""
-    with private_settings(settings, redis_url) as s:
-        env = {**os.environ, **settings_env(s), "THREADRUN_API_KEYS": API_KEYS, **MEMORY_ENV}
-        env.pop("THREADRUN_CONFIG", None)
-        c = Cluster(s, env, tmp_path_factory.mktemp("memory-e2e"))
-        try:
-            c.start_web()
-            c.start_worker("runs", concurrency=4)
-            memory = c._spawn(
-                "memory",
-                [
-                    sys.executable, "-m", "celery", "-A", "workers.celery_app:celery", "worker",
-                    "-Q", "memory", "-P", "threads", "-c", "2", "-n", f"memory-{os.getpid()}@%h",
-                    "--without-gossip", "--without-mingle", "-l", "info",
-                ],
-            )  # fmt: skip
-            c._wait_log(memory, "memory drain started")
-            yield c
-        finally:
-            c.stop()
+    with private_cluster("memory-e2e", MEMORY_ENV) as c:
+        c.start_web()
+        c.start_worker("runs", concurrency=4)
+        c.start_worker("memory", 2, queues="memory", ready="memory drain started")
+        yield c
 
 
 def api(c: Cluster, key: str) -> httpx.Client:
@@ -85,16 +65,6 @@ def state(client: httpx.Client, tid: str) -> dict[str, Any]:
     return dict(r.json())
 
 
-def wait_for(check: Any, timeout: float, what: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def report(c: Cluster, tid: str) -> str:
     return (Path(c.settings.data_dir) / "workspaces" / tid / "outputs" / "report.md").read_text()
 
@@ -117,7 +87,7 @@ def test_m1_m6_preference_remembered_across_threads_for_its_user_only(mc: Cluste
     def alice_facts() -> list[dict[str, Any]]:
         return list(alice.get("/memory/facts").json()["facts"])
 
-    (fact,) = wait_for(alice_facts, 30, "the memory worker to store the preference")
+    (fact,) = wait_for(alice_facts, 30, what="the memory worker to store the preference")
     assert fact["content"] == PREFERENCE and fact["category"] == "preference"
     assert fact["source_thread_id"] == t1
 

@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psycopg
@@ -26,8 +25,8 @@ from shared.db import make_pool
 from shared.runs.model import TERMINAL_STATUSES
 from shared.runs.store import RunStore
 from shared.settings import Settings
-from tests.conftest import private_settings, settings_env
-from tests.e2e.conftest import ALICE, API_KEYS, FAST_LEASES, Cluster, Proc, free_port
+from shared.testing import Cluster, free_port, settings_env, wait_for
+from tests.e2e.conftest import ALICE, API_KEYS, FAST_LEASES, ClusterFactory
 
 pytestmark = pytest.mark.e2e
 
@@ -53,55 +52,24 @@ CONTRACT = {
 
 @pytest.fixture(scope="module")
 def ops_cluster(
-    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    private_cluster: ClusterFactory, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
     """Web + one worker on both queues, with an ops key and JSON logs."""
-    with private_settings(settings, redis_url) as s:
-        env = {
-            **os.environ,
-            **settings_env(s),
-            **FAST_LEASES,
-            "THREADRUN_API_KEYS": f"{API_KEYS},{OPS}:ops-user:ops",
-            "THREADRUN_LOG_FORMAT": "json",
-            "THREADRUN_METRICS_DIR": str(tmp_path_factory.mktemp("prom")),
-            "THREADRUN_OPS_REPORT_S": "0.5",
-            "THREADRUN_OPS_INSPECT_CACHE_S": "0",
-            "THREADRUN_FLOWER_BASIC_AUTH": FLOWER_AUTH,
-            "THREADRUN_WORKER_METRICS_PORT": str(free_port()),
-        }
-        env.pop("THREADRUN_CONFIG", None)
-        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-        c = Cluster(s, env, tmp_path_factory.mktemp("ops-logs"))
-        try:
-            c.start_web()
-            worker = c._spawn("worker", worker_argv("ops", "runs,memory"))
-            c._wait_log(worker, "ready.")
-            yield c
-        finally:
-            c.stop()
-
-
-def worker_argv(name: str, queues: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers.celery_app:celery",
-        "worker",
-        "-Q",
-        queues,
-        "-P",
-        "threads",
-        "-c",
-        "8",
-        "-n",
-        f"{name}-{os.getpid()}@%h",
-        "--without-gossip",
-        "--without-mingle",
-        "-l",
-        "info",
-    ]
+    env = {
+        **FAST_LEASES,
+        "THREADRUN_API_KEYS": f"{API_KEYS},{OPS}:ops-user:ops",
+        "THREADRUN_LOG_FORMAT": "json",
+        "THREADRUN_METRICS_DIR": str(tmp_path_factory.mktemp("prom")),
+        "THREADRUN_OPS_REPORT_S": "0.5",
+        "THREADRUN_OPS_INSPECT_CACHE_S": "0",
+        "THREADRUN_FLOWER_BASIC_AUTH": FLOWER_AUTH,
+        "THREADRUN_WORKER_METRICS_PORT": str(free_port()),
+    }
+    with private_cluster("ops", env) as c:
+        c.env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # its own THREADRUN_METRICS_DIR instead
+        c.start_web()
+        c.start_worker("ops", queues="runs,memory")
+        yield c
 
 
 @pytest.fixture(scope="module")
@@ -114,16 +82,6 @@ def store(ops_cluster: Cluster) -> Iterator[RunStore]:
 def client(c: Cluster, key: str | None = OPS) -> httpx.Client:
     headers = {"x-api-key": key} if key else {}
     return httpx.Client(base_url=c.url, headers=headers, timeout=30)
-
-
-def wait_for(check: Any, timeout: float, what: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def new_run(c: Cluster, tokens: int = 5, delay_ms: int = 0, thread: str | None = None) -> dict:
@@ -144,7 +102,7 @@ def wait_status(store: RunStore, run_id: str, statuses: frozenset[str] = TERMINA
         wait_for(
             lambda: (store.run_status(run_id) in statuses) and store.run_status(run_id),
             30,
-            f"run {run_id} to reach {sorted(statuses)}",
+            what=f"run {run_id} to reach {sorted(statuses)}",
         )
     )
 
@@ -237,7 +195,7 @@ def test_inflight_run_lease_stream_and_sse_subscriber(
                 ok = o["connections"]["open"]["sse"] >= 1 and stream and stream["subscribers"] >= 1
                 return o if ok else None
 
-            o = wait_for(seen, 10, "the SSE connection in the ops view")
+            o = wait_for(seen, 10, what="the SSE connection in the ops view")
         mine = next(r for r in o["runs"]["inflight"] if r["run_id"] == rid)
         assert mine["status"] == "running" and mine["user_id"] == "alice"
         assert mine["owner"].count(":") == 2 and mine["attempt"] == 1
@@ -323,7 +281,7 @@ def test_requeue_of_a_run_whose_owner_froze(ops_cluster: Cluster, store: RunStor
                 mine = next((r for r in o["runs"] if r["run_id"] == rid), None)
                 return o if mine and mine["lease_expired"] and o["summary"]["stuck"] else None
 
-            wait_for(stuck, 15, "the run to show as stuck")
+            wait_for(stuck, 15, what="the run to show as stuck")
             res = ops.post(f"/ops/api/runs/{rid}/requeue", json={"reason": "owner frozen"})
             assert res.status_code == 200, res.text
             assert res.json()["outcome"] == "requeued"
@@ -417,7 +375,7 @@ def test_worker_logs_are_json_with_run_identities(ops_cluster: Cluster, store: R
     """log_format=json: one JSON object per line; a run's lines carry its ids and the worker id."""
     run = new_run(ops_cluster, tokens=3)
     wait_status(store, run["run_id"])
-    worker = next(p for p in ops_cluster.procs if p.name == "worker")
+    worker = next(p for p in ops_cluster.procs if p.role == "worker")
     records = []
     for line in worker.log.read_text().splitlines():
         if line.startswith("{"):
@@ -435,14 +393,7 @@ def test_flower_sees_our_workers_with_auth(ops_cluster: Cluster) -> None:
 
     port = free_port()
     flower = Settings(flower_port=port, flower_basic_auth=FLOWER_AUTH)  # type: ignore[arg-type]
-    env = {**ops_cluster.env, **flower_env(flower)}
-    proc = subprocess.Popen(
-        list(flower_spec(flower).argv),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        cwd=Path(__file__).parents[2],
-    )
+    proc = ops_cluster.spawn("flower", list(flower_spec(flower).argv), flower_env(flower))
     try:
         url = f"http://127.0.0.1:{port}"
         started = time.monotonic()
@@ -453,7 +404,7 @@ def test_flower_sees_our_workers_with_auth(ops_cluster: Cluster) -> None:
             except httpx.HTTPError:
                 return False
 
-        wait_for(up, 10, "flower to start")
+        wait_for(up, 10, what="flower to start")
         assert time.monotonic() - started < 10
         assert httpx.get(f"{url}/api/workers", timeout=5).status_code == 401
         auth = tuple(FLOWER_AUTH.split(":"))
@@ -466,9 +417,9 @@ def test_flower_sees_our_workers_with_auth(ops_cluster: Cluster) -> None:
                     return sorted(q["name"] for q in info["active_queues"])
             return None
 
-        assert wait_for(queues, 10, "flower to list the worker") == ["memory", "runs"]
+        assert wait_for(queues, 10, what="flower to list the worker") == ["memory", "runs"]
     finally:
-        Proc("flower", proc, Path(os.devnull)).stop()
+        proc.stop()
 
 
 def test_ops_page_draws_live_figures_and_cancels(ops_cluster: Cluster, store: RunStore) -> None:

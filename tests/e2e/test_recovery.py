@@ -11,7 +11,6 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
@@ -21,9 +20,8 @@ from shared.db import make_pool
 from shared.redis_keys import Keys
 from shared.runs.model import TERMINAL_STATUSES, MultitaskStrategy, RunRequest
 from shared.runs.store import RunStore
-from shared.settings import Settings
-from tests.conftest import private_settings, settings_env
-from tests.e2e.conftest import ALICE, API_KEYS, FAST_LEASES, Cluster
+from shared.testing import Cluster, read_stream, wait_for
+from tests.e2e.conftest import ALICE, FAST_LEASES, ClusterFactory
 
 pytestmark = pytest.mark.e2e
 
@@ -31,21 +29,13 @@ FAST = FAST_LEASES
 
 
 @pytest.fixture(scope="module")
-def fast(
-    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
+def fast(private_cluster: ClusterFactory) -> Iterator[Cluster]:
     """Web + two workers with short leases on their own database and Redis prefix."""
-    with private_settings(settings, redis_url) as s:
-        env = {**os.environ, **settings_env(s), "THREADRUN_API_KEYS": API_KEYS, **FAST}
-        env.pop("THREADRUN_CONFIG", None)
-        c = Cluster(s, env, tmp_path_factory.mktemp("recovery-logs"))
-        try:
-            c.start_web()
-            c.start_worker("w1")
-            c.start_worker("w2")
-            yield c
-        finally:
-            c.stop()
+    with private_cluster("recovery", FAST) as c:
+        c.start_web()
+        c.start_worker("w1")
+        c.start_worker("w2")
+        yield c
 
 
 @pytest.fixture(scope="module")
@@ -59,16 +49,6 @@ def api(c: Cluster) -> httpx.Client:
     return httpx.Client(base_url=c.url, headers={"x-api-key": ALICE}, timeout=30)
 
 
-def wait_for(check: Any, timeout: float, what: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def slow_run(client: httpx.Client, tid: str, tokens: int = 120, delay_ms: int = 25) -> str:
     body = {
         "assistant_id": "lead_agent",
@@ -79,29 +59,12 @@ def slow_run(client: httpx.Client, tid: str, tokens: int = 120, delay_ms: int = 
     return str(client.post(f"/threads/{tid}/runs", json=body).json()["run_id"])
 
 
-def sse_events(client: httpx.Client, tid: str, run_id: str) -> list[tuple[str, str, str]]:
-    """(id, event, data) of the whole retained stream, to the end."""
-    out: list[tuple[str, str, str]] = []
-    with client.stream(
-        "GET", f"/threads/{tid}/runs/{run_id}/stream", headers={"Last-Event-ID": "-1"}
-    ) as res:
-        eid = event = ""
-        for line in res.iter_lines():
-            if line.startswith("id: "):
-                eid = line[4:]
-            elif line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: "):
-                out.append((eid, event, line[6:]))
-    return out
-
-
 def wait_published(c: Cluster, run_id: str, n: int = 3) -> None:
     """Wait until the first attempt has published `n` events (its metadata among them)."""
     client = redis.Redis.from_url(c.settings.redis_url)
     try:
         key = Keys(c.settings.redis_prefix).stream(run_id)
-        wait_for(lambda: client.xlen(key) >= n, 20, "the first events")
+        wait_for(lambda: client.xlen(key) >= n, 20, what="the first events")
     finally:
         client.close()
 
@@ -134,7 +97,7 @@ def test_r4_lost_dispatch_is_redispatched_by_the_reaper(fast: Cluster, store: Ru
     status = wait_for(
         lambda: (store.run_status(run_id) in TERMINAL_STATUSES) and store.run_status(run_id),
         20,
-        "the reaper to dispatch the run",
+        what="the reaper to dispatch the run",
     )
     assert status == "success"
 
@@ -144,28 +107,28 @@ def test_l4_l5_killed_owner_run_resumes_on_another_worker(fast: Cluster, store: 
     with api(fast) as client:
         tid = client.post("/threads", json={}).json()["thread_id"]
         run_id = slow_run(client, tid)
-        wait_for(lambda: store.run_status(run_id) == "running", 15, "the run to start")
+        wait_for(lambda: store.run_status(run_id) == "running", 15, what="the run to start")
         wait_published(fast, run_id)
         pid = owner_pid(store, run_id)
-        victim = next(p for p in fast.procs if p.popen.pid == pid)
+        victim = fast.process(pid)
         t_kill = time.monotonic()
         os.kill(pid, signal.SIGKILL)
         victim.popen.wait(timeout=10)
         wait_for(
             lambda: store.run_status(run_id) in TERMINAL_STATUSES,
             60,
-            "the run to finish on the other worker",
+            what="the run to finish on the other worker",
         )
         recovered_s = time.monotonic() - t_kill
         row = client.get(f"/threads/{tid}/runs/{run_id}").json()
         assert row["status"] == "success" and row["attempt"] == 2, row
-        events = sse_events(client, tid, run_id)
-        metas = [e for e in events if e[1] == "metadata"]
-        assert [m[2].count('"attempt":') for m in metas] == [1, 1]
-        assert '"attempt":1' in metas[0][2] and '"attempt":2' in metas[1][2]
-        ids = [tuple(map(int, e[0].split("-"))) for e in events]
+        events = read_stream(client, tid, run_id)
+        metas = [e for e in events if e.event == "metadata"]
+        assert [m.text.count('"attempt":') for m in metas] == [1, 1]
+        assert '"attempt":1' in metas[0].text and '"attempt":2' in metas[1].text
+        ids = [tuple(map(int, e.id.split("-"))) for e in events]
         assert ids == sorted(ids) and len(set(ids)) == len(ids)  # B2 across attempts
-        assert [e[1] for e in events].count("end") == 1
+        assert [e.event for e in events].count("end") == 1
         state = client.get(f"/threads/{tid}/state").json()
         assert [m["type"] for m in state["values"]["messages"]] == ["human", "ai"]
         kinds = [e["type"] for e in store.run_events(run_id) if e["category"] == "lifecycle"]
@@ -182,7 +145,7 @@ def test_l2_frozen_owner_is_fenced_when_it_wakes(fast: Cluster, store: RunStore)
     with api(fast) as client:
         tid = client.post("/threads", json={}).json()["thread_id"]
         run_id = slow_run(client, tid, tokens=200, delay_ms=20)
-        wait_for(lambda: store.run_status(run_id) == "running", 15, "the run to start")
+        wait_for(lambda: store.run_status(run_id) == "running", 15, what="the run to start")
         wait_published(fast, run_id)
         pid = owner_pid(store, run_id)
         os.kill(pid, signal.SIGSTOP)
@@ -190,18 +153,18 @@ def test_l2_frozen_owner_is_fenced_when_it_wakes(fast: Cluster, store: RunStore)
             wait_for(
                 lambda: getattr(store.get_run_by_id(run_id), "attempt", None) == 2,
                 30,
-                "a second attempt",
+                what="a second attempt",
             )
         finally:
             os.kill(pid, signal.SIGCONT)
-        wait_for(lambda: store.run_status(run_id) in TERMINAL_STATUSES, 60, "the run to finish")
+        wait_for(lambda: store.run_status(run_id) in TERMINAL_STATUSES, 60, what="the run to finish")
         time.sleep(1.5)  # give the stale worker time to try its writes
         row = client.get(f"/threads/{tid}/runs/{run_id}").json()
         assert row["status"] == "success" and row["attempt"] == 2
-        events = sse_events(client, tid, run_id)
-        assert [e[1] for e in events].count("end") == 1
+        events = read_stream(client, tid, run_id)
+        assert [e.event for e in events].count("end") == 1
         # Nothing from epoch 1 after epoch 2's metadata: the stale publisher was fenced.
-        metas = [i for i, e in enumerate(events) if e[1] == "metadata"]
+        metas = [i for i, e in enumerate(events) if e.event == "metadata"]
         assert len(metas) == 2
         kinds = [e["type"] for e in store.run_events(run_id) if e["category"] == "lifecycle"]
         assert kinds.count("success") == 1
@@ -218,13 +181,13 @@ def test_l3_duplicate_delivery_runs_once(fast: Cluster, store: RunStore) -> None
         run_id = slow_run(client, tid, tokens=30, delay_ms=10)
         dispatcher.dispatch_run(run_id)
         dispatcher.dispatch_run(run_id)
-        wait_for(lambda: store.run_status(run_id) in TERMINAL_STATUSES, 30, "the run to finish")
+        wait_for(lambda: store.run_status(run_id) in TERMINAL_STATUSES, 30, what="the run to finish")
         time.sleep(0.5)
         kinds = [e["type"] for e in store.run_events(run_id) if e["category"] == "lifecycle"]
         assert kinds == ["created", "claimed", "success"]
         row = client.get(f"/threads/{tid}/runs/{run_id}").json()
         assert row["attempt"] == 1 and row["status"] == "success"
-        assert [e[1] for e in sse_events(client, tid, run_id)].count("metadata") == 1
+        assert [e.event for e in read_stream(client, tid, run_id)].count("metadata") == 1
 
 
 def test_r7_sigterm_hands_the_run_over(fast: Cluster, store: RunStore) -> None:
@@ -232,14 +195,14 @@ def test_r7_sigterm_hands_the_run_over(fast: Cluster, store: RunStore) -> None:
     with api(fast) as client:
         tid = client.post("/threads", json={}).json()["thread_id"]
         run_id = slow_run(client, tid, tokens=400, delay_ms=25)  # ~10 s: longer than the grace
-        wait_for(lambda: store.run_status(run_id) == "running", 15, "the run to start")
+        wait_for(lambda: store.run_status(run_id) == "running", 15, what="the run to start")
         time.sleep(0.5)
         pid = owner_pid(store, run_id)
-        victim = next(p for p in fast.procs if p.popen.pid == pid)
+        victim = fast.process(pid)
         os.kill(pid, signal.SIGTERM)
         victim.popen.wait(timeout=30)
         wait_for(
-            lambda: store.run_status(run_id) in TERMINAL_STATUSES, 60, "the run to finish elsewhere"
+            lambda: store.run_status(run_id) in TERMINAL_STATUSES, 60, what="the run to finish elsewhere"
         )
         row = client.get(f"/threads/{tid}/runs/{run_id}").json()
         assert row["status"] == "success" and row["attempt"] == 2

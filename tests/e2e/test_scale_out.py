@@ -6,8 +6,6 @@ robin), creating a run through one and joining, streaming or cancelling it throu
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -20,45 +18,24 @@ import pytest
 from psycopg.rows import dict_row
 
 from shared.runs.model import TERMINAL_STATUSES
-from shared.settings import Settings
-from tests.conftest import private_settings, settings_env
-from tests.e2e.conftest import ALICE, API_KEYS, Cluster
+from shared.testing import Cluster, read_stream
+from tests.e2e.conftest import ALICE, ClusterFactory
 
 pytestmark = pytest.mark.e2e
 
 WEBS, WORKERS, WORKER_CONCURRENCY = 2, 3, 8
 THREADS, RUNS_PER_THREAD, CLIENTS = 50, 4, 8
 TOKENS = 3
-NO_USER_LIMITS = {
-    "THREADRUN_RUNS_PER_MINUTE": "60000",
-    "THREADRUN_MAX_ACTIVE_RUNS": "100000",
-    "THREADRUN_MAX_CONNECTIONS_PER_USER": "100000",
-}
-"""One user drives the whole load here: the per-user limits (A3) are not under test."""
 
 
 @pytest.fixture(scope="module")
-def scaled(
-    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Cluster, str]]:
-    """2 web processes + 3 runs workers on a database and prefix of their own."""
-    with private_settings(settings, redis_url) as s:
-        env = {**os.environ, **settings_env(s), "THREADRUN_API_KEYS": API_KEYS, **NO_USER_LIMITS}
-        env.pop("THREADRUN_CONFIG", None)
-        c = Cluster(s, env, tmp_path_factory.mktemp("scale-logs"))
-        try:
-            with ThreadPoolExecutor(WORKERS) as boot:
-                workers = [
-                    boot.submit(c.start_worker, f"runs{i}", WORKER_CONCURRENCY)
-                    for i in range(WORKERS)
-                ]
-                for _ in range(WEBS):
-                    c.start_web()
-                for w in workers:
-                    w.result()
-            yield c, s.dsn
-        finally:
-            c.stop()
+def scaled(private_cluster: ClusterFactory) -> Iterator[tuple[Cluster, str]]:
+    """2 web processes + 3 runs workers on a database and prefix of their own. One user drives
+    the whole load: the per-user limits (A3) are lifted, as in every test cluster."""
+    with private_cluster("scale") as c:
+        workers = [f"runs{i}" for i in range(WORKERS)]
+        c.start(webs=WEBS, workers=workers, concurrency=WORKER_CONCURRENCY)
+        yield c, c.settings.dsn
 
 
 class RoundRobin:
@@ -92,28 +69,6 @@ def body(text: str, tokens: int = TOKENS, delay_ms: float = 0) -> dict[str, Any]
         "stream_mode": ["messages-tuple", "values"],
         "config": {"configurable": {"tokens": tokens, "token_delay_ms": delay_ms}},
     }
-
-
-def stream_events(client: httpx.Client, tid: str, run_id: str) -> list[tuple[str, str, str]]:
-    """The run's whole retained stream from the start: (id, event, data)."""
-    out: list[tuple[str, str, str]] = []
-    eid = event = ""
-    with client.stream(
-        "GET",
-        f"/threads/{tid}/runs/{run_id}/stream",
-        headers={"Last-Event-ID": "-1"},
-        timeout=30,
-    ) as res:
-        assert res.status_code == 200, res.read()
-        for line in res.iter_lines():
-            if line.startswith("id: "):
-                eid = line[4:]
-            elif line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: "):
-                out.append((eid, event, line[6:]))
-                eid = event = ""
-    return out
 
 
 def sql(dsn: str, query: str, params: Any = ()) -> list[dict[str, Any]]:
@@ -206,13 +161,13 @@ def test_scale_out_200_runs_over_50_threads_complete_exactly_once(
         # The live record: each stream, read through the round robin, ends once, last, success.
         def check_stream(run: dict[str, Any]) -> None:
             _, cl = rr.pick()
-            evs = stream_events(cl, run["thread_id"], run["run_id"])
-            names = [e[1] for e in evs]
-            assert names[0] == "metadata" and json.loads(evs[0][2])["attempt"] == 1, names[:3]
+            evs = read_stream(cl, run["thread_id"], run["run_id"], timeout=30)
+            names = [e.event for e in evs]
+            assert names[0] == "metadata" and evs[0].data["attempt"] == 1, names[:3]
             assert names.count("metadata") == 1 and names.count("end") == 1, names
-            assert names[-1] == "end" and json.loads(evs[-1][2])["status"] == "success"
+            assert names[-1] == "end" and evs[-1].data["status"] == "success"
             assert "error" not in names
-            ids = [tuple(map(int, e[0].split("-"))) for e in evs if e[0]]
+            ids = [tuple(map(int, e.id.split("-"))) for e in evs if e.id]
             assert ids == sorted(set(ids))
 
         with ThreadPoolExecutor(CLIENTS) as pool:
@@ -253,10 +208,10 @@ def test_cancel_and_join_cross_web_processes(scaled: tuple[Cluster, str]) -> Non
         assert join.status_code == 200 and "__error__" not in join.json(), join.text
         (row,) = sql(dsn, "SELECT status FROM runs WHERE run_id = %s", (run_id,))
         assert row["status"] == "interrupted"
-        evs = stream_events(web0, tid, run_id)
-        names = [e[1] for e in evs]
+        evs = read_stream(web0, tid, run_id, timeout=30)
+        names = [e.event for e in evs]
         assert names.count("end") == 1 and names[-1] == "end"
-        assert json.loads(evs[-1][2])["status"] == "interrupted"
+        assert evs[-1].data["status"] == "interrupted"
         assert sum(1 for n in names if n == "messages") < 2000  # stopped early
         again = web1.post(f"/threads/{tid}/runs/wait", json=body("again"))
         assert again.status_code == 200 and again.json()["messages"][-1]["type"] == "ai"

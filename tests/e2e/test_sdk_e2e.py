@@ -19,7 +19,8 @@ import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 
-from tests.e2e.conftest import ALICE, BOB, Cluster
+from shared.testing import Cluster
+from tests.e2e.conftest import ALICE, BOB
 
 pytestmark = pytest.mark.e2e
 

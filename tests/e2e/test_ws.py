@@ -11,14 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,9 +23,8 @@ import pytest
 import simple_websocket
 from simple_websocket import ConnectionClosed
 
-from shared.settings import Settings
-from tests.conftest import private_settings, settings_env
-from tests.e2e.conftest import ALICE, API_KEYS, BOB, Cluster
+from shared.testing import Cluster
+from tests.e2e.conftest import ALICE, BOB, ClusterFactory
 
 pytestmark = pytest.mark.e2e
 
@@ -179,8 +175,7 @@ def refused_upgrade(base: str, path: str, headers: dict[str, str] | None = None)
 
 def web_threads(c: Cluster) -> int:
     """Threads of the (single) gunicorn worker process of `c`."""
-    master = next(p for p in c.procs if p.name.startswith("web")).popen.pid
-    children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    children = next(p for p in c.procs if p.name.startswith("web")).children()
     assert len(children) == 1, children
     return len(os.listdir(f"/proc/{children[0]}/task"))
 
@@ -445,25 +440,10 @@ TINY = {"THREADRUN_STREAM_MAXLEN": "5", "THREADRUN_STREAM_HEARTBEAT_S": "0.5"}
 
 
 @pytest.fixture(scope="module")
-def tiny(
-    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
+def tiny(private_cluster: ClusterFactory) -> Iterator[Cluster]:
     """Web + one worker, 5 retained events per run, 0.5 s heartbeat, own database and prefix."""
-    with private_settings(settings, redis_url) as s:
-        env = {**os.environ, **settings_env(s), "THREADRUN_API_KEYS": API_KEYS, **TINY}
-        env.pop("THREADRUN_CONFIG", None)
-        c = Cluster(s, env, tmp_path_factory.mktemp("ws-tiny-logs"))
-        try:
-            with ThreadPoolExecutor(2) as pool:  # both boot at once (imports dominate)
-                worker = pool.submit(c.start_worker, "ws-tiny")
-                c.start_web()
-                worker.result()
-            yield c
-        finally:
-            for proc in c.procs:  # stop them at once too
-                if proc.popen.poll() is None:
-                    proc.popen.send_signal(signal.SIGTERM)
-            c.stop()
+    with private_cluster("ws-tiny", TINY) as c:
+        yield c.start(workers=["ws-tiny"])
 
 
 def test_b5_gap_when_the_cursor_was_trimmed(tiny: Cluster) -> None:

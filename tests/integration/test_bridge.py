@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat
 from shared.bridge.hub import SubscriptionHub
 from shared.bridge.publisher import PublishCall, StreamPublisher, trim_slack
-from shared.bridge.redis import StreamSubscriber
+from shared.bridge.subscriber import StreamSubscriber
 from shared.errors import LeaseLost, StreamCursorInvalid
 from shared.leases import LeaseManager, lease_value
 from shared.redis_keys import Keys

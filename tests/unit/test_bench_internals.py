@@ -16,7 +16,6 @@ from bench.internals import (
     format_table,
     percentile,
     report_dict,
-    server_dsn,
 )
 
 
@@ -127,14 +126,3 @@ def test_report_dict_is_json_safe() -> None:
     assert row["ratio"] is None
     assert row["baseline"]["name"] == "raw" and row["baseline"]["p50"] is None
     assert row["ours"]["p50"] == 1.0
-
-
-def test_server_dsn_swaps_only_the_database() -> None:
-    """The server, user and options of the URL stay; only the database changes."""
-    dsn = server_dsn(
-        "postgresql://postgres@127.0.0.1:5432/threadrun?sslmode=disable", "threadrun_bench_x"
-    )
-    parts = dict(p.split("=", 1) for p in dsn.split())
-    assert parts["dbname"] == "threadrun_bench_x"
-    assert parts["host"] == "127.0.0.1" and parts["port"] == "5432" and parts["user"] == "postgres"
-    assert parts["sslmode"] == "disable"

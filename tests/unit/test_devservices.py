@@ -18,6 +18,7 @@ from pydantic import SecretStr
 from shared import devservices as ds
 from shared import supervisor as sv
 from shared.settings import PROJECT_ROOT, Settings
+from shared.testing import wait_for
 
 PY = sys.executable
 
@@ -347,13 +348,6 @@ def make_supervisor(
     return sup, buf
 
 
-def wait_for(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-
-
 def test_output_is_prefixed_per_line() -> None:
     sup, buf = make_supervisor(
         [
@@ -390,7 +384,7 @@ def test_children_get_the_environment() -> None:
 def test_stop_request_terminates_children_and_returns_zero() -> None:
     sup, buf = make_supervisor([py_child("a", SLEEPER), py_child("b", SLEEPER)])
     sup.start()
-    wait_for(lambda: buf.getvalue().count("| sleeping") == 2)
+    wait_for(lambda: buf.getvalue().count("| sleeping") == 2, interval=0.02)
     pids = [c.proc.pid for c in sup.children]
     sup.request_stop()
     assert sup.watch() == 0
@@ -403,7 +397,7 @@ def test_stop_request_terminates_children_and_returns_zero() -> None:
 def test_child_that_ignores_sigterm_is_killed_after_the_grace() -> None:
     sup, buf = make_supervisor([py_child("stub", STUBBORN)], grace_s=0.5)
     sup.start()
-    wait_for(lambda: "| stubborn" in buf.getvalue())
+    wait_for(lambda: "| stubborn" in buf.getvalue(), interval=0.02)
     pid = sup.children[0].proc.pid
     started = time.monotonic()
     sup.stop()
@@ -447,10 +441,10 @@ def test_grandchildren_are_killed_with_their_group(tmp_path: Path) -> None:
     """
     sup, buf = make_supervisor([py_child("parent", code)], grace_s=0.5)
     sup.start()
-    wait_for(lambda: "| ready" in buf.getvalue() and pidfile.exists())
+    wait_for(lambda: "| ready" in buf.getvalue() and pidfile.exists(), interval=0.02)
     grandchild = int(pidfile.read_text())
     sup.stop()
-    wait_for(lambda: not ds.pid_alive(grandchild), timeout=5)
+    wait_for(lambda: not ds.pid_alive(grandchild), timeout=5, interval=0.02)
 
 
 def test_ready_callback_runs_once() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from shared.bridge.redis import RunLiveness
+from shared.bridge.subscriber import RunLiveness
 
 
 def test_b7_followers_of_one_run_share_one_probe_per_interval() -> None:

@@ -1,4 +1,5 @@
-"""Web side of the bridge: gap-exact replay and live follow of a run's Redis Stream (B4-B7)."""
+"""Web side of the bridge (a `BridgeSubscriber`): gap-exact replay and live follow of a run's Redis
+Stream (B4-B7)."""
 
 from __future__ import annotations
 
