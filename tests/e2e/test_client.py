@@ -21,7 +21,12 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from shared.client import (
+from shared.db.migrate import migrate
+from shared.redis_keys import Keys
+from shared.settings import Settings
+from tests.conftest import create_database, drop_database, settings_env
+from tests.e2e.conftest import ALICE, API_KEYS, Cluster
+from threadrun.client import (
     ConnectionInfo,
     Reconnecting,
     RecoveryPolicy,
@@ -33,11 +38,6 @@ from shared.client import (
     ThreadrunClient,
     message_delta,
 )
-from shared.db.migrate import migrate
-from shared.redis_keys import Keys
-from shared.settings import Settings
-from tests.conftest import create_database, drop_database, settings_env
-from tests.e2e.conftest import ALICE, API_KEYS, Cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -192,7 +192,7 @@ def test_b9_cancel_is_run_ended_interrupted_not_a_reload(cluster: Cluster, trans
 def run_cli(c: Cluster, transport: str, *args: str, stdin: str | None = None) -> Any:
     env = {k: v for k, v in os.environ.items() if not k.startswith("THREADRUN_")}
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", "chat", "--url", c.url, "--api-key", ALICE]
+        [sys.executable, "-m", "threadrun", "chat", "--url", c.url, "--api-key", ALICE]
         + ["--transport", transport, *args],
         input=stdin,
         capture_output=True,
