@@ -16,7 +16,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATA_DIR ?= .threadrun
-LINT_PATHS := app workers shared tests bench
+LINT_PATHS := app workers shared tests bench clients deploy
+# The client distribution (`threadrun`: the Python client and the `threadrun` command); the
+# server (`threadrun-server`, pyproject.toml) depends on it and is installed editable only.
+CLIENT := clients/python
 PYTEST_ARGS ?=
 # `make test` uses its own database and Redis db so that it never touches `make run`'s data.
 TEST_DB ?= threadrun_test
@@ -41,15 +44,16 @@ $(PY):
 	echo "creating $(VENV) with $$(command -v $$py) ($$($$py -V 2>&1))"; \
 	"$$py" -m venv $(VENV)
 
-# Reinstalled when pyproject.toml is newer than the stamp (or the venv is new).
-$(STAMP): pyproject.toml | $(PY)
-	@echo "installing threadrun into $(VENV) (editable, with the dev and embedded extras)"
-	$(PY) -m pip install --disable-pip-version-check -q -e '.[dev,embedded]'
+# Reinstalled when a pyproject.toml is newer than the stamp (or the venv is new). One pip
+# command for both, so the server's `threadrun` requirement resolves to the client here.
+$(STAMP): pyproject.toml $(CLIENT)/pyproject.toml | $(PY)
+	@echo "installing the threadrun client and server into $(VENV) (editable, with the dev and embedded extras)"
+	$(PY) -m pip install --disable-pip-version-check -q -e ./$(CLIENT) -e '.[dev,embedded]'
 	@touch $(STAMP)
 
 venv: $(PY) ## create .venv (Python >= 3.11)
 
-install: $(STAMP) ## install threadrun and its dev tools into .venv (fast when up to date)
+install: $(STAMP) ## install the threadrun client, the server and the dev tools into .venv (fast when up to date)
 
 run: install ## start services, migrations, web and workers (Ctrl-C stops everything)
 	$(PY) -m shared.supervisor
@@ -80,7 +84,7 @@ test-integration: install ## tests/integration only
 test-e2e: install chromium ## tests/e2e only (real web and worker processes)
 	$(call run_pytest,tests/e2e)
 
-lint: install ## ruff check, ruff format --check, mypy --strict (app, workers, shared: pyproject.toml)
+lint: install ## ruff check, ruff format --check, mypy --strict (app, workers, shared, the client)
 	$(PY) -m ruff check $(LINT_PATHS)
 	$(PY) -m ruff format --check $(LINT_PATHS)
 	$(PY) -m mypy

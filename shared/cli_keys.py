@@ -4,6 +4,10 @@
     threadrun keys list [--user alice]
     threadrun keys revoke <key_id | prefix>
 
+They ship with the server and reach the client's `threadrun` command through the
+`threadrun.cli` entry-point group (pyproject.toml). The last paragraph of this docstring is
+the help text of `threadrun keys`.
+
 These commands talk to PostgreSQL directly (THREADRUN_DATABASE_URL, like the server), not
 to the HTTP API: only whoever holds the database credentials manages keys. The server
 caches key lookups for THREADRUN_API_KEY_CACHE_TTL_S (default 10 s), so a revoked key

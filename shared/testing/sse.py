@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from shared import serde
-from shared.client import StreamEvent, WireGap, WireHeartbeat, WireItem, parse_sse
+from threadrun.client import StreamEvent, WireGap, WireHeartbeat, WireItem, parse_sse
 
 START = "-1"
 """`Last-Event-ID` for "from the start of what is retained" (B4)."""

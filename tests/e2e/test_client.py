@@ -20,7 +20,12 @@ import httpx
 import pytest
 import redis
 
-from shared.client import (
+from shared.redis_keys import Keys
+from shared.settings import Settings
+from shared.testing import Cluster
+from tests.conftest import private_settings
+from tests.e2e.conftest import ALICE, e2e_cluster
+from threadrun.client import (
     ConnectionInfo,
     Reconnecting,
     RecoveryPolicy,
@@ -32,11 +37,6 @@ from shared.client import (
     ThreadrunClient,
     message_delta,
 )
-from shared.redis_keys import Keys
-from shared.settings import Settings
-from shared.testing import Cluster
-from tests.conftest import private_settings
-from tests.e2e.conftest import ALICE, e2e_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -191,7 +191,7 @@ def test_b9_cancel_is_run_ended_interrupted_not_a_reload(cluster: Cluster, trans
 def run_cli(c: Cluster, transport: str, *args: str, stdin: str | None = None) -> Any:
     env = {k: v for k, v in os.environ.items() if not k.startswith("THREADRUN_")}
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", "chat", "--url", c.url, "--api-key", ALICE]
+        [sys.executable, "-m", "threadrun", "chat", "--url", c.url, "--api-key", ALICE]
         + ["--transport", transport, *args],
         input=stdin,
         capture_output=True,

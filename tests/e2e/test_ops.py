@@ -502,7 +502,7 @@ def test_cli_status_runs_workers_queues_and_actions(
 ) -> None:
     """`threadrun status|runs|workers|queues|migrate` against the cluster with the ops key;
     a user key is refused with exit 1."""
-    from shared.cli import main
+    from threadrun.cli import main
 
     base = ["--url", ops_cluster.url, "--api-key", OPS]
     run = new_run(ops_cluster, tokens=1000, delay_ms=50)
@@ -529,7 +529,7 @@ def test_cli_status_runs_workers_queues_and_actions(
     assert wait_status(store, rid) == "interrupted"
     env = {**os.environ, **settings_env(ops_cluster.settings)}
     done = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "migrate"],
+        [sys.executable, "-m", "threadrun", "migrate"],
         env=env,
         capture_output=True,
         text=True,

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.client import (
+from threadrun.client import (
     START_CURSOR,
     ConnectionDropped,
     ConnectionInfo,
@@ -697,7 +697,7 @@ def test_b9_cli_markers_tell_reconnect_reload_and_cancel_apart() -> None:
     `[cancelled]` go to stderr and are different markers."""
     import io
 
-    from shared.cli import ChatPrinter
+    from threadrun.cli import ChatPrinter
 
     out, err = io.StringIO(), io.StringIO()
     p = ChatPrinter(out, err)
@@ -721,7 +721,7 @@ def test_b9_cli_prints_the_durable_reply_after_a_gap() -> None:
     """B9: after a gap the live text has a hole, so the final reply is printed from the state."""
     import io
 
-    from shared.cli import ChatPrinter
+    from threadrun.cli import ChatPrinter
 
     out, err = io.StringIO(), io.StringIO()
     p = ChatPrinter(out, err)

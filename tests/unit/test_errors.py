@@ -48,11 +48,9 @@ BUILTIN_BASES = {
     "RuntimeError",
     "OSError",
 }
-OWN_ROOTS = {
-    ("shared/errors.py", "ThreadrunError"),  # the root
-    ("shared/client.py", "ThreadrunClientError"),  # the HTTP client's answers
-    ("shared/client.py", "ConnectionDropped"),  # the client's internal resume signal
-}
+# The server's one root. The client package (clients/python, import name `threadrun`) has
+# its own, `ThreadrunClientError`: it never imports the server, so it cannot share this one.
+OWN_ROOTS = {("shared/errors.py", "ThreadrunError")}
 
 
 def _base_name(node: ast.expr) -> str:

@@ -41,8 +41,6 @@ ALLOWED_IMPORTS = {
     ("workers/executor.py", "shared.state.savers"),  # the fence's configurable keys
 }
 ALLOWED_CALLS = {
-    # The HTTP client's own `get_state` calls GET /threads/{id}/state.
-    ("shared/client.py", "get_state"),
     # RunManager.delete_thread deletes thread rows, not checkpoints.
     ("app/api/threads.py", "delete_thread"),
     ("shared/runs/manager.py", "delete_thread"),

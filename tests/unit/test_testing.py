@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from shared.client import WireGap
+from threadrun.client import WireGap
 from shared.settings import Settings
 from shared.testing import (
     UNLIMITED_USERS,

@@ -13,6 +13,12 @@ stream was lost (the run keeps going on the server); 130 interrupted by Ctrl-C.
 
 Defaults: THREADRUN_URL (else http://127.0.0.1:8000), THREADRUN_API_KEY,
 THREADRUN_TRANSPORT (else ws).
+
+Subcommands that need the server's code (`threadrun keys`, `threadrun migrate`: they talk to
+PostgreSQL directly) are not part of this package. The server distribution registers them in
+the `threadrun.cli` entry-point group (`name = "module:add"`, where `add(sub)` adds one
+subparser and sets `func`), and `build_parser` adds whatever is installed. So a client-only
+install imports no server module, and the server's environment still has one `threadrun`.
 """
 
 from __future__ import annotations
@@ -23,11 +29,11 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, TextIO
 
-from shared.cli_keys import add_keys
-from shared.cli_ops import OPS_SUBCOMMANDS, server_options
-from shared.client import (
+from threadrun.cli_ops import OPS_SUBCOMMANDS, AddParser, server_options
+from threadrun.client import (
     Reconnecting,
     RecoveryPolicy,
     RunEnded,
@@ -256,21 +262,37 @@ def _prompt_lines(stdin: TextIO, err: TextIO) -> Iterable[str]:
 
 
 # --- entry point ------------------------------------------------------------------------------------
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+SUBCOMMANDS: list[AddParser] = [
     add_chat,
-    add_keys,
-    *OPS_SUBCOMMANDS,  # status, runs, workers, queues, migrate (shared/cli_ops.py)
+    *OPS_SUBCOMMANDS,  # status, runs, workers, queues (threadrun/cli_ops.py)
 ]
 """Each adds one subparser and sets `func` (a `Command`); append to add `status`, `runs`, …"""
 
+PLUGIN_GROUP = "threadrun.cli"
+"""The entry-point group of subcommands other distributions add (the server's keys, migrate)."""
+
+
+def installed_subcommands(err: TextIO | None = None) -> list[AddParser]:
+    """The subcommands registered in `PLUGIN_GROUP`, by name; one that fails to load is
+    skipped with a line on `err`, so a broken server install cannot break `threadrun chat`."""
+    found: list[AddParser] = []
+    for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        try:
+            found.append(ep.load())
+        except Exception as exc:  # whatever importing the plugin raised
+            (err or sys.stderr).write(
+                f"threadrun: skipping the {ep.name!r} command ({type(exc).__name__}: {exc})\n"
+            )
+    return found
+
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `threadrun` parser with every registered subcommand."""
+    """The `threadrun` parser with the built-in and every installed subcommand."""
     parser = argparse.ArgumentParser(
         prog="threadrun", description="threadrun: a client of the threadrun runtime"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in SUBCOMMANDS:
+    for add in [*SUBCOMMANDS, *installed_subcommands()]:
         add(sub)
     return parser
 

@@ -1,4 +1,4 @@
-"""Ops subcommands of `threadrun`: status, runs, workers, queues (HTTP ops API) and migrate.
+"""Ops subcommands of `threadrun`: status, runs, workers, queues (the server's HTTP ops API).
 
     threadrun status                          # runs by status, stuck, queues, workers, memory
     threadrun runs list [--status S] [--limit N]
@@ -7,12 +7,12 @@
     threadrun runs requeue <run_id> [--reason TEXT]
     threadrun workers
     threadrun queues
-    threadrun migrate                         # apply database migrations (direct to Postgres)
 
-All but `migrate` call the server's ops API (`/ops/api/...`) with an ops-role key
-(THREADRUN_URL, THREADRUN_API_KEY), so actions are audited under that key's user. `--json`
-prints the server's document instead of the table. Exit status: 0 done; 1 refused (e.g. a
-requeue of a run whose lease is held) or failed.
+They call the server's ops API (`/ops/api/...`) with an ops-role key (THREADRUN_URL,
+THREADRUN_API_KEY), so actions are audited under that key's user. `--json` prints the
+server's document instead of the table. Exit status: 0 done; 1 refused (e.g. a requeue of a
+run whose lease is held) or failed. `threadrun migrate` comes with the server (it talks to
+PostgreSQL directly): see threadrun/cli.py.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from typing import Any, TextIO
 
 import httpx
 
-from shared.client import ThreadrunClientError
+from threadrun.client import DEFAULT_URL, ThreadrunClientError
 
 EXIT_OK, EXIT_FAILED = 0, 1
-DEFAULT_URL = "http://127.0.0.1:8000"
 TIMEOUT_S = 30.0
 
 AddParser = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
@@ -42,7 +41,7 @@ class OpsError(ThreadrunClientError):
 
 def server_options(api_key_help: str = "API key") -> argparse.ArgumentParser:
     """--url and --api-key, shared by every subcommand that talks to a server (a parent
-    parser; shared/cli.py's chat options build on it)."""
+    parser; the chat options of threadrun/cli.py build on it)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument(
         "--url",
@@ -211,18 +210,6 @@ def cmd_queues(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return EXIT_OK
 
 
-def cmd_migrate(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """Apply pending migrations to THREADRUN_DATABASE_URL (idempotent)."""
-    out = out or sys.stdout
-    del args
-    from shared.db.migrate import migrate
-    from shared.settings import Settings
-
-    done = migrate(Settings())
-    out.write(f"applied {done}\n" if done else "schema up to date\n")
-    return EXIT_OK
-
-
 def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
@@ -276,11 +263,5 @@ def add_queues(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=_guard(cmd_queues))
 
 
-def add_migrate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`threadrun migrate`."""
-    p = sub.add_parser("migrate", help="apply database migrations (THREADRUN_DATABASE_URL)")
-    p.set_defaults(func=cmd_migrate)
-
-
-OPS_SUBCOMMANDS: list[AddParser] = [add_status, add_runs, add_workers, add_queues, add_migrate]
-"""Registered by shared/cli.py."""
+OPS_SUBCOMMANDS: list[AddParser] = [add_status, add_runs, add_workers, add_queues]
+"""Registered by threadrun/cli.py."""

@@ -1,0 +1,7 @@
+"""`python -m threadrun`: the `threadrun` command."""
+
+import sys
+
+from threadrun.cli import main
+
+sys.exit(main())
