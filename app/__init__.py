@@ -40,9 +40,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     ws.init_app(app)  # flask-sock: /ws and /threads/<thread_id>/ws (A2)
     from app.api import memory
 
-    app.register_blueprint(memory.bp)  # memory facts and /compact (issue 7)
+    app.register_blueprint(memory.bp)  # memory facts (M6) and manual /compact (C1)
     from app.api import ops
 
-    app.register_blueprint(ops.bp)  # the ops view and /metrics (issue 8)
+    app.register_blueprint(ops.bp)  # the ops view and /metrics
     logging.getLogger(__name__).info("threadrun web ready")
     return app

@@ -1,4 +1,4 @@
-"""Scale-out benchmark (issue 8): run throughput with 1, 2 and 3 runs workers on one machine.
+"""Scale-out benchmark: run throughput with 1, 2 and 3 runs workers on one machine.
 
 Run with `.venv/bin/python -m bench.scale [--workers 1,2,3] [--runs 150] [--tokens 40]
 [--json PATH]` (or `make scale-bench`). It starts two gunicorn web processes on a private

@@ -159,7 +159,7 @@ class Settings(BaseSettings):
     stream_ttl_after_end_s: int = Field(default=3600, ge=1)
     stream_heartbeat_s: float = Field(default=5.0, gt=0)
 
-    # --- operations: ops view, metrics, logs, Flower (issue 8) -------------------------
+    # --- operations: ops view, metrics, logs, Flower ----------------------------------
     log_format: Literal["text", "json"] = Field(
         default="text", description="`json`: one JSON object per log line (shared/logs.py)."
     )

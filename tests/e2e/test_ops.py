@@ -1,4 +1,4 @@
-"""The ops view, /metrics, JSON logs and Flower against real processes (issue 8).
+"""The ops view, /metrics, JSON logs and Flower against real processes.
 
 One private cluster: a web process and one Celery worker consuming both queues, short
 leases, JSON logs, an ops key (`key-ops:ops-user:ops`) beside the user keys, and its own

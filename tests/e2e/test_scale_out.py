@@ -1,4 +1,4 @@
-"""Scale-out on one machine (issue 8): two web processes and three runs workers sharing one
+"""Scale-out on one machine: two web processes and three runs workers sharing one
 database and Redis prefix; clients alternate between the web processes' base URLs (round
 robin), creating a run through one and joining, streaming or cancelling it through the other.
 """

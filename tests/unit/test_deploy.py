@@ -1,4 +1,4 @@
-"""Offline validation of the deployment files (issue 8): docker-compose.yml against the Compose
+"""Offline validation of the deployment files: docker-compose.yml against the Compose
 Specification schema (vendored in `check-jsonschema`), deploy/k8s against the Kubernetes OpenAPI
 schemas (`kubernetes-validate`, strict), the Prometheus rules and the adapter config against the
 metric names contract, and every THREADRUN_* variable against shared/settings.py.
@@ -35,7 +35,7 @@ K8S_VERSION = "1.30.0"
 DEFAULTS = Settings.model_construct()
 REQUIRED_ENV = {"FLOWER_BASIC_AUTH": "ops:secret", "THREADRUN_API_KEYS": "k1:alice,k2:ops:ops"}
 
-# The metric names contract (issue 8) that shared/metrics.py implements: name -> label names.
+# The metric names contract that shared/metrics.py implements: name -> label names.
 METRICS: dict[str, set[str]] = {
     "threadrun_runs": {"status"},
     "threadrun_runs_stuck": set(),

@@ -1,4 +1,4 @@
-"""shared/metrics.py: multi-process counters, dead-pid folding, scrape-time gauges (issue 8)."""
+"""shared/metrics.py: multi-process counters, dead-pid folding, scrape-time gauges."""
 
 from __future__ import annotations
 

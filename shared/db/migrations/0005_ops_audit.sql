@@ -1,4 +1,4 @@
--- Operations (issue 8): the audit of ops actions, and the index behind the token chart.
+-- Operations: the audit of ops actions, and the index behind the token chart.
 
 -- Every ops action (cancel, requeue) with who asked, what, when and what came of it.
 -- Append-only; `run_id` is not a foreign key so the audit outlives a deleted run.
