@@ -138,7 +138,7 @@ def probe_redis(url: str, timeout: float = 1.0) -> str | None:
         client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
         with contextlib.closing(client):
             client.ping()
-    except Exception as exc:
+    except (redis.RedisError, OSError, ValueError) as exc:  # ValueError: a malformed URL
         return f"{type(exc).__name__}: {exc}"
     return None
 
@@ -150,7 +150,7 @@ def probe_postgres(url: str, timeout: float = 2.0) -> str | None:
     try:
         with psycopg.connect(url, connect_timeout=max(2, int(timeout)), autocommit=True) as conn:
             conn.execute("SELECT 1")
-    except Exception as exc:
+    except (psycopg.Error, OSError) as exc:
         return f"{type(exc).__name__}: {str(exc).strip()}"
     return None
 

@@ -212,7 +212,7 @@ def _safe(fn: Callable[[Instruments], None]) -> None:
     # Counting must never break the code path it observes.
     try:
         fn(_get().instruments)
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.exception("metric update failed")
 
 
@@ -256,7 +256,7 @@ class OpsGauges(Collector):
     def collect(self) -> Iterable[Metric]:
         try:
             f = self._figures()
-        except Exception:  # noqa: BLE001 - Redis/Postgres down: the counters still export
+        except Exception:  # Redis/Postgres down: the counters still export
             log.exception("ops gauges unavailable for this scrape")
             return
         runs = GaugeMetricFamily(f"{PREFIX}runs", "Runs by status.", labels=["status"])

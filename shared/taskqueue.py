@@ -10,7 +10,7 @@ import logging
 
 import redis
 from celery import Celery
-from kombu import Exchange, Queue
+from kombu.entity import Exchange, Queue
 
 from shared.redis_keys import Keys
 from shared.settings import Settings
@@ -90,7 +90,7 @@ class Dispatcher:
         """
         try:
             self.dispatch_run(run_id)
-        except Exception:  # noqa: BLE001 - any broker failure: the reaper re-dispatches (R4)
+        except Exception:  # any broker failure: the reaper re-dispatches (R4)
             log.exception("dispatch failed; the reaper will retry", extra={"run_id": run_id})
             return False
         return True

@@ -16,10 +16,11 @@ import enum
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import redis
+from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
 from shared import logs, metrics, serde
@@ -364,7 +365,7 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
             options["context"] = run.context
 
         async def _stream() -> None:
-            async for item in graph.astream(inp, config, **options):
+            async for item in graph.astream(inp, cast(RunnableConfig, config), **options):
                 if subgraphs:
                     ns, mode, chunk = item
                     name = mode if not ns else f"{mode}|{'|'.join(ns)}"
@@ -395,7 +396,7 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
         )
         attempt.stop_reason = StopReason.INFRASTRUCTURE
         return GraphOutcome(RunStatus.ERROR, _error_of(exc), ThreadStatus.ERROR)
-    except Exception as exc:  # noqa: BLE001 - every graph failure becomes an `error` event (G4)
+    except Exception as exc:  # every graph failure becomes an `error` event (G4)
         log.exception(
             "run failed", extra={"run_id": attempt.run_id, "thread_id": attempt.thread_id}
         )
@@ -407,7 +408,7 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
         snap = await rt.state.aget_snapshot(attempt.thread_id, run.graph_id)
         if snap.next or snap.interrupts:
             thread_status = ThreadStatus.INTERRUPTED
-    except Exception:  # noqa: BLE001 - the run succeeded; the thread status is a hint
+    except Exception:  # the run succeeded; the thread status is a hint
         log.exception("could not read final state", extra={"run_id": attempt.run_id})
     return GraphOutcome(RunStatus.SUCCESS, None, thread_status)
 
@@ -436,7 +437,7 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
         await sink.drain()
     except LeaseLost:  # the publisher counted the fenced write
         return AttemptResult(AttemptOutcome.FENCED, fenced=Sink.STREAM)
-    except Exception:  # noqa: BLE001 - the stream is not durable history (B8); go on
+    except Exception:  # the stream is not durable history (B8); go on
         log.exception("stream drain failed", extra={"run_id": attempt.run_id})
     # (3) terminal status, fenced by the epoch (L2).
     fin = await asyncio.to_thread(
@@ -460,7 +461,7 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
     try:
         end = {"run_id": attempt.run_id, "status": settled.status}
         await sink.publish_end(serde.dumps(end))
-    except Exception:  # noqa: BLE001 - subscribers fall back to the run status
+    except Exception:  # subscribers fall back to the run status
         log.exception("publishing end failed", extra={"run_id": attempt.run_id})
     await rt.leases.release(attempt.run_id, attempt.lease)
     await rt.redis.delete(rt.keys.cancel(attempt.run_id))
@@ -483,7 +484,7 @@ async def settle_journal(
     flushed = True
     try:
         await journal.flush()
-    except Exception:  # noqa: BLE001 - G3: the journal fails open, finalization goes on
+    except Exception:  # G3: the journal fails open, finalization goes on
         flushed = False
         log.exception("journal flush failed; finalizing anyway", extra=ids)
     receipt = await asyncio.to_thread(
@@ -507,7 +508,7 @@ async def settle_journal(
     if flushed:
         try:  # every attempt's usage, not just this one's
             usage = await asyncio.to_thread(rt.events.run_usage, attempt.run_id)
-        except Exception:  # noqa: BLE001 - the attempt's own figures stand in
+        except Exception:  # the attempt's own figures stand in
             log.exception("run usage query failed", extra=ids)
     return settled, usage
 
@@ -519,12 +520,12 @@ async def hand_back(rt: WorkerRuntime, attempt: RunAttempt, reason: str) -> Atte
     if attempt.journal is not None:
         try:
             await attempt.journal.flush()
-        except Exception:  # noqa: BLE001 - the journal fails open
+        except Exception:  # the journal fails open
             log.exception("journal flush before hand-back failed", extra={"run_id": attempt.run_id})
     if attempt.sink is not None:
         try:
             await attempt.sink.drain()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("drain before hand-back failed", extra={"run_id": attempt.run_id})
     try:
         requeued = await asyncio.to_thread(rt.store.requeue, attempt.run_id, attempt.epoch, reason)

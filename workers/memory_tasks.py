@@ -52,7 +52,7 @@ def extract(token: str) -> str:
         return "malformed"
     try:
         stored = memory_manager(_settings()).process(token, extraction_model())
-    except Exception:  # noqa: BLE001 - the lease brings the batch back
+    except Exception:  # the lease brings the batch back
         log.exception("memory batch %s failed; retried when its lease runs out", token)
         return "failed"
     return f"stored {stored}"
@@ -90,7 +90,7 @@ class MemoryDrain:
                 sent = self.drain_once()
                 if sent:
                     log.info("memory drain: %d batches sent", sent)
-            except Exception:  # noqa: BLE001 - Redis hiccup: try again next pass
+            except Exception:  # Redis hiccup: try again next pass
                 log.exception("memory drain pass failed")
             self._stop.wait(self.settings.memory_drain_interval_s)
 

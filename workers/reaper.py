@@ -93,7 +93,7 @@ async def fail_run(rt: WorkerRuntime, run_id: str, epoch: int, reason: str) -> b
                     end=True,
                 )
             )
-        except Exception:  # noqa: BLE001 - subscribers still see the terminal status
+        except Exception:  # subscribers still see the terminal status
             log.exception("publishing the reaped run's end failed", extra={"run_id": run_id})
         finally:
             await rt.leases.release(run_id, value)
@@ -112,6 +112,6 @@ async def reaper_loop(rt: WorkerRuntime) -> None:
                     log.info("reaper: %s", counts)
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - a failed pass is retried next interval
+        except Exception:  # a failed pass is retried next interval
             log.exception("reaper pass failed")
         await asyncio.sleep(interval)

@@ -67,14 +67,14 @@ class WorkerRuntime:
         )
         self.dispatcher = Dispatcher(make_celery(settings))
         self.active: dict[str, Any] = {}  # run_id -> executor.RunAttempt
-        self._graphs: dict[tuple[str, int], Pregel] = {}
+        self._graphs: dict[tuple[str, int], Pregel[Any, Any, Any, Any]] = {}
         self._slot = 0
         # uvloop: the loop's own overhead per event is a large share of a run's CPU
         # (measured with py-spy under the C=50 benchmark); fall back to asyncio.
         try:
             import uvloop
 
-            self.loop = uvloop.new_event_loop()
+            self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
         except ImportError:  # pragma: no cover - uvloop is a dependency
             self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -110,7 +110,7 @@ class WorkerRuntime:
             for slot in range(len(self.savers)):
                 self.graph(graph_id, slot)
 
-    def graph(self, graph_id: str, slot: int = 0) -> Pregel:
+    def graph(self, graph_id: str, slot: int = 0) -> Pregel[Any, Any, Any, Any]:
         """The graph bound to checkpoint saver `slot` of this process (cached)."""
         key = (graph_id, slot % len(self.savers))
         graph = self._graphs.get(key)
@@ -137,7 +137,7 @@ class WorkerRuntime:
 
         try:
             self.submit(_close()).result(timeout=10)
-        except Exception:  # noqa: BLE001 - best effort at exit
+        except Exception:  # best effort at exit
             log.exception("runtime close failed")
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)

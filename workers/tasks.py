@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import uuid
 
@@ -13,7 +14,7 @@ from workers.reaper import reaper_loop
 from workers.runtime import close_runtime, get_runtime
 
 log = logging.getLogger(__name__)
-_reaper: asyncio.Future[None] | None = None
+_reaper: concurrent.futures.Future[None] | None = None
 
 
 @celery.task(name=RUN_TASK, ignore_result=True)
@@ -62,6 +63,6 @@ def shutdown_runs() -> None:
 
     try:
         rt.submit(_stop_all()).result(timeout=rt.settings.shutdown_grace_s + 10)
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.exception("graceful stop failed")
     close_runtime()

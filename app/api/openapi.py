@@ -170,7 +170,7 @@ def build(app: Flask) -> dict[str, Any]:
 
 
 @cache
-def _document(app_id: int) -> bytes:  # noqa: ARG001 - keyed per app
+def _document(app_id: int) -> bytes:  # keyed per app
     from shared import serde
 
     return serde.dumps(build(current_app._get_current_object()))  # type: ignore[attr-defined]

@@ -145,7 +145,7 @@ def _serve(ws: Server, default_thread_id: str | None) -> None:
         session = _Session(ws, current_services(), principal().user_id, default_thread_id)
         session.conn = g.get("ws_conn")
         session.serve()
-    except Exception:  # noqa: BLE001 - last resort; the frame loop handles its own errors
+    except Exception:  # last resort; the frame loop handles its own errors
         log.exception("websocket handler failed")
         if session is not None:
             session.close(CLOSE_INTERNAL_ERROR, "internal error")
@@ -456,7 +456,7 @@ class _Session:
         except HTTPException as exc:
             code = (exc.name or "error").lower().replace(" ", "_")
             self.error(code, exc.description or exc.name, request_id)
-        except Exception:  # noqa: BLE001 - a bad frame never kills the socket
+        except Exception:  # a bad frame never kills the socket
             kind = data.get("type") if isinstance(data, dict) else None
             log.exception("websocket frame failed", extra={"frame_type": str(kind)[:64]})
             self.error("internal_error", "internal error", request_id)
@@ -603,7 +603,7 @@ class _Session:
                     break
         except StreamCursorInvalid as exc:
             self.error(exc.code, str(exc), sub.request_id, field="last_event_id", run_id=run_id)
-        except Exception:  # noqa: BLE001 - report, keep the socket and the other runs
+        except Exception:  # report, keep the socket and the other runs
             log.exception("websocket subscription failed", extra={"run_id": run_id})
             self.error("internal_error", "the subscription failed", sub.request_id, run_id=run_id)
         finally:
@@ -633,7 +633,7 @@ class _Session:
                 run_id=sub.run_id,
                 action=CancelAction.INTERRUPT,
             )
-        except Exception:  # noqa: BLE001 - logged; the run ends by itself eventually
+        except Exception:  # logged; the run ends by itself eventually
             log.exception("cancel on disconnect failed", extra={"run_id": sub.run_id})
 
     def shutdown(self) -> None:

@@ -90,7 +90,7 @@ def migrate(settings: Settings) -> list[int]:
         # advisory lock keeps two starting processes from racing on it.
         conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY + 1,))
         try:
-            PostgresSaver(conn).setup()  # type: ignore[arg-type]
+            PostgresSaver(conn).setup()
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY + 1,))
     return done

@@ -89,6 +89,6 @@ def extract_facts(
             [SystemMessage(EXTRACT_PROMPT), HumanMessage(transcript(update, known))],
             config={"tags": ["middleware:memory"]},
         )
-    except Exception as exc:  # noqa: BLE001 - any model failure is a retryable extraction failure
+    except Exception as exc:  # any model failure is a retryable extraction failure
         raise ExtractionFailed(f"extraction model failed: {exc!r}") from exc
     return parse_facts(reply.text, (f.fact_id for f in known))

@@ -158,7 +158,7 @@ class MemoryQueue:
 
     def counters(self) -> dict[str, int]:
         """The queue's counters (admitted, merged, skipped, extracted, dropped)."""
-        raw: dict[Any, Any] = self.redis.hgetall(self.keys.stats)  # type: ignore[assignment]
+        raw: dict[Any, Any] = self.redis.hgetall(self.keys.stats)
         out = {"admitted": 0, "merged": 0, "skipped": 0, "extracted": 0, "dropped": 0}
         for key, value in raw.items():
             name = key.decode() if isinstance(key, bytes) else str(key)

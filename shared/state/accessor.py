@@ -131,7 +131,7 @@ class CheckpointStateAccessor:
     def __init__(self, saver: BaseCheckpointSaver[Any], registry: GraphSource) -> None:
         self._saver = saver
         self._registry = registry
-        self._graphs: dict[tuple[str, bool], Pregel] = {}
+        self._graphs: dict[tuple[str, bool], Pregel[Any, Any, Any, Any]] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -144,9 +144,10 @@ class CheckpointStateAccessor:
     @property
     def mode(self) -> CheckpointMode:
         """The checkpoint mode this accessor stamps and checks."""
-        return getattr(self._saver, "mode", "full")  # type: ignore[no-any-return]
+        mode: CheckpointMode = getattr(self._saver, "mode", "full")
+        return mode
 
-    def _graph(self, graph_id: str, *, state_only: bool = False) -> Pregel:
+    def _graph(self, graph_id: str, *, state_only: bool = False) -> Pregel[Any, Any, Any, Any]:
         with self._lock:
             graph = self._graphs.get((graph_id, state_only))
             if graph is None:
@@ -373,7 +374,7 @@ class CheckpointStateAccessor:
 
     async def _acopy_pending_writes(
         self,
-        agent: Pregel,
+        agent: Pregel[Any, Any, Any, Any],
         target_cfg: RunnableConfig,
         writes: list[PendingWrite],
         new_cfg: RunnableConfig,
@@ -423,7 +424,9 @@ class CheckpointStateAccessor:
         return str(cfg["configurable"]["checkpoint_id"])
 
 
-def state_only_graph(agent: Pregel, saver: BaseCheckpointSaver[Any]) -> Pregel:
+def state_only_graph(
+    agent: Pregel[Any, Any, Any, Any], saver: BaseCheckpointSaver[Any]
+) -> Pregel[Any, Any, Any, Any]:
     """The agent's assembled state schema with one node that never runs (S5)."""
     builder = getattr(agent, "builder", None)
     schema = getattr(builder, "state_schema", None)

@@ -23,7 +23,7 @@ import functools
 import sys
 import types
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal, Required, cast
+from typing import Annotated, Any, Literal, Required
 
 import psycopg
 from langchain_core.messages import AnyMessage
@@ -59,7 +59,8 @@ def add_messages_batch(state: list[AnyMessage], writes: Sequence[Any]) -> list[A
     f(f(s, xs), ys) == f(s, xs + ys).
     """
     merge: Any = add_messages
-    return cast(list[AnyMessage], functools.reduce(merge, writes, state))
+    merged: list[AnyMessage] = functools.reduce(merge, writes, state)
+    return merged
 
 
 @functools.cache

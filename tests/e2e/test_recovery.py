@@ -157,7 +157,9 @@ def test_l2_frozen_owner_is_fenced_when_it_wakes(fast: Cluster, store: RunStore)
             )
         finally:
             os.kill(pid, signal.SIGCONT)
-        wait_for(lambda: store.run_status(run_id) in TERMINAL_STATUSES, 60, what="the run to finish")
+        wait_for(
+            lambda: store.run_status(run_id) in TERMINAL_STATUSES, 60, what="the run to finish"
+        )
         time.sleep(1.5)  # give the stale worker time to try its writes
         row = client.get(f"/threads/{tid}/runs/{run_id}").json()
         assert row["status"] == "success" and row["attempt"] == 2
@@ -181,7 +183,9 @@ def test_l3_duplicate_delivery_runs_once(fast: Cluster, store: RunStore) -> None
         run_id = slow_run(client, tid, tokens=30, delay_ms=10)
         dispatcher.dispatch_run(run_id)
         dispatcher.dispatch_run(run_id)
-        wait_for(lambda: store.run_status(run_id) in TERMINAL_STATUSES, 30, what="the run to finish")
+        wait_for(
+            lambda: store.run_status(run_id) in TERMINAL_STATUSES, 30, what="the run to finish"
+        )
         time.sleep(0.5)
         kinds = [e["type"] for e in store.run_events(run_id) if e["category"] == "lifecycle"]
         assert kinds == ["created", "claimed", "success"]
@@ -202,7 +206,9 @@ def test_r7_sigterm_hands_the_run_over(fast: Cluster, store: RunStore) -> None:
         os.kill(pid, signal.SIGTERM)
         victim.popen.wait(timeout=30)
         wait_for(
-            lambda: store.run_status(run_id) in TERMINAL_STATUSES, 60, what="the run to finish elsewhere"
+            lambda: store.run_status(run_id) in TERMINAL_STATUSES,
+            60,
+            what="the run to finish elsewhere",
         )
         row = client.get(f"/threads/{tid}/runs/{run_id}").json()
         assert row["status"] == "success" and row["attempt"] == 2

@@ -6,7 +6,6 @@ import itertools
 
 import pytest
 
-from threadrun.client import WireGap
 from shared.settings import Settings
 from shared.testing import (
     UNLIMITED_USERS,
@@ -17,6 +16,7 @@ from shared.testing import (
     server_dsn,
     wait_for,
 )
+from threadrun.client import WireGap
 
 GAP_BODY = (
     '{"code":"stream_replay_gap","run_id":"r","requested_event_id":"1-0",'

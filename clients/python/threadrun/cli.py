@@ -279,7 +279,7 @@ def installed_subcommands(err: TextIO | None = None) -> list[AddParser]:
     for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
         try:
             found.append(ep.load())
-        except Exception as exc:  # whatever importing the plugin raised
+        except Exception as exc:  # noqa: BLE001 - whatever importing the plugin raised
             (err or sys.stderr).write(
                 f"threadrun: skipping the {ep.name!r} command ({type(exc).__name__}: {exc})\n"
             )

@@ -182,7 +182,7 @@ class MemoryWriteMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         thread_id, user_id, agent_name, run_id = ident
         try:
             self._manager().add(thread_id, messages, agent_name, user_id, trace_id=run_id)
-        except Exception:  # noqa: BLE001 - G3: memory write fails open
+        except Exception:  # G3: memory write fails open
             log.exception("memory update not admitted", extra={"thread_id": thread_id})
 
     async def aafter_agent(

@@ -233,7 +233,7 @@ class Summarizer:
                     result = await asyncio.to_thread(hook, hook_ctx)
                     if inspect.isawaitable(result):
                         await result
-            except Exception:  # noqa: BLE001 - hooks are contained and logged
+            except Exception:  # hooks are contained and logged
                 log.exception("before-summarization hook failed")
         done = self._finish(summary, to_summarize, preserved)
         if journal_record is not None:
