@@ -76,7 +76,7 @@ def test_client_imports_only_the_stdlib_its_dependencies_and_itself() -> None:
 def test_the_import_check_catches_a_server_import(tmp_path: Path) -> None:
     """The check itself works: `from shared.x import y` and `import app` are found."""
     probe = tmp_path / "probe.py"
-    probe.write_text("import json\nimport app.main\nfrom threadrun.client import parse_sse\n")
+    probe.write_text("import json\nimport app.main\nfrom shared.client import parse_sse\n")
     assert [name for _, name in imported_modules(probe)] == ["json", "app", "shared"]
 
 
