@@ -61,6 +61,31 @@ def parse_body(model: type[M], *, allow_empty: bool = False) -> M:
     return validate(model, data)
 
 
+def read_json_body() -> Any:
+    """The request's JSON body (None when empty); 400 when it is not JSON."""
+    raw = request.get_data(cache=True)
+    if not raw.strip():
+        return None
+    try:
+        return serde.loads(raw)
+    except ValueError as exc:
+        raise ValidationFailed(
+            f"request body is not valid JSON: {exc}", field="body", status=400
+        ) from exc
+
+
+def validate_items(model: type[M], data: Any) -> list[M]:
+    """Validate a non-empty JSON array item by item; 422 naming the item (`[i].field`)."""
+    if not isinstance(data, list) or not data:
+        raise ValidationFailed("request body must be a non-empty JSON array", field="body")
+    items = []
+    for index, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise ValidationFailed(f"[{index}]: must be a JSON object", field=f"[{index}]")
+        items.append(validate(model, item, prefix=f"[{index}]."))
+    return items
+
+
 def nul_field(value: Any, path: str = "") -> str | None:
     """The path of the first string or key holding a NUL character, else None."""
     if isinstance(value, str):
@@ -80,8 +105,9 @@ def nul_field(value: Any, path: str = "") -> str | None:
     return None
 
 
-def validate(model: type[M], data: dict[str, Any]) -> M:
-    """Validate a dict against a model, mapping errors to ValidationFailed.
+def validate(model: type[M], data: dict[str, Any], prefix: str = "") -> M:
+    """Validate a dict against a model, mapping errors to ValidationFailed (the field
+    named after `prefix`, e.g. `[2].` for an item of an array body).
 
     Strings with a NUL character are refused here (422 naming the field): PostgreSQL text
     and jsonb cannot hold one, so they would fail later as a 500 (found by the fuzzer).
@@ -91,13 +117,14 @@ def validate(model: type[M], data: dict[str, Any]) -> M:
     if b"\\u0000" in serde.dumps(data):  # cheap pre-check; the walk names the field
         field = nul_field(data)
         if field is not None:
+            field = f"{prefix}{field}"
             raise ValidationFailed(
                 f"{field}: the NUL character (\\u0000) is not allowed", field=field
             )
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise validation_failed(exc) from exc
+        raise validation_failed(exc, prefix) from exc
 
 
 def parse_query(model: type[M]) -> M:

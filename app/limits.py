@@ -22,10 +22,11 @@ from typing import Any
 
 import redis
 from flask import Flask, Response, g, request
+from pydantic import BaseModel
 
 from app.auth import principal
-from app.http import error_body, json_response, validate
-from app.schemas import RunCreate
+from app.http import error_body, json_response, validate, validate_items
+from app.schemas import BatchRunCreate, RunCreate, StatelessRunCreate
 from app.services import Services
 from shared import lua, serde
 from shared.errors import ThreadrunError
@@ -34,9 +35,27 @@ from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
-RUN_CREATE_ENDPOINTS = frozenset({"runs.create", "runs.create_stream", "runs.create_wait"})
+RUN_CREATE_MODELS: dict[str, type[BaseModel]] = {
+    "runs.create": RunCreate,
+    "runs.create_stream": RunCreate,
+    "runs.create_wait": RunCreate,
+    "runs.create_stateless": StatelessRunCreate,
+    "runs.create_stateless_stream": StatelessRunCreate,
+    "runs.create_stateless_wait": StatelessRunCreate,
+}
+"""Endpoints that create one run, and the model that validates their body."""
+RUN_CREATE_ENDPOINTS = frozenset(RUN_CREATE_MODELS)
+BATCH_ENDPOINT = "runs.create_batch"
+"""Creates several runs: each counts against the rate and the active runs."""
 STREAM_ENDPOINTS = frozenset(
-    {"runs.create_stream", "runs.join_stream", "runs.create_wait", "runs.join"}
+    {
+        "runs.create_stream",
+        "runs.join_stream",
+        "runs.create_wait",
+        "runs.join",
+        "runs.create_stateless_stream",
+        "runs.create_stateless_wait",
+    }
 )
 """Long-held responses that count as open connections: SSE streams, and /wait and /join,
 which hold the request open (whitespace keep-alives) until the run ends."""
@@ -193,12 +212,13 @@ class Limiter:
         self._acquire_conn = lua.register(self.redis, "limit_acquire_connection")
         self.renew_conn = lua.register(self.redis, "limit_renew_connection")
 
-    def check_run_rate(self, user_id: str) -> None:
-        """`runs_per_minute` per user (GCRA: a burst of the full minute, then steady)."""
+    def check_run_rate(self, user_id: str, runs: int = 1) -> None:
+        """`runs_per_minute` per user (GCRA: a burst of the full minute, then steady);
+        a batch of `runs` conforms as a whole or is refused without counting."""
         limit = self.settings.runs_per_minute
         interval = 60_000 / limit
         allowed, wait_ms = self._rate(
-            keys=[self.keys.rate(user_id)], args=[interval, interval * (limit - 1)]
+            keys=[self.keys.rate(user_id)], args=[interval, interval * (limit - 1), runs]
         )
         if not allowed:
             raise LimitExceeded(
@@ -260,6 +280,36 @@ def limiter() -> Limiter:
     return current_app.extensions["threadrun_limits"]  # type: ignore[no-any-return]
 
 
+def admit_batch_limits(user_id: str, items: list[dict[str, Any]]) -> list[RunSlot]:
+    """The limits of `admit_limits` for a batch: sizes per item (the field names the
+    item), the rate for all its runs at once, one active-run slot per run (all or none)."""
+    lim = limiter()
+    if len(items) > lim.settings.max_active_runs:
+        raise LimitExceeded(
+            "max_active_runs",
+            f"a batch of {len(items)} runs: at most {lim.settings.max_active_runs}"
+            " pending or running runs per user",
+            status=422,
+            field="body",
+        )
+    for index, item in enumerate(items):
+        try:
+            check_run_sizes(item, lim.settings)
+        except LimitExceeded as exc:
+            exc.field = f"[{index}].{exc.field}"
+            raise
+    lim.check_run_rate(user_id, len(items))
+    slots: list[RunSlot] = []
+    try:
+        for _ in items:
+            slots.append(lim.reserve_run(user_id))
+    except LimitExceeded:
+        for slot in slots:
+            slot.release()
+        raise
+    return slots
+
+
 def admit_limits(user_id: str, data: dict[str, Any]) -> RunSlot:
     """Sizes, rate and active-run checks before admitting a run (HTTP and WebSocket).
 
@@ -304,6 +354,17 @@ def _raw_json_object() -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _raw_json_array() -> list[dict[str, Any]] | None:
+    raw = request.get_data(cache=True)
+    try:
+        data = serde.loads(raw) if raw.strip() else None
+    except ValueError:
+        return None
+    if not isinstance(data, list) or not all(isinstance(i, dict) for i in data):
+        return None
+    return data
+
+
 def _before() -> None:
     endpoint = request.endpoint
     if request.method == "OPTIONS" or endpoint is None:
@@ -320,8 +381,14 @@ def _before() -> None:
         if data is None:
             return  # the view answers the malformed body (400/422)
         check_run_sizes(data, limiter().settings)
-        validate(RunCreate, data)  # an invalid request uses no rate or slot
+        validate(RUN_CREATE_MODELS[endpoint], data)  # an invalid request uses no rate or slot
         g.limit_run = admit_limits(principal().user_id, data)
+    elif endpoint == BATCH_ENDPOINT:
+        items = _raw_json_array()
+        if items is None:
+            return  # the view answers the malformed body (400/422)
+        validate_items(BatchRunCreate, items)  # 422 naming the item, before any slot
+        g.limit_batch = admit_batch_limits(principal().user_id, items)
 
 
 def _run_id_of(resp: Response) -> str | None:
@@ -330,7 +397,20 @@ def _run_id_of(resp: Response) -> str | None:
     return parts[-1] if len(parts) >= 5 and parts[-2] == "runs" else None
 
 
+def _batch_run_ids(resp: Response) -> list[str]:
+    """The ids of the runs a batch created, in request order (none unless it succeeded)."""
+    if resp.status_code >= 300:
+        return []
+    runs = resp.get_json(silent=True)
+    return [r["run_id"] for r in runs] if isinstance(runs, list) else []
+
+
 def _after(resp: Response) -> Response:
+    batch: list[RunSlot] = g.pop("limit_batch", [])
+    for slot, batch_run_id in zip(batch, _batch_run_ids(resp) if batch else [], strict=False):
+        slot.bind(batch_run_id)
+    for slot in batch:
+        slot.release()  # no-op for a bound slot
     run_slot: RunSlot | None = g.pop("limit_run", None)
     if run_slot is not None:
         run_id = _run_id_of(resp) if resp.status_code < 300 else None
@@ -349,6 +429,8 @@ def _after(resp: Response) -> Response:
 
 def _teardown(_exc: BaseException | None) -> None:
     """Release what an exception left reserved (after_request does not run then)."""
+    for slot in g.pop("limit_batch", []):
+        slot.release()
     run_slot: RunSlot | None = g.pop("limit_run", None)
     if run_slot is not None:
         run_slot.release()

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
 from shared.runs.model import (
     CancelAction,
+    CancelFilter,
     MultitaskStrategy,
+    OnCompletion,
     OnDisconnect,
     RunRequest,
     RunStatus,
@@ -21,9 +24,19 @@ UNSUPPORTED_RUN_FIELDS = {
     "webhook": "webhooks are not supported",
     "after_seconds": "delayed runs (after_seconds) are not supported",
     "feedback_keys": "feedback keys are not supported",
-    "on_completion": "on_completion is only meaningful for stateless runs, which are not supported",
     "strict_resume": "strict_resume is not supported",
     "langsmith_tracer": "langsmith tracing is not supported",
+}
+ON_COMPLETION_ON_A_THREAD = (
+    "on_completion: only for runs without a thread (POST /runs, /runs/stream, /runs/wait, or a"
+    " /runs/batch item without thread_id); a thread you created stays until you delete it"
+)
+"""The official server ignores `on_completion` on a thread run; we refuse it (A3: never
+silently ignored)."""
+STATELESS_REFUSED = {
+    "if_not_exists": "a run without a thread always gets a new thread of its own",
+    "checkpoint": "a run without a thread starts on a new thread, which has no checkpoint",
+    "checkpoint_id": "a run without a thread starts on a new thread, which has no checkpoint",
 }
 STREAM_MODES = {"values", "updates", "messages-tuple", "custom", "debug", "tasks", "checkpoints"}
 PG_BIGINT_MAX = 2**63 - 1  # larger offsets fail in PostgreSQL (found by the fuzzer)
@@ -171,6 +184,8 @@ class RunCreate(Strict):
             for key, why in UNSUPPORTED_RUN_FIELDS.items():
                 if data.get(key) is not None:
                     raise ValueError(f"{key}: {why}")
+            if "on_completion" not in cls.model_fields and data.get("on_completion") is not None:
+                raise ValueError(ON_COMPLETION_ON_A_THREAD)
         return data
 
     @field_validator("stream_mode", mode="before")
@@ -231,6 +246,82 @@ class RunCreate(Strict):
             multitask_strategy=self.multitask_strategy,
             create_thread=self.if_not_exists == "create",
         )
+
+
+class StatelessRunCreate(RunCreate):
+    """POST /runs, /runs/stream, /runs/wait: a run on a new temporary thread of the caller."""
+
+    on_completion: OnCompletion = OnCompletion.DELETE
+
+    @property
+    def has_thread(self) -> bool:
+        """Whether the run goes on a thread the client names (only a batch item may)."""
+        return False
+
+    @model_validator(mode="after")
+    def _stateless(self) -> Self:
+        if self.has_thread:
+            if "on_completion" in self.model_fields_set:
+                raise ValueError(ON_COMPLETION_ON_A_THREAD)
+            return self
+        for name, why in STATELESS_REFUSED.items():
+            if name in self.model_fields_set:
+                raise ValueError(f"{name}: {why}")
+        if self.command is not None and self.command.resume is not None:
+            raise ValueError("command.resume: a run without a thread has no interrupt to resume")
+        return self
+
+    def to_request(self, thread_id: str | None = None) -> RunRequest:
+        """The typed request on a new temporary thread (`thread_id`: its id; new if None)."""
+        request = super().to_request(thread_id or str(uuid.uuid4()))
+        return dataclasses.replace(request, create_thread=True, on_completion=self.on_completion)
+
+
+class BatchRunCreate(StatelessRunCreate):
+    """One item of POST /runs/batch: a run on its `thread_id`, or without a thread."""
+
+    thread_id: uuid.UUID | None = None
+
+    @property
+    def has_thread(self) -> bool:
+        """Whether the item names its thread."""
+        return self.thread_id is not None
+
+    def to_request(self, thread_id: str | None = None) -> RunRequest:
+        """The typed request: on the item's thread, else on a new temporary one."""
+        if self.thread_id is None:
+            return super().to_request(thread_id)
+        return RunCreate.to_request(self, str(self.thread_id))
+
+
+class RunBatch(RootModel[list[BatchRunCreate]]):
+    """POST /runs/batch body, for the OpenAPI document (the view validates item by item,
+    so that an error names the item: `[2].assistant_id`)."""
+
+    root: list[BatchRunCreate] = Field(min_length=1)
+
+
+class RunsCancel(Strict):
+    """POST /runs/cancel: runs of one thread by id, or every inflight run of the caller by status."""
+
+    thread_id: uuid.UUID | None = None
+    run_ids: list[uuid.UUID] | None = Field(default=None, min_length=1, max_length=1000)
+    status: CancelFilter | None = None
+
+    @model_validator(mode="after")
+    def _one_selection(self) -> Self:
+        if self.status is not None:
+            if self.thread_id is not None or self.run_ids is not None:
+                raise ValueError("status: give either status, or thread_id and run_ids, not both")
+        elif self.thread_id is None or self.run_ids is None:
+            raise ValueError("give either status, or both thread_id and run_ids")
+        return self
+
+
+class CancelManyQuery(Strict):
+    """POST /runs/cancel query string."""
+
+    action: CancelAction = CancelAction.INTERRUPT
 
 
 class CancelQuery(Strict):

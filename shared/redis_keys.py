@@ -34,6 +34,11 @@ class Keys:
         """A pending cancel request for the run: the action name (R5)."""
         return f"{self.prefix}run:{{{run_id}}}:cancel"
 
+    def result(self, run_id: str) -> str:
+        """What `/wait` answers for a run whose temporary thread is deleted when it ends
+        (JSON, written before its `end`, kept as long as its stream)."""
+        return f"{self.prefix}run:{{{run_id}}}:result"
+
     def reaper_leader(self) -> str:
         """The reaper's leader lock (one active reaper, any worker may take over)."""
         return f"{self.prefix}reaper:leader"

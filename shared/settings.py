@@ -153,6 +153,12 @@ class Settings(BaseSettings):
         gt=0,
         description="A pending head run not claimed after this is re-dispatched.",
     )
+    temporary_thread_grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="A temporary thread (on_completion=delete) whose runs all ended this "
+        "long ago and still exists is deleted by the recovery pass.",
+    )
 
     # --- stream bridge (B) --------------------------------------------------------
     stream_maxlen: int = Field(default=1024, ge=1)

@@ -28,7 +28,9 @@ from shared.bridge.publisher import EventSink
 from shared.errors import LeaseLost
 from shared.journal import RunJournal, settle_delivery, write_delivery_receipt
 from shared.leases import RenewOutcome, lease_value
+from shared.runs import temporary
 from shared.runs.model import CancelAction, JSONObject, Run, RunStatus, Sink, ThreadStatus
+from shared.runs.result import final_result
 from shared.runs.store import ClaimOutcome
 from shared.state.savers import LEASE_KEY, RUN_KEY
 from workers.runtime import WorkerRuntime
@@ -457,6 +459,8 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
     metrics.run_finished(settled.status, time.monotonic() - attempt.started, usage)
     if fin.next_run_id:
         await asyncio.to_thread(rt.dispatcher.dispatch_quietly, fin.next_run_id)
+    if attempt.run.deletes_thread:
+        await keep_result(rt, attempt, settled)
     # (4) `end`, after the status is committed (A1: no stream closes before that).
     try:
         end = {"run_id": attempt.run_id, "status": settled.status}
@@ -465,7 +469,40 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
         log.exception("publishing end failed", extra={"run_id": attempt.run_id})
     await rt.leases.release(attempt.run_id, attempt.lease)
     await rt.redis.delete(rt.keys.cancel(attempt.run_id))
+    if attempt.run.deletes_thread:
+        await delete_temporary_thread(rt, attempt)
     return AttemptResult(AttemptOutcome.FINISHED, status=settled.status)
+
+
+async def keep_result(rt: WorkerRuntime, attempt: RunAttempt, settled: GraphOutcome) -> None:
+    """Store what `/wait` answers beside the stream, before `end`: the thread (and the
+    checkpoints the answer is read from) is deleted right after the end."""
+    try:
+        values: Any = None
+        interrupts: list[Any] = []
+        if settled.status is not RunStatus.ERROR:
+            snap = await rt.state.aget_snapshot(attempt.thread_id, attempt.run.graph_id)
+            values = serde.to_jsonable(snap.values)
+            interrupts = [serde.to_jsonable(i) for i in snap.interrupts]
+        result = final_result(settled.status, settled.error, values, interrupts)
+        ttl = rt.settings.stream_ttl_after_end_s
+        await rt.redis.set(rt.keys.result(attempt.run_id), serde.dumps(result), ex=ttl)
+    except Exception:  # the waiting client reads the thread instead, within the grace
+        log.exception("storing the run's result failed", extra={"run_id": attempt.run_id})
+
+
+async def delete_temporary_thread(rt: WorkerRuntime, attempt: RunAttempt) -> None:
+    """on_completion=delete: the thread goes now that its run ended (if no other run is
+    inflight on it); if this fails or the worker dies first, the recovery pass does it."""
+    try:
+        deleted = await asyncio.to_thread(
+            temporary.delete_if_finished, rt.store, attempt.thread_id, rt.settings.workspace_dir
+        )
+    except Exception:  # the row stays: the recovery pass deletes it after the grace
+        log.exception("deleting the temporary thread failed", extra={"run_id": attempt.run_id})
+        return
+    if deleted:
+        log.info("temporary thread deleted", extra={"run_id": attempt.run_id})
 
 
 async def settle_journal(

@@ -17,6 +17,7 @@ from shared.bridge.base import END_EVENT
 from shared.bridge.publisher import PublishCall
 from shared.leases import lease_value
 from shared.redis_keys import REAPER_LEAD_TTL_INTERVALS
+from shared.runs import temporary
 from shared.runs.model import CancelAction, RunStatus
 from workers.runtime import WorkerRuntime
 
@@ -30,9 +31,19 @@ async def _lead(rt: WorkerRuntime, ttl_ms: int) -> bool:
 
 
 async def reap_once(rt: WorkerRuntime) -> dict[str, int]:
-    """One pass: re-dispatch lost pending heads, re-queue running runs with no live lease."""
+    """One pass: re-dispatch lost pending heads, re-queue running runs with no live lease,
+    delete the temporary threads whose runs ended and that are still there."""
     s = rt.settings
     counts = {"redispatched": 0, "requeued": 0, "failed": 0, "locked": 0}
+    purged = await asyncio.to_thread(
+        temporary.purge_finished,
+        rt.store,
+        s.workspace_dir,
+        grace_s=s.temporary_thread_grace_s,
+        lock_timeout_s=s.reaper_lock_timeout_s,
+    )
+    counts["temporary_deleted"] = purged.deleted
+    counts["locked"] += purged.locked
     for run_id in await asyncio.to_thread(rt.store.stale_pending_heads, s.dispatch_stale_s):
         if await asyncio.to_thread(rt.dispatcher.dispatch_quietly, run_id):
             counts["redispatched"] += 1

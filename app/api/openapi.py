@@ -35,12 +35,18 @@ BODIES: dict[str, type[BaseModel]] = {
     "runs.create": schemas.RunCreate,
     "runs.create_stream": schemas.RunCreate,
     "runs.create_wait": schemas.RunCreate,
+    "runs.create_stateless": schemas.StatelessRunCreate,
+    "runs.create_stateless_stream": schemas.StatelessRunCreate,
+    "runs.create_stateless_wait": schemas.StatelessRunCreate,
+    "runs.create_batch": schemas.RunBatch,
+    "runs.cancel_many": schemas.RunsCancel,
     "ops.cancel": ops_api.OpsCancel,
     "ops.requeue": ops_api.OpsRequeue,
 }
 QUERIES: dict[str, type[BaseModel]] = {
     "runs.list_runs": schemas.RunListQuery,
     "runs.cancel": schemas.CancelQuery,
+    "runs.cancel_many": schemas.CancelManyQuery,
     "runs.join_stream": schemas.JoinStreamQuery,
     "events.run_events": events_api.RunEventsQuery,
     "events.thread_events": events_api.ThreadEventsQuery,
@@ -49,7 +55,13 @@ QUERIES: dict[str, type[BaseModel]] = {
     "ops.audit": ops_api.OpsAuditQuery,
     "memory.list_facts": memory_api.FactsQuery,
 }
-STREAMING = {"runs.create_stream", "runs.join_stream"}
+REQUIRED_BODIES = {
+    schemas.RunCreate,
+    schemas.StatelessRunCreate,
+    schemas.RunBatch,
+    schemas.RunsCancel,
+}
+STREAMING = {"runs.create_stream", "runs.create_stateless_stream", "runs.join_stream"}
 PLAIN_TEXT = {"ops.metrics_endpoint"}  # Prometheus exposition format
 FILES = {"artifacts.download"}  # an artifact's own bytes, whatever its type
 OTHER_SUCCESS: dict[str, dict[str, Any]] = {
@@ -57,6 +69,7 @@ OTHER_SUCCESS: dict[str, dict[str, Any]] = {
         "202": {"description": "cancel accepted (wait=0)", "content": {"application/json": {}}}
     },
     "runs.delete": {"204": {"description": "deleted"}},
+    "runs.cancel_many": {"204": {"description": "the selected runs are cancelled"}},
     "memory.compact": {
         "502": {
             "description": "summary generation failed; the state is unchanged",
@@ -142,7 +155,7 @@ def build(app: Flask) -> dict[str, Any]:
             if rule.endpoint in BODIES:
                 model = BODIES[rule.endpoint]
                 op["requestBody"] = {
-                    "required": model is schemas.RunCreate,
+                    "required": model in REQUIRED_BODIES,
                     "content": {"application/json": {"schema": refs[(model, "validation")]}},
                 }
             if rule.endpoint in QUERIES:

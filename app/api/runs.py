@@ -1,4 +1,5 @@
-"""Runs: create (background / stream / wait), list, get, delete, join, join stream, cancel."""
+"""Runs: create (background / stream / wait, on a thread or without one), batch, list, get,
+delete, join, join stream, cancel (one run, or many)."""
 
 from __future__ import annotations
 
@@ -17,15 +18,28 @@ from app.http import (
     json_response,
     parse_body,
     parse_query,
+    read_json_body,
     validate,
+    validate_items,
 )
-from app.schemas import CancelQuery, JoinStreamQuery, RunCreate, RunListQuery
+from app.schemas import (
+    BatchRunCreate,
+    CancelManyQuery,
+    CancelQuery,
+    JoinStreamQuery,
+    RunCreate,
+    RunListQuery,
+    RunsCancel,
+    StatelessRunCreate,
+)
 from app.services import current_services
 from app.streaming.frames import event_filter
 from app.streaming.sse import sse_body
 from shared import serde
 from shared.bridge.base import END_EVENT, Event, Gap
-from shared.runs.model import CancelAction, OnDisconnect, Run, RunStatus
+from shared.errors import NotFound
+from shared.runs.model import CancelAction, OnDisconnect, Run
+from shared.runs.result import final_result
 
 bp = Blueprint("runs", __name__)
 log = logging.getLogger(__name__)
@@ -36,6 +50,12 @@ def _admit(thread_id: str) -> tuple[Run, RunCreate]:
     run = current_services().runs.admit(
         principal().user_id, body.to_request(checked_thread_id(thread_id))
     )
+    return run, body
+
+
+def _admit_stateless() -> tuple[Run, StatelessRunCreate]:
+    body = parse_body(StatelessRunCreate)
+    run = current_services().runs.admit(principal().user_id, body.to_request())
     return run, body
 
 
@@ -80,17 +100,29 @@ def _stream_response(
     )
 
 
-def _final_result(thread_id: str, run_id: str, graph_id: str) -> Any:
-    """What /wait and /join return: last values, or `__error__` (A1)."""
+def _final_result(run: Run) -> bytes:
+    """What /wait and /join return (JSON): last values, or `__error__` (A1).
+
+    A run whose temporary thread is deleted when it ends answers what its worker stored
+    before the `end` (`Keys.result`); without it (a run that ended without a worker) the
+    thread is read, which the recovery pass keeps for a grace period after the end.
+    """
     svc = current_services()
-    run = svc.store.get_run(thread_id, run_id, principal().user_id)
-    if run.status is RunStatus.ERROR:
-        return {"__error__": run.error or {"error": "RunError", "message": "run failed"}}
-    state = svc.state.get(thread_id, graph_id)
-    values = state["values"]
-    if state["interrupts"] and isinstance(values, dict):
-        values = {**values, "__interrupt__": state["interrupts"]}
-    return values
+    if run.deletes_thread:
+        stored = svc.runs.stored_result(run.run_id)
+        if stored is not None:
+            return stored
+    try:
+        ended = svc.store.get_run(run.thread_id, run.run_id, principal().user_id)
+    except NotFound:
+        if not run.deletes_thread:
+            raise
+        log.warning("the temporary thread is gone; no result", extra={"run_id": run.run_id})
+        return b"{}"  # as the official server, for a stateless run with nothing to show
+    state = svc.state.get(ended.thread_id, ended.graph_id)
+    return serde.dumps(
+        final_result(ended.status, ended.error, state["values"], state["interrupts"])
+    )
 
 
 def _await_end(run_id: str) -> Iterator[bytes]:
@@ -130,7 +162,7 @@ def _wait_body(run: Run, *, cancel_on_disconnect: bool) -> Iterator[bytes]:
         if not run.terminal:
             yield from _await_end(run_id)
         finished = True
-        yield serde.dumps(_final_result(thread_id, run_id, run.graph_id))
+        yield _final_result(run)
     finally:
         if not finished and cancel_on_disconnect:
             svc.runs.cancel(
@@ -166,6 +198,54 @@ def create_wait(thread_id: str) -> Response:
     """Create a run and wait for its final values."""
     run, body = _admit(thread_id)
     return _wait_response(run, cancel_on_disconnect=body.on_disconnect is OnDisconnect.CANCEL)
+
+
+@bp.post("/runs")
+def create_stateless() -> Response:
+    """Create a background run on a new temporary thread (`on_completion`: delete | keep)."""
+    run, _ = _admit_stateless()
+    return json_response(run_json(run), headers=_locations(run, "/stream"))
+
+
+@bp.post("/runs/stream")
+def create_stateless_stream() -> Response:
+    """Create a run on a new temporary thread and stream its events (SSE)."""
+    run, body = _admit_stateless()
+    cancel_on_disconnect = body.on_disconnect is OnDisconnect.CANCEL
+    return _stream_response(run, None, cancel_on_disconnect=cancel_on_disconnect)
+
+
+@bp.post("/runs/wait")
+def create_stateless_wait() -> Response:
+    """Create a run on a new temporary thread and wait for its final values."""
+    run, body = _admit_stateless()
+    return _wait_response(run, cancel_on_disconnect=body.on_disconnect is OnDisconnect.CANCEL)
+
+
+@bp.post("/runs/batch")
+def create_batch() -> Response:
+    """Create background runs, each on its `thread_id` or a new temporary thread, all or
+    nothing; answers the runs in request order."""
+    items = validate_items(BatchRunCreate, read_json_body())
+    runs = current_services().runs.admit_batch(
+        principal().user_id, [item.to_request() for item in items]
+    )
+    return json_response([run_json(r) for r in runs])
+
+
+@bp.post("/runs/cancel")
+def cancel_many() -> Response:
+    """Cancel runs of one thread by id, or every pending/running run of the caller (R5)."""
+    q = parse_query(CancelManyQuery)
+    body = parse_body(RunsCancel)
+    current_services().runs.cancel_many(
+        owner=principal().user_id,
+        action=q.action,
+        statuses=body.status.statuses if body.status is not None else None,
+        thread_id=str(body.thread_id) if body.thread_id is not None else None,
+        run_ids=[str(r) for r in body.run_ids] if body.run_ids is not None else None,
+    )
+    return Response(status=204)
 
 
 @bp.get("/threads/<thread_id>/runs")

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 import redis
 
-from shared.errors import AssistantNotFound, ThreadBusy
+from shared.errors import AssistantNotFound, RunNotFound, ThreadBusy
 from shared.redis_keys import CANCEL_TTL_S, Keys
 from shared.runs.admission import AdmissionOutcome, CancelOutcome
-from shared.runs.model import CancelAction, MultitaskStrategy, Run, RunRequest
-from shared.runs.store import RunStore
+from shared.runs.model import (
+    INFLIGHT_STATUSES,
+    CancelAction,
+    MultitaskStrategy,
+    Run,
+    RunRequest,
+    RunStatus,
+)
+from shared.runs.store import Admission, AdmitItem, RunStore
 from shared.taskqueue import Dispatcher
 
 log = logging.getLogger(__name__)
@@ -57,19 +65,38 @@ class RunManager:
 
     def admit(self, owner: str, request: RunRequest) -> Run:
         """Create a run atomically (R2), then dispatch it after commit (R4)."""
-        strategy = request.multitask_strategy or self._default_strategy
         admission = self.store.admit(
             request,
             run_id=str(uuid.uuid4()),
             owner=owner,
             graph_id=self.resolve_graph(request.assistant_id),
-            strategy=strategy,
+            strategy=request.multitask_strategy or self._default_strategy,
         )
         if admission.decision.outcome is AdmissionOutcome.REJECTED:
             raise ThreadBusy(
                 f"thread {request.thread_id} already has a run in progress"
                 " (multitask_strategy=reject)"
             )
+        return self._after_commit(admission)
+
+    def admit_batch(self, owner: str, requests: Sequence[RunRequest]) -> list[Run]:
+        """Create several runs all or nothing (one transaction), then dispatch them.
+
+        An unknown assistant, a missing thread or a busy one under `reject` refuses the
+        whole batch with the error of the first such item, naming its index.
+        """
+        items = []
+        for index, request in enumerate(requests):
+            try:
+                graph_id = self.resolve_graph(request.assistant_id)
+            except AssistantNotFound as exc:
+                raise AssistantNotFound(f"item {index}: {exc}") from exc
+            strategy = request.multitask_strategy or self._default_strategy
+            items.append(AdmitItem(request, str(uuid.uuid4()), graph_id, strategy))
+        return [self._after_commit(a) for a in self.store.admit_many(owner, items)]
+
+    def _after_commit(self, admission: Admission) -> Run:
+        """Tell the owners of cancelled runs, dispatch what the admission says (R4)."""
         for victim in admission.cancel_running:
             self._signal_cancel(victim, admission.cancel_action)
         for run_id in admission.dispatch:
@@ -97,10 +124,46 @@ class RunManager:
             self._dispatcher.dispatch_quietly(next_run)
         return outcome
 
+    def cancel_many(
+        self,
+        *,
+        owner: str,
+        action: CancelAction,
+        statuses: Collection[RunStatus] | None = None,
+        thread_id: str | None = None,
+        run_ids: Sequence[str] | None = None,
+    ) -> dict[str, CancelOutcome]:
+        """Cancel the owner's runs in `statuses` (default: pending and running), on
+        `thread_id`, among `run_ids`, each exactly as `cancel` does one (R5), newest first;
+        RunNotFound when none is inflight (the official server's 404), ThreadNotFound for
+        another user's thread."""
+        if thread_id is not None:
+            self.store.get_thread(thread_id, owner)
+        outcomes: dict[str, CancelOutcome] = {}
+        selected = self.store.inflight_runs(
+            owner, statuses or INFLIGHT_STATUSES, thread_id=thread_id, run_ids=run_ids
+        )
+        for run in selected:
+            try:
+                outcomes[run.run_id] = self.cancel(
+                    owner=owner, thread_id=run.thread_id, run_id=run.run_id, action=action
+                )
+            except RunNotFound:
+                continue  # its thread was deleted meanwhile: nothing left to cancel
+        if not outcomes:
+            raise RunNotFound("no pending or running run matches: nothing to cancel")
+        return outcomes
+
     def delete_thread(self, *, owner: str, thread_id: str) -> None:
         """Delete a thread and its runs; runs still executing are told to stop."""
         for run_id in self.store.delete_thread(thread_id, owner):
             self._signal_cancel(run_id, CancelAction.INTERRUPT)
+
+    def stored_result(self, run_id: str) -> bytes | None:
+        """The `/wait` answer (JSON) the worker stored for a run whose temporary thread it
+        deletes when the run ends; None when there is none."""
+        raw = self._redis.get(self._keys.result(run_id))
+        return raw.encode() if isinstance(raw, str) else raw
 
     def is_terminal(self, run_id: str) -> bool:
         """Whether the run has a committed terminal status (or no longer exists)."""

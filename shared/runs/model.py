@@ -70,11 +70,33 @@ class CancelAction(enum.StrEnum):
     ROLLBACK = "rollback"
 
 
+class CancelFilter(enum.StrEnum):
+    """Which inflight runs of the caller a bulk cancel selects (`POST /runs/cancel`)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    ALL = "all"
+
+    @property
+    def statuses(self) -> frozenset[RunStatus]:
+        """The run statuses this filter selects."""
+        if self is CancelFilter.ALL:
+            return INFLIGHT_STATUSES
+        return frozenset({RunStatus(self.value)})
+
+
 class OnDisconnect(enum.StrEnum):
     """What a streaming or waiting client's disconnect does to its run."""
 
     CANCEL = "cancel"
     CONTINUE = "continue"
+
+
+class OnCompletion(enum.StrEnum):
+    """What happens to the temporary thread of a run without a thread once its runs ended."""
+
+    DELETE = "delete"
+    KEEP = "keep"
 
 
 class Sink(enum.StrEnum):
@@ -104,7 +126,13 @@ class RunRequest:
     kwargs: JSONObject = field(default_factory=dict)
     on_disconnect: OnDisconnect = OnDisconnect.CONTINUE
     multitask_strategy: MultitaskStrategy | None = None  # None: the deployment's default
-    create_thread: bool = False  # `if_not_exists=create`
+    create_thread: bool = False  # `if_not_exists=create`, or the thread of a stateless run
+    on_completion: OnCompletion | None = None  # set only for a run without a thread
+
+    @property
+    def stateless(self) -> bool:
+        """Whether the run came without a thread and runs on a temporary one of its own."""
+        return self.on_completion is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +166,14 @@ class Run:
     cancel_action: CancelAction | None = None
     error: JSONObject | None = None
     usage: JSONObject | None = None
+    on_completion: OnCompletion | None = None  # a run without a thread: its thread's fate
     user_id: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
         """The run of a `runs` row (a dict row of psycopg; extra columns are ignored)."""
         cancel = row.get("cancel_action")
+        on_completion = row.get("on_completion")
         return cls(
             run_id=str(row["run_id"]),
             thread_id=str(row["thread_id"]),
@@ -172,6 +202,7 @@ class Run:
             cancel_action=CancelAction(cancel) if cancel else None,
             error=row.get("error"),
             usage=row.get("usage"),
+            on_completion=OnCompletion(on_completion) if on_completion else None,
             user_id=_opt_str(row.get("user_id")),
         )
 
@@ -179,6 +210,11 @@ class Run:
     def terminal(self) -> bool:
         """Whether the run has ended."""
         return self.status.terminal
+
+    @property
+    def deletes_thread(self) -> bool:
+        """Whether the run's temporary thread is deleted once every run on it ended."""
+        return self.on_completion is OnCompletion.DELETE
 
 
 @dataclass(frozen=True, slots=True)

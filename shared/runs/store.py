@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +14,7 @@ from psycopg.types.json import Jsonb
 
 from shared import serde
 from shared.db import DictPool
-from shared.errors import Conflict, RunNotFound, ThreadExists, ThreadNotFound
+from shared.errors import Conflict, RunNotFound, ThreadBusy, ThreadExists, ThreadNotFound
 from shared.journal import Category, append_in
 from shared.runs.admission import (
     AdmissionDecision,
@@ -82,11 +83,11 @@ LIMIT %(limit)s
 """
 INSERT_RUN_SQL = """
 INSERT INTO runs (run_id, thread_id, assistant_id, graph_id, status, input, command, config,
-                  context, metadata, kwargs, multitask_strategy, on_disconnect, dispatched_at,
-                  created_at, updated_at)
+                  context, metadata, kwargs, multitask_strategy, on_disconnect, on_completion,
+                  dispatched_at, created_at, updated_at)
 VALUES (%(run_id)s, %(thread_id)s, %(assistant_id)s, %(graph_id)s, 'pending', %(input)s,
         %(command)s, %(config)s, %(context)s, %(metadata)s, %(kwargs)s,
-        %(multitask_strategy)s, %(on_disconnect)s,
+        %(multitask_strategy)s, %(on_disconnect)s, %(on_completion)s,
         CASE WHEN %(dispatch)s THEN now() END,
         -- clock_timestamp(), not now(): taken after the thread lock, so created_at
         -- follows admission (= execution) order, not transaction start order.
@@ -135,6 +136,35 @@ LIMIT %(limit)s OFFSET %(offset)s
 DELETE_RUN_SQL = """
 DELETE FROM runs WHERE run_id = %(run_id)s AND status NOT IN ('pending', 'running')
 RETURNING run_id
+"""
+
+INFLIGHT_OF_OWNER_SQL = """
+SELECT r.* FROM runs r JOIN threads t USING (thread_id)
+WHERE t.owner = %(owner)s AND r.status = ANY(%(statuses)s)
+  AND (%(thread_id)s::uuid IS NULL OR r.thread_id = %(thread_id)s::uuid)
+  AND (%(run_ids)s::uuid[] IS NULL OR r.run_id = ANY(%(run_ids)s::uuid[]))
+ORDER BY r.seq DESC
+"""
+"""Newest first: cancelling a thread's queue from its tail never dispatches a run that is
+about to be cancelled too."""
+
+# --- temporary threads of runs without a thread ---------------------------------------------
+TEMPORARY_THREAD_FINISHED_SQL = """
+SELECT EXISTS (SELECT 1 FROM runs WHERE thread_id = %(thread_id)s AND on_completion = 'delete')
+   AND NOT EXISTS (SELECT 1 FROM runs
+                   WHERE thread_id = %(thread_id)s AND status IN ('pending', 'running'))
+   AS finished
+"""
+"""Read after the thread row is locked, in its own statement: admissions hold that lock
+while they insert, so this sees every run that will ever be on the thread until we commit."""
+DELETE_THREAD_BY_ID_SQL = "DELETE FROM threads WHERE thread_id = %(thread_id)s"
+FINISHED_TEMPORARY_THREADS_SQL = """
+SELECT DISTINCT r.thread_id::text AS thread_id FROM runs r
+WHERE r.on_completion = 'delete' AND r.status NOT IN ('pending', 'running')
+  AND r.ended_at < now() - make_interval(secs => %(grace_s)s)
+  AND NOT EXISTS (SELECT 1 FROM runs o
+                  WHERE o.thread_id = r.thread_id AND o.status IN ('pending', 'running'))
+LIMIT %(limit)s
 """
 
 # --- claim and finish (L1, L2) -------------------------------------------------------------
@@ -222,6 +252,16 @@ class Claim:
 
     outcome: ClaimOutcome
     run: Run | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitItem:
+    """One run to admit: the request, its new id, its graph and the strategy in force."""
+
+    request: RunRequest
+    run_id: str
+    graph_id: str
+    strategy: MultitaskStrategy
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,48 +418,86 @@ class RunStore:
         graph_id: str,
         strategy: MultitaskStrategy,
     ) -> Admission:
-        """Write what `admission.decide` decides (R2): the thread row lock serialises admissions,
-        and nothing but SQL happens between reading the inflight runs and the insert."""
+        """Admit one run (R2): one transaction holding the thread row lock; `decide` says
+        what to write."""
+        item = AdmitItem(request, run_id, graph_id, strategy)
+        with self._pool.connection() as conn, conn.transaction():
+            return self._admit_in(conn, owner, item)
+
+    def admit_many(self, owner: str, items: Sequence[AdmitItem]) -> list[Admission]:
+        """Admit a batch all or nothing: one transaction; an item whose thread is missing
+        (404) or busy under `reject` (409) rolls back every other and names its index.
+
+        The threads are created and locked first, in id order, so two batches that share
+        threads cannot deadlock; then the items are admitted in request order (FIFO).
+        """
+        with self._pool.connection() as conn, conn.transaction():
+            for thread_id, create in sorted(
+                {(i.request.thread_id, i.request.create_thread) for i in items}
+            ):
+                params = {"thread_id": thread_id, "owner": owner}
+                if create:
+                    conn.execute(INSERT_THREAD_SQL, {**params, "metadata": _json({})})
+                conn.execute(LOCK_THREAD_SQL, params)
+            admissions = []
+            for index, item in enumerate(items):
+                try:
+                    admission = self._admit_in(conn, owner, item)
+                except ThreadNotFound as exc:
+                    raise ThreadNotFound(f"item {index}: {exc}") from exc
+                if not admission.decision.creates:
+                    raise ThreadBusy(
+                        f"item {index}: thread {item.request.thread_id} already has a run in"
+                        " progress (multitask_strategy=reject)"
+                    )
+                admissions.append(admission)
+        return admissions
+
+    def _admit_in(
+        self, conn: psycopg.Connection[DictRow], owner: str, item: AdmitItem
+    ) -> Admission:
+        """The admission of one run inside the caller's transaction."""
+        request, run_id, strategy = item.request, item.run_id, item.strategy
         thread_id = request.thread_id
         params = {"thread_id": thread_id, "owner": owner}
-        with self._pool.connection() as conn, conn.transaction():
-            if request.create_thread:
-                conn.execute(INSERT_THREAD_SQL, {**params, "metadata": _json({})})
-            if conn.execute(LOCK_THREAD_SQL, params).fetchone() is None:
-                raise ThreadNotFound(f"thread {thread_id} not found")
-            inflight = self._inflight(conn, thread_id, limit=inflight_needed(strategy))
-            decision = decide(strategy, inflight)
-            if not decision.creates:
-                return Admission(decision, None, [], [])
-            cancel_running: list[str] = []
-            for victim in decision.cancel:
-                outcome = self._cancel_victim(conn, victim, thread_id, decision.action, by=run_id)
-                if outcome is CancelOutcome.REQUESTED and victim.status is RunStatus.RUNNING:
-                    cancel_running.append(victim.run_id)  # its owner must hear of it
-            row = conn.execute(
-                INSERT_RUN_SQL,
-                {
-                    **params,
-                    "run_id": run_id,
-                    "assistant_id": request.assistant_id,
-                    "graph_id": graph_id,
-                    "input": _json(request.input),
-                    "command": _json(request.command),
-                    "config": _json(request.config),
-                    "context": _json(request.context),
-                    "metadata": _json(request.metadata),
-                    "kwargs": _json(request.kwargs),
-                    "multitask_strategy": strategy,
-                    "on_disconnect": request.on_disconnect,
-                    "dispatch": decision.dispatch_now,
-                },
-            ).fetchone()
-            assert row is not None
-            conn.execute(
-                MARK_THREAD_BUSY_SQL,
-                {**params, "graph_id": graph_id, "assistant_id": request.assistant_id},
-            )
-            self._lifecycle(conn, run_id, thread_id, "created", {"outcome": decision.outcome.value})
+        if request.create_thread:
+            conn.execute(INSERT_THREAD_SQL, {**params, "metadata": _json({})})
+        if conn.execute(LOCK_THREAD_SQL, params).fetchone() is None:
+            raise ThreadNotFound(f"thread {thread_id} not found")
+        inflight = self._inflight(conn, thread_id, limit=inflight_needed(strategy))
+        decision = decide(strategy, inflight)
+        if not decision.creates:
+            return Admission(decision, None, [], [])
+        cancel_running: list[str] = []
+        for victim in decision.cancel:
+            outcome = self._cancel_victim(conn, victim, thread_id, decision.action, by=run_id)
+            if outcome is CancelOutcome.REQUESTED and victim.status is RunStatus.RUNNING:
+                cancel_running.append(victim.run_id)  # its owner must hear of it
+        row = conn.execute(
+            INSERT_RUN_SQL,
+            {
+                **params,
+                "run_id": run_id,
+                "assistant_id": request.assistant_id,
+                "graph_id": item.graph_id,
+                "input": _json(request.input),
+                "command": _json(request.command),
+                "config": _json(request.config),
+                "context": _json(request.context),
+                "metadata": _json(request.metadata),
+                "kwargs": _json(request.kwargs),
+                "multitask_strategy": strategy,
+                "on_disconnect": request.on_disconnect,
+                "on_completion": request.on_completion,
+                "dispatch": decision.dispatch_now,
+            },
+        ).fetchone()
+        assert row is not None
+        conn.execute(
+            MARK_THREAD_BUSY_SQL,
+            {**params, "graph_id": item.graph_id, "assistant_id": request.assistant_id},
+        )
+        self._lifecycle(conn, run_id, thread_id, "created", {"outcome": decision.outcome.value})
         dispatch = [run_id] if decision.dispatch_now else []
         return Admission(decision, Run.from_row(row), dispatch, cancel_running)
 
@@ -530,6 +608,64 @@ class RunStore:
             if outcome is CancelOutcome.CANCELLED and head and head[0].run_id == run.run_id:
                 nxt = self._settle_thread(conn, thread_id, ThreadStatus.IDLE)
             return outcome, nxt
+
+    def inflight_runs(
+        self,
+        owner: str,
+        statuses: Collection[RunStatus],
+        *,
+        thread_id: str | None = None,
+        run_ids: Sequence[str] | None = None,
+    ) -> list[Run]:
+        """The owner's runs in `statuses` (optionally on one thread, among `run_ids`), newest first."""
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                INFLIGHT_OF_OWNER_SQL,
+                {
+                    "owner": owner,
+                    "statuses": [str(s) for s in statuses],
+                    "thread_id": thread_id,
+                    "run_ids": list(run_ids) if run_ids is not None else None,
+                },
+            ).fetchall()
+        return [Run.from_row(r) for r in rows]
+
+    # temporary threads -------------------------------------------------------------------
+    def delete_temporary_thread(
+        self,
+        thread_id: str,
+        purge: Callable[[psycopg.Connection[DictRow]], None],
+        *,
+        lock_timeout_s: float | None = None,
+    ) -> bool:
+        """Delete a temporary thread whose runs have all ended (`on_completion=delete`).
+
+        `purge` runs in this transaction, under the thread row lock, before the row goes:
+        it removes what lives beside the row (checkpoints, on this connection; workspace
+        files). A failure anywhere rolls back and leaves the row, which is what the recovery
+        pass looks for, so the thread is never left behind for good. Returns whether the
+        thread was deleted (False: gone already, not temporary, or a run is inflight).
+        """
+        params = {"thread_id": thread_id}
+        with self._pool.connection() as conn, conn.transaction():
+            _lock_timeout(conn, lock_timeout_s)
+            if conn.execute(LOCK_THREAD_BY_ID_SQL, params).fetchone() is None:
+                return False
+            row = conn.execute(TEMPORARY_THREAD_FINISHED_SQL, params).fetchone()
+            if row is None or not row["finished"]:
+                return False
+            purge(conn)
+            conn.execute(DELETE_THREAD_BY_ID_SQL, params)
+        return True
+
+    def finished_temporary_threads(self, grace_s: float, limit: int = 100) -> list[str]:
+        """Temporary threads whose runs all ended more than `grace_s` ago (the recovery
+        pass deletes them: their worker died or failed to)."""
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                FINISHED_TEMPORARY_THREADS_SQL, {"grace_s": grace_s, "limit": limit}
+            ).fetchall()
+        return [str(r["thread_id"]) for r in rows]
 
     # worker side ---------------------------------------------------------------------------
     def claim(self, run_id: str, owner: str) -> Claim:

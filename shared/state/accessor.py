@@ -35,9 +35,12 @@ from langgraph.checkpoint.base import (
     copy_checkpoint,
 )
 from langgraph.checkpoint.base.id import uuid6
+from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.graph import START, StateGraph
 from langgraph.pregel import Pregel
 from langgraph.types import Overwrite, StateSnapshot
+from psycopg import Connection
+from psycopg.rows import DictRow
 
 from shared import serde
 from shared.db import DictPool
@@ -111,6 +114,12 @@ def empty_state(thread_id: str) -> dict[str, Any]:
         "interrupts": [],
         "checkpoint_id": None,
     }
+
+
+def delete_checkpoints_in(conn: Connection[DictRow], thread_id: str) -> None:
+    """Drop every checkpoint of the thread on the caller's connection, inside its
+    transaction (a temporary thread goes with its row, or not at all)."""
+    PostgresSaver(conn).delete_thread(thread_id)
 
 
 class GraphSource(Protocol):

@@ -21,7 +21,9 @@ from shared.runs.model import (
     INFLIGHT_STATUSES,
     TERMINAL_STATUSES,
     CancelAction,
+    CancelFilter,
     MultitaskStrategy,
+    OnCompletion,
     OnDisconnect,
     Run,
     RunStatus,
@@ -30,7 +32,7 @@ from shared.runs.model import (
 )
 from shared.settings import PROJECT_ROOT
 
-INIT_SQL = PROJECT_ROOT / "shared" / "db" / "migrations" / "0001_init.sql"
+MIGRATIONS = PROJECT_ROOT / "shared" / "db" / "migrations"
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 T1 = T0 + dt.timedelta(seconds=7)
 
@@ -47,22 +49,32 @@ def _tables(sql: str) -> Iterator[tuple[str, str]]:
         yield m.group(1), m.group(2)
 
 
+def _added_columns(sql: str) -> Iterator[tuple[str, str]]:
+    """(table, column definition) of each `ALTER TABLE … ADD COLUMN` in a migration."""
+    for m in re.finditer(r"ALTER TABLE (\w+) ADD COLUMN (?:IF NOT EXISTS )?(.*?);", sql, re.DOTALL):
+        yield m.group(1), m.group(2)
+
+
 def sql_checks() -> dict[tuple[str, str], set[str]]:
-    """The `CHECK (column IN ('a', 'b', ...))` value sets of 0001_init.sql, by (table, column)."""
+    """The `CHECK (column IN ('a', 'b', ...))` value sets of every migration (in CREATE
+    TABLE bodies and in added columns), by (table, column)."""
     checks: dict[tuple[str, str], set[str]] = {}
-    for table, body in _tables(INIT_SQL.read_text()):
-        for m in re.finditer(r"CHECK \((\w+) IN \(([^)]*)\)\)", body):
-            checks[(table, m.group(1))] = set(re.findall(r"'([^']*)'", m.group(2)))
+    for path in sorted(MIGRATIONS.glob("*.sql")):
+        sql = path.read_text()
+        for table, body in [*_tables(sql), *_added_columns(sql)]:
+            for m in re.finditer(r"CHECK \((\w+) IN \(([^)]*)\)\)", body):
+                checks[(table, m.group(1))] = set(re.findall(r"'([^']*)'", m.group(2)))
     return checks
 
 
 def test_the_check_constraints_are_parsed() -> None:
-    """The parser below finds the three value constraints (it must not pass vacuously)."""
-    assert set(sql_checks()) == {
+    """The parser finds the value constraints of the runs tables (it must not pass vacuously)."""
+    assert {
         ("threads", "status"),
         ("runs", "status"),
         ("runs", "cancel_action"),
-    }
+        ("runs", "on_completion"),
+    } <= set(sql_checks())
 
 
 @pytest.mark.parametrize(
@@ -71,6 +83,7 @@ def test_the_check_constraints_are_parsed() -> None:
         ("runs", "status", RunStatus),
         ("threads", "status", ThreadStatus),
         ("runs", "cancel_action", CancelAction),
+        ("runs", "on_completion", OnCompletion),
     ],
 )
 def test_r1_enum_values_are_exactly_the_sql_check_values(
@@ -117,6 +130,8 @@ def test_r3_multitask_strategy_is_what_run_create_accepts() -> None:
         (MultitaskStrategy, sdk.MultitaskStrategy),
         (OnDisconnect, sdk.DisconnectMode),
         (CancelAction, sdk.CancelAction),
+        (OnCompletion, sdk.OnCompletionBehavior),
+        (CancelFilter, sdk.BulkCancelRunsStatus),
     ],
 )
 def test_a1_enum_values_are_the_sdk_literals(enum: type[StrEnum], literal: Any) -> None:
@@ -164,6 +179,7 @@ def run_row() -> dict[str, Any]:
         "cancel_action": "rollback",
         "error": None,
         "usage": {"input_tokens": 5},
+        "on_completion": "keep",
         "last_message": "hi",
         "user_id": "alice",
     }
@@ -179,6 +195,7 @@ def test_r1_run_from_a_full_row() -> None:
     assert run.multitask_strategy is MultitaskStrategy.ROLLBACK
     assert run.on_disconnect is OnDisconnect.CANCEL
     assert run.cancel_action is CancelAction.ROLLBACK
+    assert run.on_completion is OnCompletion.KEEP and not run.deletes_thread
     for f in dataclasses.fields(Run):
         expected = row[f.name]
         if isinstance(expected, uuid.UUID):
@@ -212,6 +229,7 @@ def test_r1_run_from_a_minimal_row_defaults_the_optional_columns() -> None:
     assert (run.input, run.command, run.context, run.error, run.usage) == (None,) * 5
     assert (run.seq, run.owner_epoch, run.attempt) == (0, 0, 0)
     assert (run.owner, run.user_id, run.cancel_action) == (None, None, None)
+    assert run.on_completion is None and not run.deletes_thread
     assert (run.dispatched_at, run.started_at, run.ended_at) == (None, None, None)
     assert (run.pre_run_checkpoint_id, run.pre_run_writes) == (None, None)
 
@@ -222,6 +240,8 @@ def test_r1_run_from_a_row_refuses_unknown_values() -> None:
         Run.from_row({**run_row(), "status": "paused"})
     with pytest.raises(ValueError):
         Run.from_row({**run_row(), "cancel_action": "explode"})
+    with pytest.raises(ValueError):
+        Run.from_row({**run_row(), "on_completion": "archive"})
 
 
 def test_run_is_frozen() -> None:
