@@ -27,6 +27,7 @@ def run_json(run: Run) -> dict[str, Any]:
         },
         "multitask_strategy": run.multitask_strategy,
         "on_disconnect": run.on_disconnect,
+        "on_completion": run.on_completion,  # a run without a thread: its thread's fate
         "attempt": run.attempt,
         "owner_epoch": run.owner_epoch,
         "started_at": run.started_at,
