@@ -418,8 +418,8 @@ class RunStore:
         graph_id: str,
         strategy: MultitaskStrategy,
     ) -> Admission:
-        """Admit one run (R2): one transaction holding the thread row lock; `decide` says
-        what to write."""
+        """Write what `admission.decide` decides (R2): the thread row lock serialises admissions,
+        and nothing but SQL happens between reading the inflight runs and the insert."""
         item = AdmitItem(request, run_id, graph_id, strategy)
         with self._pool.connection() as conn, conn.transaction():
             return self._admit_in(conn, owner, item)

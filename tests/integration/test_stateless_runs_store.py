@@ -82,7 +82,7 @@ def end(store: RunStore, run_id: str) -> None:
 def checkpoint(pool: ConnectionPool, thread_id: str) -> None:
     """One checkpoint on the thread (as the graph would write)."""
     config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
-    PostgresSaver(pool).put(config, empty_checkpoint(), {}, {})  # type: ignore[arg-type]
+    PostgresSaver(pool).put(config, empty_checkpoint(), {}, {})
 
 
 def checkpoints(pool: ConnectionPool, thread_id: str) -> int:
@@ -90,7 +90,7 @@ def checkpoints(pool: ConnectionPool, thread_id: str) -> int:
         row = conn.execute(
             "SELECT count(*) AS n FROM checkpoints WHERE thread_id = %s", (thread_id,)
         ).fetchone()
-    return int(row["n"]) if row else 0  # type: ignore[call-overload]
+    return int(row["n"]) if row else 0
 
 
 def exists(store: RunStore, thread_id: str) -> bool:
@@ -180,7 +180,7 @@ def test_r5_inflight_runs_of_an_owner(store: RunStore) -> None:
     store.admit_many("dave", [item(RunRequest(thread_id=other, assistant_id="a"))])
 
     def select(statuses: set[RunStatus], **kw: object) -> list[str]:
-        return [r.run_id for r in store.inflight_runs("carol", statuses, **kw)]  # type: ignore[arg-type]
+        return [r.run_id for r in store.inflight_runs("carol", statuses, **kw)]
 
     everything = {RunStatus.PENDING, RunStatus.RUNNING}
     assert select(everything) == ids[::-1]  # newest first, dave's never
