@@ -25,7 +25,16 @@ UNSUPPORTED_RUN_FIELDS = {
     "strict_resume": "strict_resume is not supported",
     "langsmith_tracer": "langsmith tracing is not supported",
 }
-STREAM_MODES = {"values", "updates", "messages-tuple", "custom", "debug", "tasks", "checkpoints"}
+STREAM_MODES = {
+    "values",
+    "updates",
+    "messages",
+    "messages-tuple",
+    "custom",
+    "debug",
+    "tasks",
+    "checkpoints",
+}
 PG_BIGINT_MAX = 2**63 - 1  # larger offsets fail in PostgreSQL (found by the fuzzer)
 
 

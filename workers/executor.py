@@ -32,10 +32,9 @@ from shared.runs.model import CancelAction, JSONObject, Run, RunStatus, Sink, Th
 from shared.runs.store import ClaimOutcome
 from shared.state.savers import LEASE_KEY, RUN_KEY
 from workers.runtime import WorkerRuntime
+from workers.stream_modes import StreamTranslator, graph_modes
 
 log = logging.getLogger(__name__)
-
-STREAM_MODE_ALIASES = {"messages-tuple": "messages"}
 
 
 class StopReason(enum.Enum):
@@ -349,12 +348,13 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
         config["callbacks"] = [attempt.journal]
     graph = rt.graph(run.graph_id, rt.next_slot())
     kwargs = run.kwargs
-    modes = [STREAM_MODE_ALIASES.get(m, m) for m in kwargs.get("stream_mode") or ["values"]]
+    requested: list[str] = kwargs.get("stream_mode") or ["values"]
     subgraphs = bool(kwargs.get("stream_subgraphs"))
+    translator = StreamTranslator(requested, subgraphs=subgraphs)
     try:
         inp = await graph_input(rt, attempt)
         options: dict[str, Any] = {
-            "stream_mode": modes,
+            "stream_mode": graph_modes(requested),
             "subgraphs": subgraphs,
             "interrupt_before": kwargs.get("interrupt_before"),
             "interrupt_after": kwargs.get("interrupt_after"),
@@ -366,13 +366,8 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
 
         async def _stream() -> None:
             async for item in graph.astream(inp, cast(RunnableConfig, config), **options):
-                if subgraphs:
-                    ns, mode, chunk = item
-                    name = mode if not ns else f"{mode}|{'|'.join(ns)}"
-                else:
-                    mode, chunk = item
-                    name = mode
-                sink.emit(name, serde.dumps(chunk))
+                for name, data in translator.events(item):
+                    sink.emit(name, serde.dumps(data))
 
         attempt.task = asyncio.create_task(_stream())
         if attempt.stop_reason is not None:
