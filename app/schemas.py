@@ -26,6 +26,7 @@ UNSUPPORTED_RUN_FIELDS = {
     "langsmith_tracer": "langsmith tracing is not supported",
 }
 STREAM_MODES = {
+    "events",
     "values",
     "updates",
     "messages",

@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -365,6 +366,15 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
             options["context"] = run.context
 
         async def _stream() -> None:
+            if translator.wants_events:
+                root = str(uuid.uuid4())  # the root run's id in the callback events
+                events = graph.astream_events(
+                    inp, cast(RunnableConfig, {**config, "run_id": root}), version="v2", **options
+                )
+                async for event in events:
+                    for name, data in translator.callback_event(event, root):
+                        sink.emit(name, serde.dumps(data))
+                return
             async for item in graph.astream(inp, cast(RunnableConfig, config), **options):
                 for name, data in translator.events(item):
                     sink.emit(name, serde.dumps(data))

@@ -6,12 +6,16 @@ and `messages` sends what a chat UI renders: `messages/metadata` the first time 
 id appears, then `messages/partial` with the whole message accumulated so far for each
 chunk, or `messages/complete` for a message that arrived whole. Every other mode passes
 through unchanged. Events of a subgraph carry its namespace as `|ns` after the name.
+
+The `events` mode is LangChain's `astream_events` (v2): the run is driven through it, every
+callback event is sent as an `events` event, and the graph's own stream (the root run's
+`on_chain_stream` events) still feeds the other modes, so one execution serves them all.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import BaseMessage, BaseMessageChunk, message_chunk_to_message
@@ -20,9 +24,15 @@ GRAPH_MODES = {"messages-tuple": "messages", "messages": "messages"}
 """Requested mode -> the LangGraph stream mode that feeds it."""
 
 
+EVENTS_MODE = "events"
+HIDDEN_TAG = "langsmith:hidden"
+"""Callback events of runs tagged so are internal (LangChain's convention): never sent."""
+
+
 def graph_modes(requested: Sequence[str]) -> list[str]:
-    """The LangGraph stream modes a run must ask for (each once, in order)."""
-    return list(dict.fromkeys(GRAPH_MODES.get(m, m) for m in requested))
+    """The LangGraph stream modes a run must ask for (each once, in order; at least one)."""
+    modes = [GRAPH_MODES.get(m, m) for m in requested if m != EVENTS_MODE]
+    return list(dict.fromkeys(modes)) or ["values"]
 
 
 class StreamTranslator:
@@ -30,9 +40,23 @@ class StreamTranslator:
 
     def __init__(self, requested: Sequence[str], *, subgraphs: bool) -> None:
         self._subgraphs = subgraphs
+        self._requested = frozenset(requested)
         self._tuples = "messages-tuple" in requested
         self._messages = "messages" in requested
         self._seen: dict[str, BaseMessage] = {}
+
+    @property
+    def wants_events(self) -> bool:
+        """Whether the run must be driven through `astream_events` (the `events` mode)."""
+        return EVENTS_MODE in self._requested
+
+    def callback_event(self, event: Mapping[str, Any], root_run_id: str) -> list[tuple[str, Any]]:
+        """The events for one `astream_events` v2 event of the run whose root is `root_run_id`."""
+        if event.get("event") == "on_chain_stream" and event.get("run_id") == root_run_id:
+            return self.events(event["data"]["chunk"])  # the graph's own stream item
+        if HIDDEN_TAG in (event.get("tags") or ()):
+            return []
+        return [(EVENTS_MODE, event)]
 
     def events(self, item: Any) -> list[tuple[str, Any]]:
         """The events for one item of `graph.astream(..., stream_mode=[...])`."""
@@ -43,7 +67,8 @@ class StreamTranslator:
             mode, chunk = item
             suffix = ""
         if mode != "messages":
-            return [(mode + suffix, chunk)]
+            # A mode LangGraph needs a stream mode for but nobody asked (`events` alone).
+            return [(mode + suffix, chunk)] if mode in self._requested else []
         out: list[tuple[str, Any]] = []
         if self._tuples:
             out.append(("messages" + suffix, chunk))

@@ -564,3 +564,37 @@ def test_a1_messages_stream_mode_through_the_sdk(cluster: Cluster) -> None:
         assert not [p for p in replay if p.event == "updates"]
 
     run(scenario, cluster.url)
+
+
+def test_a1_events_stream_mode_through_the_sdk(cluster: Cluster) -> None:
+    """A1: `stream_mode="events"` sends LangChain's astream_events v2 events (the model's
+    tokens among them) beside the other modes asked for; the run ends `success`."""
+
+    async def scenario(c: LangGraphClient) -> None:
+        tid = (await c.threads.create())["thread_id"]
+        parts = [
+            p
+            async for p in c.runs.stream(
+                tid,
+                "lead_agent",
+                input=human("hello"),
+                stream_mode=["events", "values"],
+                config=knobs(tokens=6),
+            )
+        ]
+        kinds = [p.data["event"] for p in parts if p.event == "events"]
+        assert "on_chain_start" in kinds and "on_chain_end" in kinds
+        tokens = [
+            p.data["data"]["chunk"]["content"]
+            for p in parts
+            if p.event == "events" and p.data["event"] == "on_chat_model_stream"
+        ]
+        state = await c.threads.get_state(tid)
+        reply = state["values"]["messages"][-1]["content"]
+        assert len(tokens) >= 6 and "".join(tokens) == reply
+        assert [p for p in parts if p.event == "values"][-1].data["messages"][-1]["content"] == (
+            reply
+        )
+        assert parts[-1].event == "end" and parts[-1].data["status"] == "success"
+
+    run(scenario, cluster.url)

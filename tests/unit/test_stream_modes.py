@@ -33,7 +33,9 @@ def _graph() -> Any:
 def _stream(modes: list[str]) -> tuple[list[Any], dict[str, Any]]:
     graph = _graph()
     items = list(
-        graph.stream({"messages": [HumanMessage("hi")]}, stream_mode=[*graph_modes(modes), "values"])
+        graph.stream(
+            {"messages": [HumanMessage("hi")]}, stream_mode=[*graph_modes(modes), "values"]
+        )
     )
     return items, items[-1][1]
 
@@ -88,8 +90,56 @@ def test_a1_a_whole_message_is_complete_and_subgraph_events_carry_the_namespace(
     """A1: a message that arrives whole is `messages/complete`; a subgraph's events are
     named `<event>|<namespace>`."""
     whole = AIMessage(content="done", id="m1")
-    translator = StreamTranslator(["messages"], subgraphs=True)
+    translator = StreamTranslator(["messages", "updates"], subgraphs=True)
     events = translator.events((("child:1",), "messages", (whole, {"langgraph_node": "x"})))
     assert [n for n, _ in events] == ["messages/metadata|child:1", "messages/complete|child:1"]
     assert events[1][1] == [whole]
     assert translator.events(((), "updates", {"x": 1})) == [("updates", {"x": 1})]
+
+
+def _events(modes: list[str], *, subgraphs: bool = False) -> tuple[list[tuple[str, Any]], Any]:
+    import asyncio
+    import uuid
+
+    graph = _graph()
+    translator = StreamTranslator(modes, subgraphs=subgraphs)
+    root = str(uuid.uuid4())
+
+    async def go() -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        async for event in graph.astream_events(
+            {"messages": [HumanMessage("hi")]},
+            {"run_id": root},
+            version="v2",
+            stream_mode=graph_modes(modes),
+            subgraphs=subgraphs,
+        ):
+            out.extend(translator.callback_event(event, root))
+        return out
+
+    return asyncio.run(go()), graph
+
+
+def test_a1_events_mode_is_langchains_astream_events_and_still_feeds_other_modes() -> None:
+    """A1: `events` sends LangChain's astream_events v2 events (the model's tokens among
+    them); the graph's own stream inside them still gives the other modes asked for."""
+    events, _ = _events(["events", "messages", "values"])
+    kinds = [data["event"] for name, data in events if name == "events"]
+    assert "on_chain_start" in kinds and "on_chat_model_stream" in kinds
+    streamed = "".join(
+        data["data"]["chunk"].content
+        for name, data in events
+        if name == "events" and data["event"] == "on_chat_model_stream"
+    )
+    assert streamed == REPLY
+    partial = [data[0].content for name, data in events if name == "messages/partial"]
+    assert partial[-1] == REPLY
+    values = [data for name, data in events if name == "values"]
+    assert values[-1]["messages"][-1].content == REPLY
+
+
+def test_a1_events_alone_sends_no_other_mode() -> None:
+    """A1: asking only `events` sends only `events` (the stream mode LangGraph needs for
+    the graph's own stream is not passed on)."""
+    events, _ = _events(["events"])
+    assert events and {name for name, _ in events} == {"events"}
