@@ -19,7 +19,6 @@ from shared.runs.model import (
 # SDK fields we know but do not implement yet: refused with a clear message (A1).
 UNSUPPORTED_RUN_FIELDS = {
     "webhook": "webhooks are not supported",
-    "after_seconds": "delayed runs (after_seconds) are not supported",
     "feedback_keys": "feedback keys are not supported",
     "on_completion": "on_completion is only meaningful for stateless runs, which are not supported",
     "strict_resume": "strict_resume is not supported",
@@ -173,6 +172,7 @@ class RunCreate(Strict):
     durability: Literal["sync", "async", "exit"] | None = None
     interrupt_before: Literal["*"] | list[str] | None = None
     interrupt_after: Literal["*"] | list[str] | None = None
+    after_seconds: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -240,6 +240,7 @@ class RunCreate(Strict):
             on_disconnect=self.on_disconnect,
             multitask_strategy=self.multitask_strategy,
             create_thread=self.if_not_exists == "create",
+            after_seconds=self.after_seconds or 0.0,
         )
 
 

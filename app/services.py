@@ -65,6 +65,7 @@ class Services:
             keys,
             graphs=registry,
             default_strategy=settings.default_multitask_strategy,
+            max_after_s=settings.run_after_seconds_max,
         )
         return cls(
             settings=settings,

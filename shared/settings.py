@@ -134,6 +134,12 @@ class Settings(BaseSettings):
         default=32, ge=1, description="Concurrent runs per worker process."
     )
     shutdown_grace_s: float = Field(default=5.0, ge=0)
+    run_after_seconds_max: float = Field(
+        default=30 * 86_400,
+        gt=0,
+        description="The longest delay `after_seconds` may ask for (a run pending longer is "
+        "more likely a client's mistake than a plan).",
+    )
     wait_keepalive_s: float = Field(
         default=5.0, gt=0, description="Whitespace cadence of /wait and /join."
     )

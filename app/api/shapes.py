@@ -29,6 +29,7 @@ def run_json(run: Run) -> dict[str, Any]:
         "on_disconnect": run.on_disconnect,
         "attempt": run.attempt,
         "owner_epoch": run.owner_epoch,
+        "due_at": run.due_at,
         "started_at": run.started_at,
         "ended_at": run.ended_at,
         "error": run.error,

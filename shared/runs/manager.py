@@ -8,7 +8,7 @@ from typing import Protocol
 
 import redis
 
-from shared.errors import AssistantNotFound, ThreadBusy
+from shared.errors import AssistantNotFound, ThreadBusy, ValidationFailed
 from shared.redis_keys import CANCEL_TTL_S, Keys
 from shared.runs.admission import AdmissionOutcome, CancelOutcome
 from shared.runs.model import CancelAction, MultitaskStrategy, Run, RunRequest
@@ -38,6 +38,7 @@ class RunManager:
         *,
         graphs: GraphResolver | None = None,
         default_strategy: MultitaskStrategy = MultitaskStrategy.ENQUEUE,
+        max_after_s: float = 30 * 86_400,
     ) -> None:
         self.store = store
         self._dispatcher = dispatcher
@@ -45,6 +46,7 @@ class RunManager:
         self._keys = keys
         self._graphs = graphs
         self._default_strategy = default_strategy
+        self._max_after_s = max_after_s
 
     def resolve_graph(self, assistant_id: str) -> str:
         """The graph id of an assistant id or graph name, else AssistantNotFound (404)."""
@@ -57,6 +59,10 @@ class RunManager:
 
     def admit(self, owner: str, request: RunRequest) -> Run:
         """Create a run atomically (R2), then dispatch it after commit (R4)."""
+        if request.after_seconds > self._max_after_s:
+            raise ValidationFailed(
+                f"after_seconds: at most {self._max_after_s:g} seconds", field="after_seconds"
+            )
         strategy = request.multitask_strategy or self._default_strategy
         admission = self.store.admit(
             request,

@@ -105,6 +105,7 @@ class RunRequest:
     on_disconnect: OnDisconnect = OnDisconnect.CONTINUE
     multitask_strategy: MultitaskStrategy | None = None  # None: the deployment's default
     create_thread: bool = False  # `if_not_exists=create`
+    after_seconds: float = 0.0  # a delayed run: not started before this many seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +129,7 @@ class Run:
     kwargs: JSONObject = field(default_factory=dict)
     seq: int = 0
     dispatched_at: dt.datetime | None = None
+    due_at: dt.datetime | None = None  # a delayed run starts at this time, not before
     started_at: dt.datetime | None = None
     ended_at: dt.datetime | None = None
     owner: str | None = None  # the worker that holds (or last held) the run
@@ -162,6 +164,7 @@ class Run:
             kwargs=row.get("kwargs") or {},
             seq=int(row.get("seq") or 0),
             dispatched_at=row.get("dispatched_at"),
+            due_at=row.get("due_at"),
             started_at=row.get("started_at"),
             ended_at=row.get("ended_at"),
             owner=row.get("owner"),

@@ -83,11 +83,12 @@ LIMIT %(limit)s
 INSERT_RUN_SQL = """
 INSERT INTO runs (run_id, thread_id, assistant_id, graph_id, status, input, command, config,
                   context, metadata, kwargs, multitask_strategy, on_disconnect, dispatched_at,
-                  created_at, updated_at)
+                  due_at, created_at, updated_at)
 VALUES (%(run_id)s, %(thread_id)s, %(assistant_id)s, %(graph_id)s, 'pending', %(input)s,
         %(command)s, %(config)s, %(context)s, %(metadata)s, %(kwargs)s,
         %(multitask_strategy)s, %(on_disconnect)s,
         CASE WHEN %(dispatch)s THEN now() END,
+        CASE WHEN %(after_s)s > 0 THEN clock_timestamp() + make_interval(secs => %(after_s)s) END,
         -- clock_timestamp(), not now(): taken after the thread lock, so created_at
         -- follows admission (= execution) order, not transaction start order.
         clock_timestamp(), clock_timestamp())
@@ -143,6 +144,7 @@ UPDATE runs r
 SET status = 'running', owner = %(owner)s, owner_epoch = r.owner_epoch + 1,
     attempt = r.attempt + 1, started_at = coalesce(r.started_at, now()), updated_at = now()
 WHERE r.run_id = %(run_id)s AND r.status = 'pending'
+  AND (r.due_at IS NULL OR r.due_at <= now())
   AND NOT EXISTS (
       SELECT 1 FROM runs o
       WHERE o.thread_id = r.thread_id AND o.run_id <> r.run_id
@@ -161,11 +163,11 @@ WHERE run_id = %(run_id)s AND owner_epoch = %(epoch)s AND status = 'running'
 RETURNING thread_id
 """
 NEXT_PENDING_SQL = """
-UPDATE runs SET dispatched_at = now()
-WHERE run_id = (SELECT run_id FROM runs WHERE thread_id = %(thread_id)s AND status = 'pending'
-                ORDER BY seq LIMIT 1)
-RETURNING run_id::text
+SELECT run_id::text, (due_at IS NULL OR due_at <= now()) AS due FROM runs
+WHERE thread_id = %(thread_id)s AND status = 'pending'
+ORDER BY seq LIMIT 1
 """
+MARK_DISPATCHED_SQL = "UPDATE runs SET dispatched_at = now() WHERE run_id = %(run_id)s"
 SETTLE_THREAD_SQL = """
 UPDATE threads SET status = %(status)s, updated_at = now() WHERE thread_id = %(thread_id)s
 """
@@ -178,6 +180,7 @@ WHERE run_id = %(run_id)s ORDER BY seq
 STALE_PENDING_HEADS_SQL = """
 UPDATE runs r SET dispatched_at = now()
 WHERE r.status = 'pending'
+  AND (r.due_at IS NULL OR r.due_at <= now())
   AND (r.dispatched_at IS NULL OR r.dispatched_at < now() - make_interval(secs => %(stale_s)s))
   AND NOT EXISTS (
       SELECT 1 FROM runs o
@@ -388,7 +391,7 @@ class RunStore:
             if conn.execute(LOCK_THREAD_SQL, params).fetchone() is None:
                 raise ThreadNotFound(f"thread {thread_id} not found")
             inflight = self._inflight(conn, thread_id, limit=inflight_needed(strategy))
-            decision = decide(strategy, inflight)
+            decision = decide(strategy, inflight, delayed=request.after_seconds > 0)
             if not decision.creates:
                 return Admission(decision, None, [], [])
             cancel_running: list[str] = []
@@ -412,6 +415,7 @@ class RunStore:
                     "multitask_strategy": strategy,
                     "on_disconnect": request.on_disconnect,
                     "dispatch": decision.dispatch_now,
+                    "after_s": request.after_seconds,
                 },
             ).fetchone()
             assert row is not None
@@ -611,11 +615,17 @@ class RunStore:
     def _settle_thread(
         self, conn: psycopg.Connection[DictRow], thread_id: str, idle_status: ThreadStatus
     ) -> str | None:
-        """Pick the next pending run (marking it dispatched) or set the thread's idle status."""
+        """Pick the next pending run (marking it dispatched) or set the thread's idle status.
+
+        A next run that is delayed and not due yet keeps the thread busy and is not
+        dispatched: the reaper dispatches it once due (R4)."""
         if conn.execute(THREAD_HAS_RUNNING_SQL, {"thread_id": thread_id}).fetchone():
             return None  # the running run hands over when it ends
         nxt = conn.execute(NEXT_PENDING_SQL, {"thread_id": thread_id}).fetchone()
         if nxt is not None:
+            if not nxt["due"]:
+                return None
+            conn.execute(MARK_DISPATCHED_SQL, {"run_id": nxt["run_id"]})
             return str(nxt["run_id"])
         conn.execute(SETTLE_THREAD_SQL, {"thread_id": thread_id, "status": idle_status})
         return None

@@ -37,12 +37,25 @@ def test_a3_unknown_field_is_named() -> None:
     assert field_of(RunCreate, {"assistant_id": "a", "inptu": {}}) == "inptu"
 
 
-@pytest.mark.parametrize("key", ["webhook", "after_seconds", "feedback_keys", "strict_resume"])
+@pytest.mark.parametrize("key", ["webhook", "feedback_keys", "strict_resume"])
 def test_a1_unimplemented_sdk_fields_are_refused(key: str) -> None:
     """A1: SDK fields we do not implement are refused with their name, never silently ignored."""
     with pytest.raises(ValidationError) as info:
-        RunCreate.model_validate({"assistant_id": "a", key: 1 if key == "after_seconds" else "x"})
+        RunCreate.model_validate({"assistant_id": "a", key: "x"})
     assert key in str(info.value)
+
+
+@pytest.mark.parametrize("value", [-1, "soon", float("nan")])
+def test_a3_after_seconds_must_be_a_delay(value: object) -> None:
+    """A3: `after_seconds` is a non-negative number of seconds, else a 422 naming it."""
+    assert field_of(RunCreate, {"assistant_id": "a", "after_seconds": value}) == "after_seconds"
+
+
+def test_a1_after_seconds_reaches_the_request() -> None:
+    """A1: a delayed run's request carries its delay; no delay is 0."""
+    body = RunCreate.model_validate({"assistant_id": "a", "after_seconds": 2.5})
+    assert body.to_request("t").after_seconds == 2.5
+    assert RunCreate.model_validate({"assistant_id": "a"}).to_request("t").after_seconds == 0
 
 
 def test_a3_bad_stream_mode_and_strategy() -> None:
