@@ -87,8 +87,9 @@ class ThreadHead:
     interrupts by task id.
 
     Why encoded: a search page's values are encoded once, straight into the response
-    (`values_fragment`); decoding them to a tree only to encode it again cost a third of
-    a 100-thread page's time (bench/thread_search.py).
+    (`values_fragment`); decoding them to a tree only to encode it again cost about a
+    fifth of a 100-thread page's time (bench/thread_search.py: 175 -> 135 ms at 40
+    messages a thread).
     """
 
     values_json: bytes
@@ -307,7 +308,8 @@ class CheckpointStateAccessor:
         `get_state` through its graph, served from those rows (`HeadsSaver`).
 
         Why not one `get_state` per thread: a page of 100 thread objects would be 100
-        round trips through the saver's lock.
+        round trips through the saver's lock (73 ms against 44 ms for a page of 100
+        six-message threads, database on localhost; bench/thread_search.py).
         """
         wanted = {tid: gid for tid, gid in graph_ids.items() if gid is not None}
         if not wanted:
