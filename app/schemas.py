@@ -11,6 +11,7 @@ from shared.runs.model import (
     CancelAction,
     MultitaskStrategy,
     OnDisconnect,
+    PruneStrategy,
     RunRequest,
     RunStatus,
     ThreadStatus,
@@ -36,6 +37,13 @@ STREAM_MODES = {
     "checkpoints",
 }
 PG_BIGINT_MAX = 2**63 - 1  # larger offsets fail in PostgreSQL (found by the fuzzer)
+
+
+ThreadField = Literal[
+    "thread_id", "created_at", "updated_at", "metadata", "status", "values", "interrupts"
+]
+"""The fields of a thread object a search can `select` (the SDK's ThreadSelectField, less
+`config` and `context`, which threads here do not have)."""
 
 
 class Strict(BaseModel):
@@ -68,6 +76,7 @@ class ThreadSearch(Strict):
     offset: int = Field(default=0, ge=0, le=PG_BIGINT_MAX)
     sort_by: Literal["thread_id", "status", "created_at", "updated_at"] = "created_at"
     sort_order: Literal["asc", "desc"] = "desc"
+    select: list[ThreadField] | None = Field(default=None, min_length=1)
 
 
 class ThreadCount(Strict):
@@ -75,6 +84,17 @@ class ThreadCount(Strict):
 
     metadata: dict[str, Any] = Field(default_factory=dict)
     status: ThreadStatus | None = None
+
+
+class ThreadCopy(Strict):
+    """POST /threads/{id}/copy (no fields; the SDK sends no body)."""
+
+
+class ThreadPrune(Strict):
+    """POST /threads/prune."""
+
+    thread_ids: list[uuid.UUID] = Field(max_length=1000)
+    strategy: PruneStrategy = PruneStrategy.DELETE
 
 
 class CheckpointRef(BaseModel):

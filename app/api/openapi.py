@@ -28,6 +28,8 @@ BODIES: dict[str, type[BaseModel]] = {
     "threads.patch": schemas.ThreadPatch,
     "threads.search": schemas.ThreadSearch,
     "threads.count": schemas.ThreadCount,
+    "threads.copy": schemas.ThreadCopy,
+    "threads.prune": schemas.ThreadPrune,
     "state.update_state": schemas.StateUpdate,
     "state.post_state_at": schemas.StateAtCheckpoint,
     "state.post_history": schemas.HistoryRequest,
@@ -142,7 +144,7 @@ def build(app: Flask) -> dict[str, Any]:
             if rule.endpoint in BODIES:
                 model = BODIES[rule.endpoint]
                 op["requestBody"] = {
-                    "required": model is schemas.RunCreate,
+                    "required": model in (schemas.RunCreate, schemas.ThreadPrune),
                     "content": {"application/json": {"schema": refs[(model, "validation")]}},
                 }
             if rule.endpoint in QUERIES:

@@ -70,6 +70,13 @@ class CancelAction(enum.StrEnum):
     ROLLBACK = "rollback"
 
 
+class PruneStrategy(enum.StrEnum):
+    """What `POST /threads/prune` does to each thread: delete it, or keep its latest state."""
+
+    DELETE = "delete"
+    KEEP_LATEST = "keep_latest"
+
+
 class OnDisconnect(enum.StrEnum):
     """What a streaming or waiting client's disconnect does to its run."""
 

@@ -45,6 +45,11 @@ INSERT INTO threads (thread_id, owner, metadata) VALUES (%(thread_id)s, %(owner)
 ON CONFLICT (thread_id) DO NOTHING
 RETURNING *
 """
+INSERT_THREAD_COPY_SQL = """
+INSERT INTO threads (thread_id, owner, metadata, status)
+VALUES (%(thread_id)s, %(owner)s, %(metadata)s, %(status)s)
+RETURNING *
+"""
 GET_THREAD_SQL = "SELECT * FROM threads WHERE thread_id = %(thread_id)s AND owner = %(owner)s"
 LOCK_THREAD_SQL = GET_THREAD_SQL + " FOR UPDATE"
 LOCK_THREAD_BY_ID_SQL = "SELECT thread_id FROM threads WHERE thread_id = %(thread_id)s FOR UPDATE"
@@ -294,6 +299,23 @@ class RunStore:
         if existing is None or if_exists == "raise":
             raise ThreadExists(f"thread {tid} already exists")
         return Thread.from_row(existing)
+
+    def create_thread_copy(self, source: Thread, thread_id: str) -> Thread:
+        """A new thread of `source`'s owner with its metadata and status; the copy of a busy
+        thread is idle (runs are not copied)."""
+        status = ThreadStatus.IDLE if source.status is ThreadStatus.BUSY else source.status
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                INSERT_THREAD_COPY_SQL,
+                {
+                    "thread_id": thread_id,
+                    "owner": source.owner,
+                    "metadata": _json(source.metadata),
+                    "status": status,
+                },
+            ).fetchone()
+        assert row is not None  # INSERT … RETURNING
+        return Thread.from_row(row)
 
     def get_thread(self, thread_id: str, owner: str) -> Thread:
         """The thread, or ThreadNotFound (also for another user's thread)."""

@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from app.errors import validation_failed
-from app.schemas import CancelQuery, RunCreate, ThreadCreate
+from app.schemas import CancelQuery, RunCreate, ThreadCreate, ThreadPrune, ThreadSearch
+from shared.runs.model import PruneStrategy
 
 
 def field_of(model: type, data: dict) -> str | None:  # type: ignore[type-arg]
@@ -96,3 +97,26 @@ def test_cancel_query_parses_sdk_flags() -> None:
     """The SDK sends wait=0/1."""
     assert CancelQuery.model_validate({"wait": "1", "action": "interrupt"}).wait is True
     assert CancelQuery.model_validate({"wait": "0"}).wait is False
+
+
+def test_a1_sdk_prune_payloads_validate_and_bad_ones_name_the_field() -> None:
+    """A1/A3: what `threads.prune` sends validates (strategy defaults to delete); a bad
+    strategy, a missing or oversized id list, or a bad id is a 422 naming the field."""
+    tid = "3c90c3cc-0d44-4b50-8888-8dd25736052a"
+    assert ThreadPrune.model_validate({"thread_ids": [tid]}).strategy is PruneStrategy.DELETE
+    keep = ThreadPrune.model_validate({"thread_ids": [tid], "strategy": "keep_latest"})
+    assert keep.strategy is PruneStrategy.KEEP_LATEST
+    assert field_of(ThreadPrune, {"thread_ids": [tid], "strategy": "all"}) == "strategy"
+    assert field_of(ThreadPrune, {}) == "thread_ids"
+    assert field_of(ThreadPrune, {"thread_ids": ["nope"]}) == "thread_ids.0"
+    assert field_of(ThreadPrune, {"thread_ids": [tid] * 1001}) == "thread_ids"
+
+
+def test_a1_search_select_takes_the_sdk_thread_fields() -> None:
+    """A1/A3: `select` takes thread object fields; others are named."""
+    assert ThreadSearch.model_validate({"select": ["thread_id", "values"]}).select == [
+        "thread_id",
+        "values",
+    ]
+    assert field_of(ThreadSearch, {"select": ["thread_id", "owner"]}) == "select.1"
+    assert field_of(ThreadSearch, {"select": []}) == "select"
