@@ -68,8 +68,9 @@ class WorkerStore:
     async def open(cls, settings: Settings) -> WorkerStore:
         """Build it inside the loop that will use it (the store binds to the running loop)."""
         config = StoreConfig.from_file(settings.config)
+        # Nothing held while idle: most runs of most graphs never touch the store.
         pool = await make_async_pool(
-            settings, name="worker-graph-store", max_size=settings.store_db_pool_max
+            settings, name="worker-graph-store", max_size=settings.store_db_pool_max, min_size=0
         )
         store = AsyncPostgresStore(pool, index=config.index(), ttl=config.ttl())
         if config.section.ttl.sweep_interval_minutes is not None:
