@@ -284,6 +284,9 @@ class Settings(BaseSettings):
     memory_list_max: int = Field(
         default=500, ge=1, description="Largest page of GET /memory/facts (M6)."
     )
+    store_db_pool_max: int = Field(
+        default=4, ge=1, description="Connections of a worker process's store (graphs' store)."
+    )
 
     # --- database -----------------------------------------------------------------
     checkpoint_savers: int = Field(

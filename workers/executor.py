@@ -347,7 +347,7 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
             snapshot_interval_s=rt.settings.journal_snapshot_interval_s,
         )
         config["callbacks"] = [attempt.journal]
-    graph = rt.graph(run.graph_id, rt.next_slot())
+    graph = rt.run_graph(run.graph_id, rt.next_slot(), run.user_id)
     kwargs = run.kwargs
     requested: list[str] = kwargs.get("stream_mode") or ["values"]
     subgraphs = bool(kwargs.get("stream_subgraphs"))

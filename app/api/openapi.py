@@ -18,6 +18,7 @@ from app import schemas
 from app.api import events as events_api
 from app.api import memory as memory_api
 from app.api import ops as ops_api
+from app.api import store as store_api
 from app.api.meta import VERSION
 
 bp = Blueprint("openapi", __name__)
@@ -39,6 +40,10 @@ BODIES: dict[str, type[BaseModel]] = {
     "runs.create_wait": schemas.RunCreate,
     "ops.cancel": ops_api.OpsCancel,
     "ops.requeue": ops_api.OpsRequeue,
+    "store.put_item": store_api.StorePut,
+    "store.delete_item": store_api.StoreDelete,
+    "store.search_items": store_api.StoreSearch,
+    "store.list_namespaces": store_api.StoreNamespaces,
 }
 QUERIES: dict[str, type[BaseModel]] = {
     "runs.list_runs": schemas.RunListQuery,
@@ -50,6 +55,7 @@ QUERIES: dict[str, type[BaseModel]] = {
     "ops.runs": ops_api.OpsRunsQuery,
     "ops.audit": ops_api.OpsAuditQuery,
     "memory.list_facts": memory_api.FactsQuery,
+    "store.get_item": store_api.StoreGetQuery,
 }
 STREAMING = {"runs.create_stream", "runs.join_stream"}
 PLAIN_TEXT = {"ops.metrics_endpoint"}  # Prometheus exposition format
@@ -66,6 +72,8 @@ OTHER_SUCCESS: dict[str, dict[str, Any]] = {
         }
     },
     "threads.delete": {"204": {"description": "deleted"}},
+    "store.put_item": {"204": {"description": "stored"}},
+    "store.delete_item": {"204": {"description": "deleted (or there was nothing)"}},
 }
 _PARAM = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
 ERROR = {"$ref": "#/components/schemas/Error"}
