@@ -44,5 +44,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.api import ops
 
     app.register_blueprint(ops.bp)  # the ops view and /metrics
+    from app.api import store
+
+    app.register_blueprint(store.bp)  # the store's items and namespaces
     logging.getLogger(__name__).info("threadrun web ready")
     return app

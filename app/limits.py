@@ -25,7 +25,7 @@ from flask import Flask, Response, g, request
 from pydantic import BaseModel
 
 from app.auth import principal
-from app.http import error_body, json_response, validate, validate_items
+from app.http import error_body, validate, validate_items
 from app.schemas import BatchRunCreate, RunCreate, StatelessRunCreate
 from app.services import Services
 from shared import lua, serde
@@ -440,16 +440,12 @@ def _teardown(_exc: BaseException | None) -> None:
 
 
 def init_app(app: Flask) -> None:
-    """Install the limit hooks and the 429/422 error handler (after Services are built)."""
+    """Install the limit hooks (after Services are built); `app/errors.py` answers
+    `LimitExceeded` like every other error (429 with Retry-After, or 422)."""
     app.extensions["threadrun_limits"] = Limiter(app.extensions["threadrun"])
     app.before_request(_before)
     app.after_request(_after)
     app.teardown_request(_teardown)
-
-    @app.errorhandler(LimitExceeded)
-    def _limited(exc: LimitExceeded) -> Response:
-        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-        return json_response(exc.body(), exc.status, headers=headers)
 
 
 class TokenBucket:

@@ -14,6 +14,7 @@ from shared.runs.model import (
     MultitaskStrategy,
     OnCompletion,
     OnDisconnect,
+    PruneStrategy,
     RunRequest,
     RunStatus,
     ThreadStatus,
@@ -22,7 +23,6 @@ from shared.runs.model import (
 # SDK fields we know but do not implement yet: refused with a clear message (A1).
 UNSUPPORTED_RUN_FIELDS = {
     "webhook": "webhooks are not supported",
-    "after_seconds": "delayed runs (after_seconds) are not supported",
     "feedback_keys": "feedback keys are not supported",
     "strict_resume": "strict_resume is not supported",
     "langsmith_tracer": "langsmith tracing is not supported",
@@ -38,8 +38,25 @@ STATELESS_REFUSED = {
     "checkpoint": "a run without a thread starts on a new thread, which has no checkpoint",
     "checkpoint_id": "a run without a thread starts on a new thread, which has no checkpoint",
 }
-STREAM_MODES = {"values", "updates", "messages-tuple", "custom", "debug", "tasks", "checkpoints"}
+STREAM_MODES = {
+    "events",
+    "values",
+    "updates",
+    "messages",
+    "messages-tuple",
+    "custom",
+    "debug",
+    "tasks",
+    "checkpoints",
+}
 PG_BIGINT_MAX = 2**63 - 1  # larger offsets fail in PostgreSQL (found by the fuzzer)
+
+
+ThreadField = Literal[
+    "thread_id", "created_at", "updated_at", "metadata", "status", "values", "interrupts"
+]
+"""The fields of a thread object a search can `select` (the SDK's ThreadSelectField, less
+`config` and `context`, which threads here do not have)."""
 
 
 class Strict(BaseModel):
@@ -72,6 +89,7 @@ class ThreadSearch(Strict):
     offset: int = Field(default=0, ge=0, le=PG_BIGINT_MAX)
     sort_by: Literal["thread_id", "status", "created_at", "updated_at"] = "created_at"
     sort_order: Literal["asc", "desc"] = "desc"
+    select: list[ThreadField] | None = Field(default=None, min_length=1)
 
 
 class ThreadCount(Strict):
@@ -79,6 +97,17 @@ class ThreadCount(Strict):
 
     metadata: dict[str, Any] = Field(default_factory=dict)
     status: ThreadStatus | None = None
+
+
+class ThreadCopy(Strict):
+    """POST /threads/{id}/copy (no fields; the SDK sends no body)."""
+
+
+class ThreadPrune(Strict):
+    """POST /threads/prune."""
+
+    thread_ids: list[uuid.UUID] = Field(max_length=1000)
+    strategy: PruneStrategy = PruneStrategy.DELETE
 
 
 class CheckpointRef(BaseModel):
@@ -176,6 +205,7 @@ class RunCreate(Strict):
     durability: Literal["sync", "async", "exit"] | None = None
     interrupt_before: Literal["*"] | list[str] | None = None
     interrupt_after: Literal["*"] | list[str] | None = None
+    after_seconds: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -245,6 +275,7 @@ class RunCreate(Strict):
             on_disconnect=self.on_disconnect,
             multitask_strategy=self.multitask_strategy,
             create_thread=self.if_not_exists == "create",
+            after_seconds=self.after_seconds or 0.0,
         )
 
 

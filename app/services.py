@@ -18,6 +18,7 @@ from shared.runs.store import RunStore
 from shared.settings import Settings
 from shared.state.accessor import CheckpointStateAccessor
 from shared.state.modes import ensure_recorded_mode
+from shared.store import StoreConfig, UserStores, web_stores
 from shared.taskqueue import Dispatcher, make_celery
 
 
@@ -33,6 +34,7 @@ class Services:
     state: CheckpointStateAccessor
     redis: redis.Redis
     events: RunEventStore
+    items: UserStores  # the store's items (/store/...), per user
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -65,6 +67,7 @@ class Services:
             keys,
             graphs=registry,
             default_strategy=settings.default_multitask_strategy,
+            max_after_s=settings.run_after_seconds_max,
         )
         return cls(
             settings=settings,
@@ -80,6 +83,7 @@ class Services:
                 page_size=settings.event_page_size,
                 page_size_max=settings.event_page_size_max,
             ),
+            items=web_stores(pool, StoreConfig.from_file(settings.config)),
         )
 
 

@@ -134,6 +134,12 @@ class Settings(BaseSettings):
         default=32, ge=1, description="Concurrent runs per worker process."
     )
     shutdown_grace_s: float = Field(default=5.0, ge=0)
+    run_after_seconds_max: float = Field(
+        default=30 * 86_400,
+        gt=0,
+        description="The longest delay `after_seconds` may ask for (a run pending longer is "
+        "more likely a client's mistake than a plan).",
+    )
     wait_keepalive_s: float = Field(
         default=5.0, gt=0, description="Whitespace cadence of /wait and /join."
     )
@@ -283,6 +289,9 @@ class Settings(BaseSettings):
     )
     memory_list_max: int = Field(
         default=500, ge=1, description="Largest page of GET /memory/facts (M6)."
+    )
+    store_db_pool_max: int = Field(
+        default=4, ge=1, description="Connections of a worker process's store (graphs' store)."
     )
 
     # --- database -----------------------------------------------------------------

@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -34,10 +35,9 @@ from shared.runs.result import final_result
 from shared.runs.store import ClaimOutcome
 from shared.state.savers import LEASE_KEY, RUN_KEY
 from workers.runtime import WorkerRuntime
+from workers.stream_modes import StreamTranslator, graph_modes
 
 log = logging.getLogger(__name__)
-
-STREAM_MODE_ALIASES = {"messages-tuple": "messages"}
 
 
 class StopReason(enum.Enum):
@@ -349,14 +349,15 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
             snapshot_interval_s=rt.settings.journal_snapshot_interval_s,
         )
         config["callbacks"] = [attempt.journal]
-    graph = rt.graph(run.graph_id, rt.next_slot())
+    graph = rt.run_graph(run.graph_id, rt.next_slot(), run.user_id)
     kwargs = run.kwargs
-    modes = [STREAM_MODE_ALIASES.get(m, m) for m in kwargs.get("stream_mode") or ["values"]]
+    requested: list[str] = kwargs.get("stream_mode") or ["values"]
     subgraphs = bool(kwargs.get("stream_subgraphs"))
+    translator = StreamTranslator(requested, subgraphs=subgraphs)
     try:
         inp = await graph_input(rt, attempt)
         options: dict[str, Any] = {
-            "stream_mode": modes,
+            "stream_mode": graph_modes(requested),
             "subgraphs": subgraphs,
             "interrupt_before": kwargs.get("interrupt_before"),
             "interrupt_after": kwargs.get("interrupt_after"),
@@ -367,14 +368,18 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
             options["context"] = run.context
 
         async def _stream() -> None:
+            if translator.wants_events:
+                root = str(uuid.uuid4())  # the root run's id in the callback events
+                events = graph.astream_events(
+                    inp, cast(RunnableConfig, {**config, "run_id": root}), version="v2", **options
+                )
+                async for event in events:
+                    for name, data in translator.callback_event(event, root):
+                        sink.emit(name, serde.dumps(data))
+                return
             async for item in graph.astream(inp, cast(RunnableConfig, config), **options):
-                if subgraphs:
-                    ns, mode, chunk = item
-                    name = mode if not ns else f"{mode}|{'|'.join(ns)}"
-                else:
-                    mode, chunk = item
-                    name = mode
-                sink.emit(name, serde.dumps(chunk))
+                for name, data in translator.events(item):
+                    sink.emit(name, serde.dumps(data))
 
         attempt.task = asyncio.create_task(_stream())
         if attempt.stop_reason is not None:

@@ -32,6 +32,7 @@ from shared.settings import Settings
 from shared.state.accessor import CheckpointStateAccessor
 from shared.state.modes import ensure_recorded_mode
 from shared.state.savers import FencedPostgresSaver
+from shared.store import WorkerStore
 from shared.taskqueue import Dispatcher, make_celery
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ class WorkerRuntime:
         # S5: the run's head lookup, pre-run rollback point and rollback go through here.
         self.state = CheckpointStateAccessor(self.savers[0], self.registry)
         self.publisher = StreamPublisher(self.redis, self.keys, s)
+        # The store graphs get at run time, scoped per run to the run's user.
+        self.graph_store = await WorkerStore.open(s)
         self.batcher = PublishBatcher(self.publisher)
         # Bind every graph to every saver now: the first copy of a graph costs ~150 ms,
         # which would otherwise sit between a claim and the run's first event.
@@ -119,6 +122,15 @@ class WorkerRuntime:
             self._graphs[key] = graph
         return graph
 
+    def run_graph(
+        self, graph_id: str, slot: int, user_id: str | None
+    ) -> Pregel[Any, Any, Any, Any]:
+        """The graph of one run: bound to saver `slot`, its store scoped to `user_id` (none
+        without a user: the unscoped store is never a graph's). A shallow copy, ~30 µs;
+        subgraphs inherit the store through the run's config."""
+        store = None if user_id is None else self.graph_store.views.for_user(user_id)
+        return self.graph(graph_id, slot).copy(update={"store": store})
+
     def next_slot(self) -> int:
         """Round-robin choice of a checkpoint saver for a new run attempt."""
         self._slot += 1
@@ -133,6 +145,7 @@ class WorkerRuntime:
 
         async def _close() -> None:
             await self.redis.aclose()
+            await self.graph_store.close()
             await self.apool.close()
 
         try:

@@ -18,6 +18,7 @@ from app import schemas
 from app.api import events as events_api
 from app.api import memory as memory_api
 from app.api import ops as ops_api
+from app.api import store as store_api
 from app.api.meta import VERSION
 
 bp = Blueprint("openapi", __name__)
@@ -28,6 +29,8 @@ BODIES: dict[str, type[BaseModel]] = {
     "threads.patch": schemas.ThreadPatch,
     "threads.search": schemas.ThreadSearch,
     "threads.count": schemas.ThreadCount,
+    "threads.copy": schemas.ThreadCopy,
+    "threads.prune": schemas.ThreadPrune,
     "state.update_state": schemas.StateUpdate,
     "state.post_state_at": schemas.StateAtCheckpoint,
     "state.post_history": schemas.HistoryRequest,
@@ -42,6 +45,10 @@ BODIES: dict[str, type[BaseModel]] = {
     "runs.cancel_many": schemas.RunsCancel,
     "ops.cancel": ops_api.OpsCancel,
     "ops.requeue": ops_api.OpsRequeue,
+    "store.put_item": store_api.StorePut,
+    "store.delete_item": store_api.StoreDelete,
+    "store.search_items": store_api.StoreSearch,
+    "store.list_namespaces": store_api.StoreNamespaces,
 }
 QUERIES: dict[str, type[BaseModel]] = {
     "runs.list_runs": schemas.RunListQuery,
@@ -54,6 +61,7 @@ QUERIES: dict[str, type[BaseModel]] = {
     "ops.runs": ops_api.OpsRunsQuery,
     "ops.audit": ops_api.OpsAuditQuery,
     "memory.list_facts": memory_api.FactsQuery,
+    "store.get_item": store_api.StoreGetQuery,
 }
 REQUIRED_BODIES = {
     schemas.RunCreate,
@@ -77,6 +85,8 @@ OTHER_SUCCESS: dict[str, dict[str, Any]] = {
         }
     },
     "threads.delete": {"204": {"description": "deleted"}},
+    "store.put_item": {"204": {"description": "stored"}},
+    "store.delete_item": {"204": {"description": "deleted (or there was nothing)"}},
 }
 _PARAM = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
 ERROR = {"$ref": "#/components/schemas/Error"}

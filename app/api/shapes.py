@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.runs.model import Run, Thread
+from shared.state.accessor import ThreadHead
 
 
 def run_json(run: Run) -> dict[str, Any]:
@@ -30,6 +31,7 @@ def run_json(run: Run) -> dict[str, Any]:
         "on_completion": run.on_completion,  # a run without a thread: its thread's fate
         "attempt": run.attempt,
         "owner_epoch": run.owner_epoch,
+        "due_at": run.due_at,
         "started_at": run.started_at,
         "ended_at": run.ended_at,
         "error": run.error,
@@ -37,14 +39,15 @@ def run_json(run: Run) -> dict[str, Any]:
     }
 
 
-def thread_json(thread: Thread) -> dict[str, Any]:
-    """The SDK's Thread shape."""
+def thread_json(thread: Thread, head: ThreadHead | None = None) -> dict[str, Any]:
+    """The SDK's Thread shape: `values` and `interrupts` of the head checkpoint (`values`
+    is null for a thread that has none, as on the official server)."""
     return {
         "thread_id": thread.thread_id,
         "created_at": thread.created_at,
         "updated_at": thread.updated_at,
         "metadata": thread.metadata,
         "status": thread.status,
-        "values": None,
-        "interrupts": {},
+        "values": head.values_fragment if head is not None else None,
+        "interrupts": head.interrupts if head is not None else {},
     }

@@ -7,19 +7,17 @@ from typing import Any
 from flask import Blueprint, Response, request
 from langgraph.errors import InvalidUpdateError
 
-from app.api.threads import owned_thread
+from app.api.threads import graph_id_of, owned_thread
 from app.http import json_response, parse_body
 from app.schemas import CheckpointRef, HistoryRequest, StateAtCheckpoint, StateUpdate
 from app.services import current_services
 from shared.errors import Conflict, ValidationFailed
-from shared.runs.model import Thread, ThreadStatus
+from shared.runs.model import ThreadStatus
 
 bp = Blueprint("state", __name__)
 
 
-def _graph_id(thread: Thread) -> str | None:
-    gid = thread.metadata.get("graph_id")
-    return gid if isinstance(gid, str) and gid in current_services().registry.ids() else None
+_graph_id = graph_id_of
 
 
 @bp.get("/threads/<thread_id>/state")

@@ -1,15 +1,28 @@
-"""Threads: create, get, patch, delete, search, count (A1, A4)."""
+"""Threads: create, get, patch, delete, search, count, copy, prune (A1, A4)."""
 
 from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
 
 from flask import Blueprint, Response
 
 from app.api.shapes import thread_json
 from app.auth import principal
 from app.http import checked_thread_id, json_response, parse_body
-from app.schemas import ThreadCount, ThreadCreate, ThreadPatch, ThreadSearch
+from app.schemas import (
+    ThreadCopy,
+    ThreadCount,
+    ThreadCreate,
+    ThreadPatch,
+    ThreadPrune,
+    ThreadSearch,
+)
 from app.services import current_services
-from shared.runs.model import Thread
+from shared.errors import Conflict, ThreadNotFound
+from shared.runs.model import PruneStrategy, Thread, ThreadStatus
+from shared.state.accessor import ThreadHead
 
 bp = Blueprint("threads", __name__)
 
@@ -17,6 +30,35 @@ bp = Blueprint("threads", __name__)
 def owned_thread(thread_id: str) -> Thread:
     """The caller's thread or 404."""
     return current_services().store.get_thread(checked_thread_id(thread_id), principal().user_id)
+
+
+def graph_id_of(thread: Thread) -> str | None:
+    """The registered graph the thread's runs use (its `graph_id` metadata), else None."""
+    gid = thread.metadata.get("graph_id")
+    return gid if isinstance(gid, str) and gid in current_services().registry.ids() else None
+
+
+def thread_objects(
+    threads: Sequence[Thread], select: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """The SDK's Thread objects with their head's `values` and `interrupts`: the heads of
+    all of them in one checkpoint query (a thread that never ran has none). With `select`,
+    only those fields, and no checkpoint read unless `values` or `interrupts` is one."""
+    heads: dict[str, ThreadHead] = {}
+    if select is None or {"values", "interrupts"} & set(select):
+        heads = current_services().state.heads({t.thread_id: graph_id_of(t) for t in threads})
+    objects = [thread_json(t, heads.get(t.thread_id)) for t in threads]
+    if select is None:
+        return objects
+    return [{k: v for k, v in o.items() if k in select} for o in objects]
+
+
+def delete_owned(owner: str, thread_id: str) -> None:
+    """Delete the owner's thread (404 otherwise): its runs, with running ones told to stop,
+    then its checkpoints."""
+    svc = current_services()
+    svc.runs.delete_thread(owner=owner, thread_id=thread_id)
+    svc.state.delete_thread(thread_id)
 
 
 @bp.post("/threads")
@@ -29,13 +71,13 @@ def create() -> Response:
         body.metadata,
         body.if_exists,
     )
-    return json_response(thread_json(thread))
+    return json_response(thread_objects([thread])[0])
 
 
 @bp.get("/threads/<thread_id>")
 def get(thread_id: str) -> Response:
     """One thread."""
-    return json_response(thread_json(owned_thread(thread_id)))
+    return json_response(thread_objects([owned_thread(thread_id)])[0])
 
 
 @bp.patch("/threads/<thread_id>")
@@ -43,18 +85,14 @@ def patch(thread_id: str) -> Response:
     """Merge metadata."""
     body = parse_body(ThreadPatch)
     tid = checked_thread_id(thread_id)
-    return json_response(
-        thread_json(current_services().store.patch_thread(tid, principal().user_id, body.metadata))
-    )
+    thread = current_services().store.patch_thread(tid, principal().user_id, body.metadata)
+    return json_response(thread_objects([thread])[0])
 
 
 @bp.delete("/threads/<thread_id>")
 def delete(thread_id: str) -> Response:
     """Delete the thread, its runs and its checkpoints; running runs are told to stop."""
-    svc = current_services()
-    tid = checked_thread_id(thread_id)
-    svc.runs.delete_thread(owner=principal().user_id, thread_id=tid)
-    svc.state.delete_thread(tid)
+    delete_owned(principal().user_id, checked_thread_id(thread_id))
     return Response(status=204)
 
 
@@ -72,7 +110,7 @@ def search() -> Response:
         sort_by=q.sort_by,
         sort_order=q.sort_order,
     )
-    return json_response([thread_json(t) for t in threads])
+    return json_response(thread_objects(threads, q.select))
 
 
 @bp.post("/threads/count")
@@ -84,3 +122,69 @@ def count() -> Response:
             principal().user_id, metadata=q.metadata, status=q.status
         )
     )
+
+
+@bp.post("/threads/<thread_id>/copy")
+def copy(thread_id: str) -> Response:
+    """A new thread of the caller with the thread's metadata, state and whole history.
+
+    The checkpoints are copied first, in one statement (a busy thread's committed state at
+    that instant), then the thread row is made: until then the copy is invisible, so a
+    failure in between leaves no half-made thread, only rows no thread id points to,
+    which are removed on the way out.
+    """
+    parse_body(ThreadCopy, allow_empty=True)
+    source = owned_thread(thread_id)
+    svc = current_services()
+    target = str(uuid.uuid4())
+    svc.state.copy_thread(source.thread_id, target)
+    try:
+        thread = svc.store.create_thread_copy(source, target)
+    except BaseException:
+        svc.state.delete_thread(target)
+        raise
+    return json_response(thread_objects([thread])[0])
+
+
+@bp.post("/threads/prune")
+def prune() -> Response:
+    """Delete threads, or keep only their latest checkpoint (`strategy`).
+
+    Every id must be a thread of the caller, else 404 and nothing is touched (the
+    official server's answer when its auth filters leave a thread out). `delete` goes the
+    way of `DELETE /threads/{id}`; `keep_latest` refuses a busy thread (409): its running
+    run's rollback point may be an older checkpoint.
+    """
+    body = parse_body(ThreadPrune)
+    owner = principal().user_id
+    ids = list(dict.fromkeys(str(t) for t in body.thread_ids))
+    if not ids:
+        return json_response({"pruned_count": 0})
+    svc = current_services()
+    threads = svc.store.search_threads(
+        owner,
+        metadata={},
+        status=None,
+        ids=ids,
+        limit=len(ids),
+        offset=0,
+        sort_by="thread_id",
+        sort_order="asc",
+    )
+    missing = set(ids) - {t.thread_id for t in threads}
+    if missing:
+        raise ThreadNotFound(f"thread {min(missing)} not found")
+    if body.strategy is PruneStrategy.DELETE:
+        pruned = 0
+        for tid in ids:
+            try:
+                delete_owned(owner, tid)
+            except ThreadNotFound:  # deleted meanwhile by another request
+                continue
+            pruned += 1
+        return json_response({"pruned_count": pruned})
+    busy = sorted(t.thread_id for t in threads if t.status is ThreadStatus.BUSY)
+    if busy:
+        raise Conflict(f"thread {busy[0]} has a run in progress; prune it when it is idle")
+    svc.state.keep_latest(ids)
+    return json_response({"pruned_count": len(ids)})

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from shared import metrics, serde
-from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat, StreamItem
+from shared.bridge.base import END_EVENT, MESSAGE_EVENTS, Event, Gap, Heartbeat, StreamItem
 
 KeepEvent = Callable[[Event], bool]
 """Whether a client's stream modes keep an event."""
@@ -27,7 +27,14 @@ def event_filter(modes: list[str] | None) -> KeepEvent:
     """Keep only the requested stream modes (control events always pass)."""
     if not modes:
         return keep_all
-    wanted = {"messages" if m == "messages-tuple" else m for m in modes}
+    wanted: set[str] = set()
+    for mode in modes:
+        if mode == "messages-tuple":
+            wanted.add("messages")  # LangGraph's (chunk, metadata) tuples, as they are
+        elif mode == "messages":
+            wanted.update(MESSAGE_EVENTS)  # metadata, partial and complete messages
+        else:
+            wanted.add(mode)
     control = {"metadata", "error", END_EVENT}
 
     def keep(event: Event) -> bool:

@@ -595,6 +595,10 @@ class _Session:
                         continue
                     sub.ended = sub.ended or frames.is_last(frame)
                     out.append(encode(frame, run_id))
+                if sub.ended:
+                    # Released before the last frame goes out: a client that answers `end`
+                    # with another `run.join` of this run must not be told it still follows it.
+                    self._release(sub)
                 if out:
                     if not self.send(out):
                         break
@@ -609,12 +613,16 @@ class _Session:
         finally:
             batches.close()  # detaches from the hub; nothing of this subscription outlives it
             TRACKER.close(sub_ticket)
-            with self._subs_lock:
-                if self._subs.get(run_id) is sub:
-                    del self._subs[run_id]
+            self._release(sub)
             # Decided here, not in shutdown(): a failed send may end this thread first.
             if sub.cancel_on_disconnect and not sub.ended and self.closed.is_set():
                 self._cancel_on_disconnect(sub)
+
+    def _release(self, sub: _Subscription) -> None:
+        """This socket no longer follows the run (idempotent; a newer follow is kept)."""
+        with self._subs_lock:
+            if self._subs.get(sub.run_id) is sub:
+                del self._subs[sub.run_id]
 
     def _heartbeat_due(self, last_sent: float) -> bool:
         """The thread polls more often than clients get heartbeats: one per quiet interval."""

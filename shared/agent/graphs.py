@@ -281,3 +281,9 @@ def _variable(spec: GraphSpec) -> object:
         raise GraphConfigError(
             f"graph {spec.graph_id!r}: {spec.module or spec.path} has no variable {spec.attr!r}"
         ) from None
+
+
+def load_variable(name: str, spec: str, base: Path) -> object:
+    """The variable a `file.py:var` or `module:var` spec names, loaded like a graph's
+    (for config entries beside the graphs, such as the store's embeddings)."""
+    return _variable(GraphSpec.parse(name, spec, base))

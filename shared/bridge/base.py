@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from shared.bridge.publisher import PublishCall, PublishResult
 
 END_EVENT = "end"
+MESSAGE_EVENTS = ("messages/metadata", "messages/partial", "messages/complete")
+"""The events of the `messages` stream mode (the `messages-tuple` mode's event is `messages`)."""
 START_CURSORS = frozenset({"", "-1", "0", "-"})
 BEFORE_FIRST = "0-0"
 """A checked "from the very first event" cursor: a gap if anything was ever trimmed."""

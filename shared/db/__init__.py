@@ -36,12 +36,12 @@ def make_pool(settings: Settings, *, name: str, max_size: int | None = None) -> 
 
 
 async def make_async_pool(
-    settings: Settings, *, name: str, max_size: int | None = None
+    settings: Settings, *, name: str, max_size: int | None = None, min_size: int | None = None
 ) -> AsyncDictPool:
     """An async pool; must be built inside the running loop that will use it."""
     pool = AsyncConnectionPool(
         settings.dsn,
-        min_size=settings.db_pool_min,
+        min_size=settings.db_pool_min if min_size is None else min_size,
         max_size=max_size or settings.db_pool_max,
         kwargs=dict(CONN_KWARGS),
         name=name,

@@ -2,7 +2,8 @@
 
 Run with `python -m shared.db.migrate`. Idempotent and safe to run from several
 processes at once (a transaction-scoped advisory lock serialises them). Also runs the
-LangGraph Postgres saver's own `setup()`.
+LangGraph Postgres saver's and store's own `setup()` (with the store's vector tables when
+the config file's `store.index` asks for semantic search).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg.rows import DictRow, dict_row
 
 from shared.settings import Settings, get_settings
+from shared.store import StoreConfig
+from shared.store import setup as setup_store
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +88,13 @@ def migrate(settings: Settings) -> list[int]:
                     (mig.version, mig.name),
                 )
                 done.append(mig.version)
-        # The saver's setup uses CREATE INDEX CONCURRENTLY, so it runs outside any
-        # transaction; it keeps its own version table and is idempotent. A session
-        # advisory lock keeps two starting processes from racing on it.
+        # The saver's and the store's setups use CREATE INDEX CONCURRENTLY, so they run
+        # outside any transaction; each keeps its own version table and is idempotent. A
+        # session advisory lock keeps two starting processes from racing on them.
         conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY + 1,))
         try:
             PostgresSaver(conn).setup()
+            setup_store(conn, StoreConfig.from_file(settings.config))
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY + 1,))
     return done

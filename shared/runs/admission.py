@@ -79,6 +79,7 @@ class AdmissionDecision:
     outcome: AdmissionOutcome
     action: CancelAction = CancelAction.INTERRUPT
     cancel: list[Inflight] = field(default_factory=list)
+    delayed: bool = False  # `after_seconds`: the reaper dispatches the run once it is due
 
     @property
     def creates(self) -> bool:
@@ -95,23 +96,31 @@ class AdmissionDecision:
         """Whether the new run is the head of its thread's queue right away.
 
         So it is when nothing was inflight, or when every cancelled run was ended at once; a
-        run asked to stop dispatches the new one when it ends.
+        run asked to stop dispatches the new one when it ends. A delayed run never is: it
+        waits for its due time whatever else the thread holds.
         """
+        if self.delayed or not self.creates:
+            return False
         if self.outcome is AdmissionOutcome.DISPATCH:
             return True
         cancels = self.outcome in (AdmissionOutcome.INTERRUPT, AdmissionOutcome.ROLLBACK)
         return cancels and not self.requests
 
 
-def decide(strategy: MultitaskStrategy, inflight: list[Inflight]) -> AdmissionDecision:
+def decide(
+    strategy: MultitaskStrategy, inflight: list[Inflight], *, delayed: bool = False
+) -> AdmissionDecision:
     """Decide admission (R3): what happens to the new run and to the inflight ones."""
     if not inflight:
-        return AdmissionDecision(AdmissionOutcome.DISPATCH)
+        return AdmissionDecision(AdmissionOutcome.DISPATCH, delayed=delayed)
     strategy = MultitaskStrategy(strategy)  # ValueError for a strategy the schema let through
     if strategy is MultitaskStrategy.REJECT:
         return AdmissionDecision(AdmissionOutcome.REJECTED)
     if strategy is MultitaskStrategy.ENQUEUE:
-        return AdmissionDecision(AdmissionOutcome.QUEUED)
-    if strategy is MultitaskStrategy.ROLLBACK:
-        return AdmissionDecision(AdmissionOutcome.ROLLBACK, CancelAction.ROLLBACK, list(inflight))
-    return AdmissionDecision(AdmissionOutcome.INTERRUPT, CancelAction.INTERRUPT, list(inflight))
+        return AdmissionDecision(AdmissionOutcome.QUEUED, delayed=delayed)
+    outcome, action = (
+        (AdmissionOutcome.ROLLBACK, CancelAction.ROLLBACK)
+        if strategy is MultitaskStrategy.ROLLBACK
+        else (AdmissionOutcome.INTERRUPT, CancelAction.INTERRUPT)
+    )
+    return AdmissionDecision(outcome, action, list(inflight), delayed=delayed)

@@ -9,7 +9,7 @@ from typing import Protocol
 
 import redis
 
-from shared.errors import AssistantNotFound, RunNotFound, ThreadBusy
+from shared.errors import AssistantNotFound, RunNotFound, ThreadBusy, ValidationFailed
 from shared.redis_keys import CANCEL_TTL_S, Keys
 from shared.runs.admission import AdmissionOutcome, CancelOutcome
 from shared.runs.model import (
@@ -46,6 +46,7 @@ class RunManager:
         *,
         graphs: GraphResolver | None = None,
         default_strategy: MultitaskStrategy = MultitaskStrategy.ENQUEUE,
+        max_after_s: float = 30 * 86_400,
     ) -> None:
         self.store = store
         self._dispatcher = dispatcher
@@ -53,6 +54,7 @@ class RunManager:
         self._keys = keys
         self._graphs = graphs
         self._default_strategy = default_strategy
+        self._max_after_s = max_after_s
 
     def resolve_graph(self, assistant_id: str) -> str:
         """The graph id of an assistant id or graph name, else AssistantNotFound (404)."""
@@ -65,6 +67,7 @@ class RunManager:
 
     def admit(self, owner: str, request: RunRequest) -> Run:
         """Create a run atomically (R2), then dispatch it after commit (R4)."""
+        self._check(request)
         admission = self.store.admit(
             request,
             run_id=str(uuid.uuid4()),
@@ -79,6 +82,13 @@ class RunManager:
             )
         return self._after_commit(admission)
 
+    def _check(self, request: RunRequest) -> None:
+        """Refuse what the schema cannot know: a delay beyond the deployment's limit (422)."""
+        if request.after_seconds > self._max_after_s:
+            raise ValidationFailed(
+                f"after_seconds: at most {self._max_after_s:g} seconds", field="after_seconds"
+            )
+
     def admit_batch(self, owner: str, requests: Sequence[RunRequest]) -> list[Run]:
         """Create several runs all or nothing (one transaction), then dispatch them.
 
@@ -87,6 +97,7 @@ class RunManager:
         """
         items = []
         for index, request in enumerate(requests):
+            self._check(request)
             try:
                 graph_id = self.resolve_graph(request.assistant_id)
             except AssistantNotFound as exc:

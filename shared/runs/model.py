@@ -85,6 +85,13 @@ class CancelFilter(enum.StrEnum):
         return frozenset({RunStatus(self.value)})
 
 
+class PruneStrategy(enum.StrEnum):
+    """What `POST /threads/prune` does to each thread: delete it, or keep its latest state."""
+
+    DELETE = "delete"
+    KEEP_LATEST = "keep_latest"
+
+
 class OnDisconnect(enum.StrEnum):
     """What a streaming or waiting client's disconnect does to its run."""
 
@@ -134,6 +141,8 @@ class RunRequest:
         """Whether the run came without a thread and runs on a temporary one of its own."""
         return self.on_completion is not None
 
+    after_seconds: float = 0.0  # a delayed run: not started before this many seconds
+
 
 @dataclass(frozen=True, slots=True)
 class Run:
@@ -156,6 +165,7 @@ class Run:
     kwargs: JSONObject = field(default_factory=dict)
     seq: int = 0
     dispatched_at: dt.datetime | None = None
+    due_at: dt.datetime | None = None  # a delayed run starts at this time, not before
     started_at: dt.datetime | None = None
     ended_at: dt.datetime | None = None
     owner: str | None = None  # the worker that holds (or last held) the run
@@ -192,6 +202,7 @@ class Run:
             kwargs=row.get("kwargs") or {},
             seq=int(row.get("seq") or 0),
             dispatched_at=row.get("dispatched_at"),
+            due_at=row.get("due_at"),
             started_at=row.get("started_at"),
             ended_at=row.get("ended_at"),
             owner=row.get("owner"),

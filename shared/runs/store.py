@@ -46,6 +46,11 @@ INSERT INTO threads (thread_id, owner, metadata) VALUES (%(thread_id)s, %(owner)
 ON CONFLICT (thread_id) DO NOTHING
 RETURNING *
 """
+INSERT_THREAD_COPY_SQL = """
+INSERT INTO threads (thread_id, owner, metadata, status)
+VALUES (%(thread_id)s, %(owner)s, %(metadata)s, %(status)s)
+RETURNING *
+"""
 GET_THREAD_SQL = "SELECT * FROM threads WHERE thread_id = %(thread_id)s AND owner = %(owner)s"
 LOCK_THREAD_SQL = GET_THREAD_SQL + " FOR UPDATE"
 LOCK_THREAD_BY_ID_SQL = "SELECT thread_id FROM threads WHERE thread_id = %(thread_id)s FOR UPDATE"
@@ -84,11 +89,12 @@ LIMIT %(limit)s
 INSERT_RUN_SQL = """
 INSERT INTO runs (run_id, thread_id, assistant_id, graph_id, status, input, command, config,
                   context, metadata, kwargs, multitask_strategy, on_disconnect, on_completion,
-                  dispatched_at, created_at, updated_at)
+                  dispatched_at, due_at, created_at, updated_at)
 VALUES (%(run_id)s, %(thread_id)s, %(assistant_id)s, %(graph_id)s, 'pending', %(input)s,
         %(command)s, %(config)s, %(context)s, %(metadata)s, %(kwargs)s,
         %(multitask_strategy)s, %(on_disconnect)s, %(on_completion)s,
         CASE WHEN %(dispatch)s THEN now() END,
+        CASE WHEN %(after_s)s > 0 THEN clock_timestamp() + make_interval(secs => %(after_s)s) END,
         -- clock_timestamp(), not now(): taken after the thread lock, so created_at
         -- follows admission (= execution) order, not transaction start order.
         clock_timestamp(), clock_timestamp())
@@ -173,6 +179,7 @@ UPDATE runs r
 SET status = 'running', owner = %(owner)s, owner_epoch = r.owner_epoch + 1,
     attempt = r.attempt + 1, started_at = coalesce(r.started_at, now()), updated_at = now()
 WHERE r.run_id = %(run_id)s AND r.status = 'pending'
+  AND (r.due_at IS NULL OR r.due_at <= now())
   AND NOT EXISTS (
       SELECT 1 FROM runs o
       WHERE o.thread_id = r.thread_id AND o.run_id <> r.run_id
@@ -191,11 +198,11 @@ WHERE run_id = %(run_id)s AND owner_epoch = %(epoch)s AND status = 'running'
 RETURNING thread_id
 """
 NEXT_PENDING_SQL = """
-UPDATE runs SET dispatched_at = now()
-WHERE run_id = (SELECT run_id FROM runs WHERE thread_id = %(thread_id)s AND status = 'pending'
-                ORDER BY seq LIMIT 1)
-RETURNING run_id::text
+SELECT run_id::text, (due_at IS NULL OR due_at <= now()) AS due FROM runs
+WHERE thread_id = %(thread_id)s AND status = 'pending'
+ORDER BY seq LIMIT 1
 """
+MARK_DISPATCHED_SQL = "UPDATE runs SET dispatched_at = now() WHERE run_id = %(run_id)s"
 SETTLE_THREAD_SQL = """
 UPDATE threads SET status = %(status)s, updated_at = now() WHERE thread_id = %(thread_id)s
 """
@@ -208,6 +215,7 @@ WHERE run_id = %(run_id)s ORDER BY seq
 STALE_PENDING_HEADS_SQL = """
 UPDATE runs r SET dispatched_at = now()
 WHERE r.status = 'pending'
+  AND (r.due_at IS NULL OR r.due_at <= now())
   AND (r.dispatched_at IS NULL OR r.dispatched_at < now() - make_interval(secs => %(stale_s)s))
   AND NOT EXISTS (
       SELECT 1 FROM runs o
@@ -331,6 +339,23 @@ class RunStore:
         if existing is None or if_exists == "raise":
             raise ThreadExists(f"thread {tid} already exists")
         return Thread.from_row(existing)
+
+    def create_thread_copy(self, source: Thread, thread_id: str) -> Thread:
+        """A new thread of `source`'s owner with its metadata and status; the copy of a busy
+        thread is idle (runs are not copied)."""
+        status = ThreadStatus.IDLE if source.status is ThreadStatus.BUSY else source.status
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                INSERT_THREAD_COPY_SQL,
+                {
+                    "thread_id": thread_id,
+                    "owner": source.owner,
+                    "metadata": _json(source.metadata),
+                    "status": status,
+                },
+            ).fetchone()
+        assert row is not None  # INSERT … RETURNING
+        return Thread.from_row(row)
 
     def get_thread(self, thread_id: str, owner: str) -> Thread:
         """The thread, or ThreadNotFound (also for another user's thread)."""
@@ -465,7 +490,7 @@ class RunStore:
         if conn.execute(LOCK_THREAD_SQL, params).fetchone() is None:
             raise ThreadNotFound(f"thread {thread_id} not found")
         inflight = self._inflight(conn, thread_id, limit=inflight_needed(strategy))
-        decision = decide(strategy, inflight)
+        decision = decide(strategy, inflight, delayed=request.after_seconds > 0)
         if not decision.creates:
             return Admission(decision, None, [], [])
         cancel_running: list[str] = []
@@ -490,6 +515,7 @@ class RunStore:
                 "on_disconnect": request.on_disconnect,
                 "on_completion": request.on_completion,
                 "dispatch": decision.dispatch_now,
+                "after_s": request.after_seconds,
             },
         ).fetchone()
         assert row is not None
@@ -747,11 +773,17 @@ class RunStore:
     def _settle_thread(
         self, conn: psycopg.Connection[DictRow], thread_id: str, idle_status: ThreadStatus
     ) -> str | None:
-        """Pick the next pending run (marking it dispatched) or set the thread's idle status."""
+        """Pick the next pending run (marking it dispatched) or set the thread's idle status.
+
+        A next run that is delayed and not due yet keeps the thread busy and is not
+        dispatched: the reaper dispatches it once due (R4)."""
         if conn.execute(THREAD_HAS_RUNNING_SQL, {"thread_id": thread_id}).fetchone():
             return None  # the running run hands over when it ends
         nxt = conn.execute(NEXT_PENDING_SQL, {"thread_id": thread_id}).fetchone()
         if nxt is not None:
+            if not nxt["due"]:
+                return None
+            conn.execute(MARK_DISPATCHED_SQL, {"run_id": nxt["run_id"]})
             return str(nxt["run_id"])
         conn.execute(SETTLE_THREAD_SQL, {"thread_id": thread_id, "status": idle_status})
         return None

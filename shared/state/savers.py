@@ -25,7 +25,7 @@ writes only (reads and unfenced writes take LangGraph's path unchanged). The tes
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -39,6 +39,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import AsyncCursor
 from psycopg.rows import DictRow, dict_row
 
@@ -59,6 +60,57 @@ FOR SHARE OF runs
 """The fence, and a transaction-local idle timeout: a writer frozen inside the transaction
 (SIGSTOP, a stalled VM) is disconnected by PostgreSQL after it, which frees the run row
 for the reaper instead of holding it until the writer thaws."""
+
+HEADS_SQL = """
+WHERE (thread_id, checkpoint_ns, checkpoint_id) IN (
+    SELECT t.thread_id, '', h.checkpoint_id
+    FROM unnest(%(thread_ids)s::text[]) AS t (thread_id)
+    CROSS JOIN LATERAL (
+        SELECT c.checkpoint_id FROM checkpoints c
+        WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = ''
+        ORDER BY c.checkpoint_id DESC LIMIT 1
+    ) AS h
+)
+"""
+"""Appended to LangGraph's own `SELECT_SQL`: the head checkpoint of each of many threads (the
+one `get_tuple` loads), with its blobs and pending writes, in one statement. One backward
+primary-key probe per thread (`LIMIT 1`), never a sort of a thread's whole history."""
+
+COPY_THREAD_SQL = """
+WITH source AS (
+    SELECT checkpoint_ns, checkpoint_id FROM checkpoints WHERE thread_id = %(source)s
+), copied_checkpoints AS (
+    INSERT INTO checkpoints
+        (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
+    SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint,
+           CASE WHEN metadata ? 'thread_id'
+                THEN jsonb_set(metadata, '{thread_id}', to_jsonb(%(target)s::text))
+                ELSE metadata END
+    FROM checkpoints WHERE thread_id = %(source)s
+    RETURNING 1
+), copied_blobs AS (
+    INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    SELECT %(target)s, checkpoint_ns, channel, version, type, blob
+    FROM checkpoint_blobs WHERE thread_id = %(source)s
+    RETURNING 1
+), copied_writes AS (
+    INSERT INTO checkpoint_writes
+        (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+    SELECT %(target)s, w.checkpoint_ns, w.checkpoint_id, w.task_id, w.task_path, w.idx,
+           w.channel, w.type, w.blob
+    FROM checkpoint_writes w
+    JOIN source s USING (checkpoint_ns, checkpoint_id)
+    WHERE w.thread_id = %(source)s
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM copied_checkpoints) AS checkpoints,
+       (SELECT count(*) FROM copied_blobs) AS blobs,
+       (SELECT count(*) FROM copied_writes) AS writes
+"""
+"""Every checkpoint, blob and pending write of a thread (every namespace), re-keyed to another
+thread id. One statement, so one snapshot and one transaction: a run writing to the source
+meanwhile is either wholly in the copy or not at all, and a write committed before its
+checkpoint (LangGraph saves a step's writes in the background) is left out with it."""
 
 _fence: ContextVar[tuple[str, int] | None] = ContextVar("threadrun_fence", default=None)
 
@@ -87,8 +139,10 @@ def _checked(tup: CheckpointTuple | None, mode: CheckpointMode) -> CheckpointTup
 class StatePostgresSaver(PostgresSaver):
     """The web's sync saver: stamps and checks the checkpoint mode (S4)."""
 
-    def __init__(self, conn: Any, *, mode: CheckpointMode) -> None:
-        super().__init__(conn)
+    def __init__(
+        self, conn: Any, *, mode: CheckpointMode, serde: SerializerProtocol | None = None
+    ) -> None:
+        super().__init__(conn, serde=serde)
         self.mode = mode
 
     def put(
@@ -117,6 +171,54 @@ class StatePostgresSaver(PostgresSaver):
         for tup in super().list(config, filter=filter, before=before, limit=limit):
             check_readable(self.mode, tup.metadata)
             yield tup
+
+    def get_heads(self, thread_ids: Sequence[str]) -> dict[str, CheckpointTuple]:
+        """The head checkpoint of each thread that has one, in one query (each checked)."""
+        if not thread_ids:
+            return {}
+        with self._cursor() as cur:
+            cur.execute(self.SELECT_SQL + HEADS_SQL, {"thread_ids": list(thread_ids)})
+            rows = cur.fetchall()
+        heads: dict[str, CheckpointTuple] = {}
+        for row in rows:
+            tid = str(row["thread_id"])
+            if row["checkpoint"]["v"] < 4 and row["parent_checkpoint_id"]:
+                # A pre-v4 checkpoint takes its pending sends from its parent: LangGraph's
+                # own read migrates them (one more query, for legacy threads only).
+                tup = self.get_tuple({"configurable": {"thread_id": tid, "checkpoint_ns": ""}})
+            else:
+                tup = self._load_checkpoint_tuple(row)
+            if tup is not None:
+                check_readable(self.mode, tup.metadata)
+                heads[tid] = tup
+        return heads
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, blob and pending write of a thread to another thread id,
+        in one statement (LangGraph's `BaseCheckpointSaver.copy_thread` contract: the whole
+        parent chain, so delta channels rebuild on the copy exactly as on the source)."""
+        with self._cursor() as cur:
+            cur.execute(COPY_THREAD_SQL, {"source": source_thread_id, "target": target_thread_id})
+
+
+class HeadsSaver(StatePostgresSaver):
+    """A `StatePostgresSaver` that answers the head reads of some threads from checkpoints
+    already fetched (`get_heads`), so a page of thread objects is one query, not one per
+    thread; every other read (a delta channel's history, a given checkpoint) goes to the
+    database as usual."""
+
+    def __init__(self, base: StatePostgresSaver, heads: Mapping[str, CheckpointTuple]) -> None:
+        super().__init__(base.conn, mode=base.mode, serde=base.serde)
+        self._heads = dict(heads)
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The prefetched head for a head read of a prefetched thread, else the database's."""
+        conf = config.get("configurable") or {}
+        if not conf.get("checkpoint_id") and not conf.get("checkpoint_ns"):
+            head = self._heads.get(str(conf.get("thread_id")))
+            if head is not None:
+                return head
+        return super().get_tuple(config)
 
 
 class FencedPostgresSaver(AsyncPostgresSaver):

@@ -522,3 +522,79 @@ def test_a5_openapi_document(cluster: Cluster) -> None:
     cancel = doc["paths"]["/threads/{thread_id}/runs/{run_id}/cancel"]["post"]
     assert {p["name"] for p in cancel["parameters"]} >= {"thread_id", "run_id", "wait", "action"}
     assert "/ws" not in doc["paths"] and "/ui" not in doc["paths"]
+
+
+def test_a1_messages_stream_mode_through_the_sdk(cluster: Cluster) -> None:
+    """A1: `stream_mode="messages"` gives `messages/metadata` once per message and
+    `messages/partial` with the whole message so far; the last partial is the reply stored
+    in the thread's state; a join replays the same events, filtered to that mode."""
+
+    async def scenario(c: LangGraphClient) -> None:
+        tid = (await c.threads.create())["thread_id"]
+        parts = [
+            p
+            async for p in c.runs.stream(
+                tid,
+                "lead_agent",
+                input=human("hello"),
+                stream_mode=["messages", "updates"],
+                config=knobs(tokens=10),
+            )
+        ]
+        run_id = parts[0].data["run_id"]
+        names = [p.event for p in parts]
+        assert "messages" not in names and "updates" in names
+        metas = [p.data for p in parts if p.event == "messages/metadata"]
+        partial = [p.data[0] for p in parts if p.event == "messages/partial"]
+        ai_ids = {m["id"] for m in partial if m["type"] == "ai"}
+        assert len(ai_ids) == 1 and ai_ids <= {k for meta in metas for k in meta}
+        texts = [m["content"] for m in partial if m["type"] == "ai"]
+        assert len(texts) >= 10
+        assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))
+        state = await c.threads.get_state(tid)
+        assert texts[-1] == state["values"]["messages"][-1]["content"]
+        replay = [
+            p
+            async for p in c.runs.join_stream(
+                tid, run_id, stream_mode=["messages"], last_event_id="-1"
+            )
+        ]
+        mine = [(p.event, p.data) for p in parts if p.event.startswith("messages/")]
+        assert [(p.event, p.data) for p in replay if p.event.startswith("messages/")] == mine
+        assert not [p for p in replay if p.event == "updates"]
+
+    run(scenario, cluster.url)
+
+
+def test_a1_events_stream_mode_through_the_sdk(cluster: Cluster) -> None:
+    """A1: `stream_mode="events"` sends LangChain's astream_events v2 events (the model's
+    tokens among them) beside the other modes asked for; the run ends `success`."""
+
+    async def scenario(c: LangGraphClient) -> None:
+        tid = (await c.threads.create())["thread_id"]
+        parts = [
+            p
+            async for p in c.runs.stream(
+                tid,
+                "lead_agent",
+                input=human("hello"),
+                stream_mode=["events", "values"],
+                config=knobs(tokens=6),
+            )
+        ]
+        kinds = [p.data["event"] for p in parts if p.event == "events"]
+        assert "on_chain_start" in kinds and "on_chain_end" in kinds
+        tokens = [
+            p.data["data"]["chunk"]["content"]
+            for p in parts
+            if p.event == "events" and p.data["event"] == "on_chat_model_stream"
+        ]
+        state = await c.threads.get_state(tid)
+        reply = state["values"]["messages"][-1]["content"]
+        assert len(tokens) >= 6 and "".join(tokens) == reply
+        assert [p for p in parts if p.event == "values"][-1].data["messages"][-1]["content"] == (
+            reply
+        )
+        assert parts[-1].event == "end" and parts[-1].data["status"] == "success"
+
+    run(scenario, cluster.url)

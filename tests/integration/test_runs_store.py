@@ -341,3 +341,61 @@ def test_migrations_are_contiguous_and_idempotent(settings: Settings, pool: Conn
         ]
     assert {"threads", "runs", "run_events", "checkpoints", "checkpoint_writes"} <= tables
     assert versions == [m.version for m in migrations()]
+
+
+def _delayed(store: RunStore, tid: str, after_s: float) -> Admission:
+    return store.admit(
+        RunRequest(thread_id=tid, assistant_id="lead_agent", after_seconds=after_s),
+        run_id=str(uuid.uuid4()),
+        owner=OWNER,
+        graph_id="lead_agent",
+        strategy=MultitaskStrategy.ENQUEUE,
+    )
+
+
+def test_r4_a_delayed_run_is_not_dispatched_or_claimed_before_it_is_due(
+    store: RunStore, pool: ConnectionPool
+) -> None:
+    """R4: a delayed run is pending with its due time; nothing dispatches or claims it
+    early (a duplicate message is refused as not-the-head), and the reaper's query returns
+    it once due, exactly once per stale interval."""
+    tid = new_thread(store)
+    adm = _delayed(store, tid, 3600)
+    run = adm.run
+    assert run is not None and adm.dispatch == [] and run.status is RunStatus.PENDING
+    assert run.due_at is not None and run.dispatched_at is None
+    assert store.claim(run.run_id, "w1").outcome is ClaimOutcome.NOT_HEAD
+    assert run.run_id not in store.stale_pending_heads(0.0)
+    with pool.connection() as conn:  # the due time passes
+        conn.execute(
+            "UPDATE runs SET due_at = now() - interval '1 second' WHERE run_id = %s", (run.run_id,)
+        )
+    assert run.run_id in store.stale_pending_heads(60.0)
+    assert run.run_id not in store.stale_pending_heads(60.0)  # dispatched: not again
+    assert claimed(store, run.run_id, "w1").attempt == 1
+
+
+def test_r4_a_delayed_run_behind_a_finishing_run_keeps_the_thread_busy(
+    store: RunStore,
+) -> None:
+    """R4: when the run before it ends, a not-yet-due delayed run is not dispatched and the
+    thread stays busy (the reaper dispatches it when due); a cancel ends it at once."""
+    tid = new_thread(store)
+    first = admitted(store, tid)
+    delayed = _delayed(store, tid, 3600).run
+    assert delayed is not None
+    run = claimed(store, first, "w1")
+    fin = store.finish(
+        first,
+        tid,
+        run.owner_epoch,
+        status=RunStatus.SUCCESS,
+        error=None,
+        thread_status=ThreadStatus.IDLE,
+    )
+    assert not fin.fenced and fin.next_run_id is None
+    assert store.get_thread(tid, OWNER).status is ThreadStatus.BUSY
+    outcome, nxt = store.request_cancel(tid, delayed.run_id, OWNER, CancelAction.INTERRUPT)
+    assert outcome is CancelOutcome.CANCELLED and nxt is None
+    assert store.get_run(tid, delayed.run_id, OWNER).status is RunStatus.INTERRUPTED
+    assert store.get_thread(tid, OWNER).status is ThreadStatus.IDLE

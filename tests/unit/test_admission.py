@@ -119,3 +119,15 @@ def test_r2_decision_invariants(strategy: MultitaskStrategy, inflight: list[Infl
         assert decision.requests == [v for v in inflight if _needs_stop_request(strategy, v)]
     else:
         assert decision.cancel == []
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_r3_a_delayed_run_is_never_dispatched_at_admission(strategy: str) -> None:
+    """R3, R4: a delayed run (`after_seconds`) waits for the reaper whatever the thread
+    holds; the inflight runs are still treated as the strategy says."""
+    assert not decide(strategy, [], delayed=True).dispatch_now
+    pending = [Inflight("a", RunStatus.PENDING)]
+    decision = decide(strategy, pending, delayed=True)
+    assert not decision.dispatch_now
+    if strategy in ("interrupt", "rollback"):
+        assert decision.cancel == pending

@@ -169,6 +169,7 @@ def run_row() -> dict[str, Any]:
         "created_at": T0,
         "updated_at": T1,
         "dispatched_at": T0,
+        "due_at": None,
         "started_at": T1,
         "ended_at": None,
         "owner": "worker-1:4242",

@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from app.errors import validation_failed
-from app.schemas import CancelQuery, RunCreate, ThreadCreate
+from app.schemas import CancelQuery, RunCreate, ThreadCreate, ThreadPrune, ThreadSearch
+from shared.runs.model import PruneStrategy
 
 
 def field_of(model: type, data: dict) -> str | None:  # type: ignore[type-arg]
@@ -37,12 +38,25 @@ def test_a3_unknown_field_is_named() -> None:
     assert field_of(RunCreate, {"assistant_id": "a", "inptu": {}}) == "inptu"
 
 
-@pytest.mark.parametrize("key", ["webhook", "after_seconds", "feedback_keys", "strict_resume"])
+@pytest.mark.parametrize("key", ["webhook", "feedback_keys", "strict_resume"])
 def test_a1_unimplemented_sdk_fields_are_refused(key: str) -> None:
     """A1: SDK fields we do not implement are refused with their name, never silently ignored."""
     with pytest.raises(ValidationError) as info:
-        RunCreate.model_validate({"assistant_id": "a", key: 1 if key == "after_seconds" else "x"})
+        RunCreate.model_validate({"assistant_id": "a", key: "x"})
     assert key in str(info.value)
+
+
+@pytest.mark.parametrize("value", [-1, "soon", float("nan")])
+def test_a3_after_seconds_must_be_a_delay(value: object) -> None:
+    """A3: `after_seconds` is a non-negative number of seconds, else a 422 naming it."""
+    assert field_of(RunCreate, {"assistant_id": "a", "after_seconds": value}) == "after_seconds"
+
+
+def test_a1_after_seconds_reaches_the_request() -> None:
+    """A1: a delayed run's request carries its delay; no delay is 0."""
+    body = RunCreate.model_validate({"assistant_id": "a", "after_seconds": 2.5})
+    assert body.to_request("t").after_seconds == 2.5
+    assert RunCreate.model_validate({"assistant_id": "a"}).to_request("t").after_seconds == 0
 
 
 def test_a3_bad_stream_mode_and_strategy() -> None:
@@ -83,3 +97,26 @@ def test_cancel_query_parses_sdk_flags() -> None:
     """The SDK sends wait=0/1."""
     assert CancelQuery.model_validate({"wait": "1", "action": "interrupt"}).wait is True
     assert CancelQuery.model_validate({"wait": "0"}).wait is False
+
+
+def test_a1_sdk_prune_payloads_validate_and_bad_ones_name_the_field() -> None:
+    """A1/A3: what `threads.prune` sends validates (strategy defaults to delete); a bad
+    strategy, a missing or oversized id list, or a bad id is a 422 naming the field."""
+    tid = "3c90c3cc-0d44-4b50-8888-8dd25736052a"
+    assert ThreadPrune.model_validate({"thread_ids": [tid]}).strategy is PruneStrategy.DELETE
+    keep = ThreadPrune.model_validate({"thread_ids": [tid], "strategy": "keep_latest"})
+    assert keep.strategy is PruneStrategy.KEEP_LATEST
+    assert field_of(ThreadPrune, {"thread_ids": [tid], "strategy": "all"}) == "strategy"
+    assert field_of(ThreadPrune, {}) == "thread_ids"
+    assert field_of(ThreadPrune, {"thread_ids": ["nope"]}) == "thread_ids.0"
+    assert field_of(ThreadPrune, {"thread_ids": [tid] * 1001}) == "thread_ids"
+
+
+def test_a1_search_select_takes_the_sdk_thread_fields() -> None:
+    """A1/A3: `select` takes thread object fields; others are named."""
+    assert ThreadSearch.model_validate({"select": ["thread_id", "values"]}).select == [
+        "thread_id",
+        "values",
+    ]
+    assert field_of(ThreadSearch, {"select": ["thread_id", "owner"]}) == "select.1"
+    assert field_of(ThreadSearch, {"select": []}) == "select"

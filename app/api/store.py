@@ -1,0 +1,182 @@
+"""The store (cross-thread memory): items and namespaces of the caller, on LangGraph's store.
+
+Each view works on `UserScopedStore` for the caller: the namespaces a client names are the
+caller's own (stored under their label, `shared.store.namespaces`), so another user's item
+under the same namespace is simply not there: GET answers `null` (as the LangGraph Agent
+Server does for a missing item), DELETE deletes nothing, search and listings omit it.
+Graphs get the same store at run time (`workers.runtime.WorkerRuntime.run_graph`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from flask import Blueprint, Response
+from pydantic import AfterValidator, Field, field_validator
+
+from app.auth import principal
+from app.http import json_response, parse_body, parse_query
+from app.schemas import PG_BIGINT_MAX, Strict
+from app.services import current_services
+from shared.errors import ValidationFailed
+from shared.store import UserScopedStore, check_namespace
+from shared.store.namespaces import check_key
+
+bp = Blueprint("store", __name__)
+
+FILTER_OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
+"""What `PostgresStore` compares with; a dict value of a filter holds only these."""
+MAX_TTL_MINUTES = 10_000_000  # ~19 years; PostgreSQL intervals overflow far above
+
+
+def _labels(*, required: bool = False, writing: bool = False) -> AfterValidator:
+    def check(value: list[str]) -> list[str]:
+        check_namespace(tuple(value), required=required, writing=writing)
+        return value
+
+    return AfterValidator(check)
+
+
+def _joined_labels(value: str) -> str:
+    check_namespace(tuple(value.split(".")), required=True)
+    return value
+
+
+def _key(value: str) -> str:
+    check_key(value)
+    return value
+
+
+Key = Annotated[str, AfterValidator(_key)]
+Labels = Annotated[list[str], _labels()]
+
+
+class StorePut(Strict):
+    """PUT /store/items."""
+
+    namespace: Annotated[list[str], _labels(writing=True)]
+    key: Key
+    value: dict[str, Any]
+    index: Literal[False] | list[str] | None = None
+    ttl: float | None = Field(default=None, gt=0, le=MAX_TTL_MINUTES)
+
+
+class StoreDelete(Strict):
+    """DELETE /store/items."""
+
+    namespace: Annotated[list[str], _labels(required=True)]
+    key: Key
+
+
+class StoreGetQuery(Strict):
+    """GET /store/items: `namespace` is the labels joined with `.`, as the SDK sends it."""
+
+    namespace: Annotated[str, AfterValidator(_joined_labels)]
+    key: Key
+    refresh_ttl: bool | None = None
+
+
+class StoreSearch(Strict):
+    """POST /store/items/search."""
+
+    namespace_prefix: Labels = Field(default_factory=list)
+    filter: dict[str, Any] | None = None
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0, le=PG_BIGINT_MAX)
+    query: str | None = Field(default=None, min_length=1, max_length=10_000)
+    refresh_ttl: bool | None = None
+
+    @field_validator("filter")
+    @classmethod
+    def _check_filter(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        for name, condition in (value or {}).items():
+            if isinstance(condition, dict) and not set(condition) <= FILTER_OPERATORS:
+                raise ValueError(
+                    f"{name}: an object compares with {sorted(FILTER_OPERATORS)}; "
+                    'to match an object value use {"$eq": {...}}'
+                )
+        return value
+
+
+class StoreNamespaces(Strict):
+    """POST /store/namespaces."""
+
+    prefix: Labels | None = None
+    suffix: Labels | None = None
+    max_depth: int | None = Field(default=None, ge=1, le=100)
+    limit: int = Field(default=100, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0, le=PG_BIGINT_MAX)
+
+
+def callers_store() -> UserScopedStore:
+    """The store as the caller sees it."""
+    return current_services().items.for_user(principal().user_id)
+
+
+def _require_index(field: str) -> None:
+    if not current_services().items.semantic:
+        raise ValidationFailed(
+            f"{field}: semantic search needs an embeddings index (store.index in the config)",
+            field=field,
+        )
+
+
+@bp.put("/store/items")
+def put_item() -> Response:
+    """Store or replace an item in one of the caller's namespaces."""
+    body = parse_body(StorePut)
+    if isinstance(body.index, list):
+        _require_index("index")
+    store = callers_store()
+    if "ttl" in body.model_fields_set:
+        store.put(tuple(body.namespace), body.key, body.value, body.index, ttl=body.ttl)
+    else:  # the store's default_ttl applies
+        store.put(tuple(body.namespace), body.key, body.value, body.index)
+    return Response(status=204)
+
+
+@bp.get("/store/items")
+def get_item() -> Response:
+    """One of the caller's items, or `null`."""
+    q = parse_query(StoreGetQuery)
+    item = callers_store().get(tuple(q.namespace.split(".")), q.key, refresh_ttl=q.refresh_ttl)
+    return json_response(None if item is None else item.dict())
+
+
+@bp.delete("/store/items")
+def delete_item() -> Response:
+    """Delete one of the caller's items (nothing happens if there is none)."""
+    body = parse_body(StoreDelete)
+    callers_store().delete(tuple(body.namespace), body.key)
+    return Response(status=204)
+
+
+@bp.post("/store/items/search")
+def search_items() -> Response:
+    """The caller's items under a namespace prefix: filter, limit/offset, `query` with an index."""
+    q = parse_body(StoreSearch, allow_empty=True)
+    if q.query is not None:
+        _require_index("query")
+    items = callers_store().search(
+        tuple(q.namespace_prefix),
+        query=q.query,
+        filter=q.filter,
+        limit=q.limit,
+        offset=q.offset,
+        refresh_ttl=q.refresh_ttl,
+    )
+    return json_response({"items": [item.dict() for item in items]})
+
+
+@bp.post("/store/namespaces")
+def list_namespaces() -> Response:
+    """The caller's namespaces (`prefix`, `suffix`, `max_depth`, limit/offset)."""
+    q = parse_body(StoreNamespaces, allow_empty=True)
+    namespaces = callers_store().list_namespaces(
+        prefix=tuple(q.prefix) if q.prefix else None,
+        suffix=tuple(q.suffix) if q.suffix else None,
+        max_depth=q.max_depth,
+        limit=q.limit,
+        offset=q.offset,
+    )
+    return json_response({"namespaces": [list(ns) for ns in namespaces]})

@@ -1,0 +1,55 @@
+"""`UserScopedStore`: one user's view of a LangGraph store, for the API and for graphs at run time.
+
+The contract is LangGraph's own `BaseStore` (what `compile(store=...)`, `Runtime.store` and
+`get_store()` give a graph): the API calls its public methods, a graph calls whatever it
+likes, and both go through `batch`/`abatch` here, where every op is rewritten onto the
+user's stored namespaces and every result is read back without the user's label
+(`shared.store.namespaces`). The same class wraps the web's sync `PostgresStore` and the
+workers' `AsyncPostgresStore`, so what a run writes is what the user reads over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from langgraph.store.base import BaseStore, Op, Result
+from langgraph.store.base.batch import AsyncBatchedBaseStore
+
+from shared.store.namespaces import scope_op, unscope_result
+
+
+class UserScopedStore(BaseStore):
+    """The namespaces of one user in `inner`: written under their label, read back without it."""
+
+    def __init__(self, inner: BaseStore, user_id: str) -> None:
+        self.inner = inner
+        self.user_id = user_id
+        # BaseStore reads both to decide TTL defaults and refusals for put/get/search.
+        self.supports_ttl = inner.supports_ttl
+        self.ttl_config = inner.ttl_config
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        """Run `ops` synchronously on the user's namespaces."""
+        if isinstance(self.inner, AsyncBatchedBaseStore):
+            # Its sync calls wait on its own loop: from inside that loop they would hang
+            # (LangGraph refuses the same for its own sync methods).
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                pass
+            else:
+                raise asyncio.InvalidStateError(
+                    "synchronous store call inside the event loop: use aget/aput/asearch/..."
+                )
+        ops = list(ops)
+        scoped = [scope_op(self.user_id, op) for op in ops]
+        results = self.inner.batch(scoped)
+        return [unscope_result(self.user_id, op, r) for op, r in zip(ops, results, strict=True)]
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        """Run `ops` asynchronously on the user's namespaces."""
+        ops = list(ops)
+        scoped = [scope_op(self.user_id, op) for op in ops]
+        results = await self.inner.abatch(scoped)
+        return [unscope_result(self.user_id, op, r) for op, r in zip(ops, results, strict=True)]
