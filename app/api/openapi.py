@@ -31,14 +31,23 @@ BODIES: dict[str, type[BaseModel]] = {
     "state.update_state": schemas.StateUpdate,
     "state.post_state_at": schemas.StateAtCheckpoint,
     "state.post_history": schemas.HistoryRequest,
+    "assistants.create": schemas.AssistantCreate,
+    "assistants.patch": schemas.AssistantUpdate,
     "assistants.search": schemas.AssistantSearch,
+    "assistants.count": schemas.AssistantCount,
+    "assistants.versions": schemas.AssistantVersionsQuery,
+    "assistants.set_latest": schemas.AssistantLatest,
     "runs.create": schemas.RunCreate,
     "runs.create_stream": schemas.RunCreate,
     "runs.create_wait": schemas.RunCreate,
     "ops.cancel": ops_api.OpsCancel,
     "ops.requeue": ops_api.OpsRequeue,
 }
+REQUIRED_BODIES = {schemas.RunCreate, schemas.AssistantCreate, schemas.AssistantLatest}
 QUERIES: dict[str, type[BaseModel]] = {
+    "assistants.delete": schemas.AssistantDeleteQuery,
+    "assistants.graph": schemas.AssistantGraphQuery,
+    "assistants.subgraphs": schemas.SubgraphsQuery,
     "runs.list_runs": schemas.RunListQuery,
     "runs.cancel": schemas.CancelQuery,
     "runs.join_stream": schemas.JoinStreamQuery,
@@ -57,6 +66,7 @@ OTHER_SUCCESS: dict[str, dict[str, Any]] = {
         "202": {"description": "cancel accepted (wait=0)", "content": {"application/json": {}}}
     },
     "runs.delete": {"204": {"description": "deleted"}},
+    "assistants.delete": {"204": {"description": "deleted"}},
     "memory.compact": {
         "502": {
             "description": "summary generation failed; the state is unchanged",
@@ -76,9 +86,12 @@ def _error_responses() -> dict[str, Any]:
         for code, why in (
             ("400", "malformed request or cursor"),
             ("401", "missing or invalid API key"),
-            ("403", "the ops role or an allowed Origin is required"),
+            (
+                "403",
+                "the ops role or an allowed Origin is required; a system assistant is read-only",
+            ),
             ("404", "not found (or another user's)"),
-            ("409", "conflict (busy thread, existing thread)"),
+            ("409", "conflict (busy thread, existing thread or assistant)"),
             ("413", "body too large"),
             ("422", "invalid field (named in `field`), or a size limit (named in `limit`)"),
             ("429", "a per-user limit (named in `limit`); see Retry-After"),
@@ -142,7 +155,7 @@ def build(app: Flask) -> dict[str, Any]:
             if rule.endpoint in BODIES:
                 model = BODIES[rule.endpoint]
                 op["requestBody"] = {
-                    "required": model is schemas.RunCreate,
+                    "required": model in REQUIRED_BODIES,
                     "content": {"application/json": {"schema": refs[(model, "validation")]}},
                 }
             if rule.endpoint in QUERIES:
