@@ -59,7 +59,9 @@ STREAM_ENDPOINTS = frozenset(
 )
 """Long-held responses that count as open connections: SSE streams, and /wait and /join,
 which hold the request open (whitespace keep-alives) until the run ends."""
-METADATA_ENDPOINTS = frozenset({"threads.create", "threads.patch"})
+METADATA_ENDPOINTS = frozenset(
+    {"threads.create", "threads.patch", "assistants.create", "assistants.patch"}
+)
 
 
 class LimitExceeded(ThreadrunError):
@@ -114,6 +116,12 @@ def check_run_sizes(data: dict[str, Any], settings: Settings) -> None:
             status=422,
             field="stream_mode",
         )
+    check_config_sizes(data, settings)
+
+
+def check_config_sizes(data: dict[str, Any], settings: Settings) -> None:
+    """Metadata, context, config.metadata and config.configurable sizes of a raw request
+    (a run, an assistant or a thread)."""
     check_metadata_size(data.get("metadata"), settings, "metadata")
     config = data.get("config")
     if isinstance(config, dict):
@@ -372,7 +380,7 @@ def _before() -> None:
     if endpoint in METADATA_ENDPOINTS:
         data = _raw_json_object()
         if data is not None:
-            check_metadata_size(data.get("metadata"), limiter().settings)
+            check_config_sizes(data, limiter().settings)
         return
     if endpoint in STREAM_ENDPOINTS:
         g.limit_conn = limiter().acquire_connection(principal().user_id)

@@ -8,6 +8,8 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
+from shared.assistants.manager import AssistantSpec
+from shared.assistants.model import AssistantPatch, OnConflict
 from shared.runs.model import (
     CancelAction,
     CancelFilter,
@@ -150,19 +152,6 @@ class HistoryRequest(Strict):
     checkpoint: CheckpointRef | None = None
 
 
-class AssistantSearch(Strict):
-    """POST /assistants/search."""
-
-    graph_id: str | None = None
-    name: str | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0, le=PG_BIGINT_MAX)
-    sort_by: str | None = None
-    sort_order: Literal["asc", "desc"] | None = None
-    select: list[str] | None = None
-
-
 class RunConfig(BaseModel):
     """The run's RunnableConfig (the parts a client may set)."""
 
@@ -174,6 +163,11 @@ class RunConfig(BaseModel):
     recursion_limit: int | None = Field(default=None, ge=1, le=10_000)
     max_concurrency: int | None = Field(default=None, ge=1)
     run_name: str | None = None
+
+    def given(self) -> dict[str, Any]:
+        """Only the keys the client gave (no empty defaults), so that an assistant's values
+        under the run's are replaced only by the run's own."""
+        return self.model_dump(exclude_unset=True, exclude_none=True)
 
 
 class RunCommand(Strict):
@@ -261,7 +255,7 @@ class RunCreate(Strict):
             assistant_id=self.assistant_id,
             input=self.input,
             command=self.command.model_dump(exclude_none=True) if self.command else None,
-            config=self.config.model_dump(exclude_none=True) if self.config else {},
+            config=self.config.given() if self.config else {},
             context=self.context,
             metadata=self.metadata,
             kwargs={
@@ -387,3 +381,154 @@ class JoinStreamQuery(Strict):
     @classmethod
     def _bool(cls, v: Any) -> Any:
         return {"1": True, "0": False, "true": True, "false": False}.get(str(v).lower(), v)
+
+
+def _flag(v: Any) -> Any:
+    """A query-string boolean: `true`/`false`/`1`/`0` in any case."""
+    return {"1": True, "0": False, "true": True, "false": False}.get(str(v).lower(), v)
+
+
+AssistantSortBy = Literal["assistant_id", "graph_id", "name", "created_at", "updated_at"]
+AssistantField = Literal[
+    "assistant_id",
+    "graph_id",
+    "name",
+    "description",
+    "config",
+    "context",
+    "created_at",
+    "updated_at",
+    "metadata",
+    "version",
+]
+"""The SDK's `AssistantSelectField`: `shared.assistants.model.ASSISTANT_FIELDS` (a unit test
+keeps the two spellings equal)."""
+NAME_MAX = 1_000
+DESCRIPTION_MAX = 10_000
+PG_INT_MAX = 2**31 - 1
+
+
+class AssistantCreate(Strict):
+    """POST /assistants."""
+
+    graph_id: str = Field(min_length=1, max_length=256)
+    assistant_id: uuid.UUID | None = None
+    config: RunConfig | None = None
+    context: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    if_exists: OnConflict = OnConflict.RAISE
+    name: str | None = Field(default=None, max_length=NAME_MAX)
+    description: str | None = Field(default=None, max_length=DESCRIPTION_MAX)
+
+    def to_spec(self) -> AssistantSpec:
+        """The typed request `AssistantManager.create` takes."""
+        return AssistantSpec(
+            graph_id=self.graph_id,
+            assistant_id=str(self.assistant_id) if self.assistant_id else None,
+            name=self.name,
+            description=self.description,
+            metadata=self.metadata or {},
+            config=self.config.given() if self.config else {},
+            context=self.context,
+            if_exists=self.if_exists,
+        )
+
+
+class AssistantUpdate(Strict):
+    """PATCH /assistants/{id}: a new version; what is not given is kept."""
+
+    graph_id: str | None = Field(default=None, min_length=1, max_length=256)
+    config: RunConfig | None = None
+    context: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    name: str | None = Field(default=None, max_length=NAME_MAX)
+    description: str | None = Field(default=None, max_length=DESCRIPTION_MAX)
+
+    def to_patch(self) -> AssistantPatch:
+        """The typed patch `AssistantManager.patch` takes."""
+        return AssistantPatch(
+            graph_id=self.graph_id,
+            name=self.name,
+            description=self.description,
+            metadata=self.metadata,
+            config=self.config.given() if self.config else None,
+            context=self.context,
+        )
+
+
+class AssistantSearch(Strict):
+    """POST /assistants/search."""
+
+    graph_id: str | None = None
+    name: str | None = Field(default=None, max_length=NAME_MAX)
+    metadata: dict[str, Any] | None = None
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0, le=PG_BIGINT_MAX)
+    sort_by: AssistantSortBy | None = None
+    sort_order: Literal["asc", "desc"] | None = None
+    select: list[AssistantField] | None = None
+
+
+class AssistantCount(Strict):
+    """POST /assistants/count."""
+
+    graph_id: str | None = None
+    name: str | None = Field(default=None, max_length=NAME_MAX)
+    metadata: dict[str, Any] | None = None
+
+
+class AssistantVersionsQuery(Strict):
+    """POST /assistants/{id}/versions."""
+
+    metadata: dict[str, Any] | None = None
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0, le=PG_BIGINT_MAX)
+
+
+class AssistantLatest(Strict):
+    """POST /assistants/{id}/latest."""
+
+    version: int = Field(ge=1, le=PG_INT_MAX)
+
+
+class AssistantDeleteQuery(Strict):
+    """DELETE /assistants/{id} query string."""
+
+    delete_threads: bool = False
+
+    @field_validator("delete_threads", mode="before")
+    @classmethod
+    def _bool(cls, v: Any) -> Any:
+        return _flag(v)
+
+
+class AssistantGraphQuery(Strict):
+    """GET /assistants/{id}/graph query string: `xray` true/false, or a depth >= 1."""
+
+    xray: bool | int = False
+
+    @field_validator("xray", mode="before")
+    @classmethod
+    def _xray(cls, v: Any) -> Any:
+        if not isinstance(v, str):
+            return v
+        if v.lower() in ("true", "false"):
+            return v.lower() == "true"
+        try:
+            depth = int(v)
+        except ValueError:
+            raise ValueError("must be true, false or a depth >= 1") from None
+        if depth < 1:
+            raise ValueError("must be true, false or a depth >= 1")
+        return depth
+
+
+class SubgraphsQuery(Strict):
+    """GET /assistants/{id}/subgraphs query string."""
+
+    recurse: bool = False
+
+    @field_validator("recurse", mode="before")
+    @classmethod
+    def _bool(cls, v: Any) -> Any:
+        return _flag(v)

@@ -8,6 +8,8 @@ import redis
 from flask import current_app
 
 from shared.agent.graphs import GraphRegistry
+from shared.assistants.manager import AssistantManager
+from shared.assistants.store import AssistantStore
 from shared.bridge.hub import SubscriptionHub
 from shared.bridge.subscriber import StreamSubscriber
 from shared.db import make_pool
@@ -28,6 +30,7 @@ class Services:
 
     settings: Settings
     registry: GraphRegistry
+    assistants: AssistantManager
     runs: RunManager
     store: RunStore
     subscriber: StreamSubscriber
@@ -59,19 +62,22 @@ class Services:
         )
         keys = Keys(settings.redis_prefix)
         registry = GraphRegistry.from_config(settings.config)
+        assistants = AssistantManager(AssistantStore(pool), registry)
+        assistants.ensure_system()  # each graph's system assistant (idempotent, race-safe)
         store = RunStore(pool)
         manager = RunManager(
             store,
             Dispatcher(make_celery(settings)),
             client,
             keys,
-            graphs=registry,
+            assistants=assistants,
             default_strategy=settings.default_multitask_strategy,
             max_after_s=settings.run_after_seconds_max,
         )
         return cls(
             settings=settings,
             registry=registry,
+            assistants=assistants,
             runs=manager,
             store=store,
             subscriber=StreamSubscriber(client, keys, settings, hub=SubscriptionHub(client)),

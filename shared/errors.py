@@ -1,7 +1,7 @@
 """The error hierarchy: one root, grouped by kind. The API maps these to HTTP in one place.
 
-Kinds: `ValidationFailed` (a request, 4xx), `NotFound` (404), `Conflict` (409),
-`StoreError` (a store could not finish), `UpstreamFailed` (a model a request depends on,
+Kinds: `ValidationFailed` (a request, 4xx), `NotFound` (404), `PermissionDenied` (403),
+`Conflict` (409), `StoreError` (a store could not finish), `UpstreamFailed` (a model a request depends on,
 502) and `ConfigError` (the process cannot run as configured). Errors of other layers
 subclass the root or a kind where they are defined (`app.limits.LimitExceeded`,
 `shared.agent.graphs.GraphNotFound`, …); `app.errors.REPLIES` gives each its HTTP status
@@ -49,7 +49,17 @@ class ArtifactNotFound(NotFound):
 
 
 class AssistantNotFound(NotFound):
-    """No graph is registered under this assistant id."""
+    """No assistant (or graph) with this id for this user (another user's looks the same)."""
+
+
+class PermissionDenied(ThreadrunError):
+    """The caller may see this resource but not change it (403)."""
+
+    code = "forbidden"
+
+
+class AssistantReadOnly(PermissionDenied):
+    """A system assistant: every user reads it, no user changes or deletes it."""
 
 
 class Conflict(ThreadrunError):
@@ -68,6 +78,12 @@ class ThreadExists(Conflict):
     """`if_exists=raise` on an existing thread."""
 
     code = "thread_exists"
+
+
+class AssistantExists(Conflict):
+    """`if_exists=raise` on an existing assistant id (another user's conflicts alike)."""
+
+    code = "assistant_exists"
 
 
 class StoreError(ThreadrunError):

@@ -34,7 +34,12 @@ BODIES: dict[str, type[BaseModel]] = {
     "state.update_state": schemas.StateUpdate,
     "state.post_state_at": schemas.StateAtCheckpoint,
     "state.post_history": schemas.HistoryRequest,
+    "assistants.create": schemas.AssistantCreate,
+    "assistants.patch": schemas.AssistantUpdate,
     "assistants.search": schemas.AssistantSearch,
+    "assistants.count": schemas.AssistantCount,
+    "assistants.versions": schemas.AssistantVersionsQuery,
+    "assistants.set_latest": schemas.AssistantLatest,
     "runs.create": schemas.RunCreate,
     "runs.create_stream": schemas.RunCreate,
     "runs.create_wait": schemas.RunCreate,
@@ -50,7 +55,11 @@ BODIES: dict[str, type[BaseModel]] = {
     "store.search_items": store_api.StoreSearch,
     "store.list_namespaces": store_api.StoreNamespaces,
 }
+REQUIRED_BODIES = {schemas.RunCreate, schemas.AssistantCreate, schemas.AssistantLatest}
 QUERIES: dict[str, type[BaseModel]] = {
+    "assistants.delete": schemas.AssistantDeleteQuery,
+    "assistants.graph": schemas.AssistantGraphQuery,
+    "assistants.subgraphs": schemas.SubgraphsQuery,
     "runs.list_runs": schemas.RunListQuery,
     "runs.cancel": schemas.CancelQuery,
     "runs.cancel_many": schemas.CancelManyQuery,
@@ -78,6 +87,7 @@ OTHER_SUCCESS: dict[str, dict[str, Any]] = {
     },
     "runs.delete": {"204": {"description": "deleted"}},
     "runs.cancel_many": {"204": {"description": "the selected runs are cancelled"}},
+    "assistants.delete": {"204": {"description": "deleted"}},
     "memory.compact": {
         "502": {
             "description": "summary generation failed; the state is unchanged",
@@ -99,9 +109,12 @@ def _error_responses() -> dict[str, Any]:
         for code, why in (
             ("400", "malformed request or cursor"),
             ("401", "missing or invalid API key"),
-            ("403", "the ops role or an allowed Origin is required"),
+            (
+                "403",
+                "the ops role or an allowed Origin is required; a system assistant is read-only",
+            ),
             ("404", "not found (or another user's)"),
-            ("409", "conflict (busy thread, existing thread)"),
+            ("409", "conflict (busy thread, existing thread or assistant)"),
             ("413", "body too large"),
             ("422", "invalid field (named in `field`), or a size limit (named in `limit`)"),
             ("429", "a per-user limit (named in `limit`); see Retry-After"),

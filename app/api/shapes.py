@@ -1,9 +1,11 @@
-"""The SDK's JSON shapes of our records (`Run`, `Thread`), shared by HTTP views and WebSocket."""
+"""The SDK's JSON shapes of our records (`Run`, `Thread`, `Assistant`), shared by HTTP views
+and WebSocket."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from shared.assistants.model import Assistant, AssistantVersion
 from shared.runs.model import Run, Thread
 from shared.state.accessor import ThreadHead
 
@@ -50,4 +52,35 @@ def thread_json(thread: Thread, head: ThreadHead | None = None) -> dict[str, Any
         "status": thread.status,
         "values": head.values_fragment if head is not None else None,
         "interrupts": head.interrupts if head is not None else {},
+    }
+
+
+def assistant_json(assistant: Assistant) -> dict[str, Any]:
+    """The SDK's Assistant shape (the owner is never shown)."""
+    return {
+        "assistant_id": assistant.assistant_id,
+        "graph_id": assistant.graph_id,
+        "config": assistant.config,
+        "context": assistant.context,
+        "created_at": assistant.created_at,
+        "updated_at": assistant.updated_at,
+        "metadata": assistant.metadata,
+        "version": assistant.version,
+        "name": assistant.name,
+        "description": assistant.description,
+    }
+
+
+def assistant_version_json(version: AssistantVersion) -> dict[str, Any]:
+    """The SDK's AssistantVersion shape."""
+    return {
+        "assistant_id": version.assistant_id,
+        "graph_id": version.graph_id,
+        "config": version.config,
+        "context": version.context,
+        "created_at": version.created_at,
+        "metadata": version.metadata,
+        "version": version.version,
+        "name": version.name,
+        "description": version.description,
     }

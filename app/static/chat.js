@@ -1086,14 +1086,21 @@
       const items = await api("POST", "/assistants/search", { limit: 100 });
       if (!items || !items.length) return;
       const current = el.assistant.value;
+      // Each option is one assistant (a graph's system one, or one of the user's, run
+      // with its own config); the current choice may still be a graph name.
       el.assistant.replaceChildren(
         ...items.map((a) => {
           const o = node("option", "", a.name || a.graph_id);
-          o.value = a.graph_id || a.assistant_id;
+          o.value = a.assistant_id;
           return o;
         })
       );
-      if (items.some((a) => (a.graph_id || a.assistant_id) === current)) el.assistant.value = current;
+      const chosen = items.find(
+        (a) =>
+          a.assistant_id === current ||
+          (a.graph_id === current && a.metadata && a.metadata.created_by === "system")
+      );
+      if (chosen) el.assistant.value = chosen.assistant_id;
     } catch (_e) {
       /* keep the default */
     }

@@ -9,6 +9,7 @@ from typing import Protocol
 
 import redis
 
+from shared.assistants.model import Assistant
 from shared.errors import AssistantNotFound, RunNotFound, ThreadBusy, ValidationFailed
 from shared.redis_keys import CANCEL_TTL_S, Keys
 from shared.runs.admission import AdmissionOutcome, CancelOutcome
@@ -26,11 +27,12 @@ from shared.taskqueue import Dispatcher
 log = logging.getLogger(__name__)
 
 
-class GraphResolver(Protocol):
-    """Maps an assistant id (or a graph name) to a registered graph id."""
+class AssistantResolver(Protocol):
+    """Finds the assistant a run runs on (`shared.assistants.manager.AssistantManager`)."""
 
-    def resolve(self, assistant_id: str) -> str:
-        """The graph id; raises KeyError (or a subclass) for an unknown assistant."""
+    def resolve(self, owner: str, id_or_graph: str) -> Assistant:
+        """The caller's or a system assistant (a graph name names its system assistant);
+        AssistantNotFound (404) for anything else, another user's assistant included."""
         ...
 
 
@@ -44,7 +46,7 @@ class RunManager:
         client: redis.Redis,
         keys: Keys,
         *,
-        graphs: GraphResolver | None = None,
+        assistants: AssistantResolver | None = None,
         default_strategy: MultitaskStrategy = MultitaskStrategy.ENQUEUE,
         max_after_s: float = 30 * 86_400,
     ) -> None:
@@ -52,28 +54,30 @@ class RunManager:
         self._dispatcher = dispatcher
         self._redis = client
         self._keys = keys
-        self._graphs = graphs
+        self._assistants = assistants
         self._default_strategy = default_strategy
         self._max_after_s = max_after_s
 
-    def resolve_graph(self, assistant_id: str) -> str:
-        """The graph id of an assistant id or graph name, else AssistantNotFound (404)."""
-        if self._graphs is None:
-            raise RuntimeError("this RunManager was built without a graph registry")
-        try:
-            return self._graphs.resolve(assistant_id)
-        except KeyError as exc:
-            raise AssistantNotFound(f"assistant {assistant_id!r} not found") from exc
+    def resolve_assistant(self, owner: str, request: RunRequest) -> tuple[RunRequest, str]:
+        """The request on its assistant (the assistant's id, its current version's config
+        and context under the run's own) and the graph id it runs; 404 for an assistant
+        the caller cannot see."""
+        if self._assistants is None:
+            raise RuntimeError("this RunManager was built without assistants")
+        assistant = self._assistants.resolve(owner, request.assistant_id)
+        return assistant.apply_to(request), assistant.graph_id
 
     def admit(self, owner: str, request: RunRequest) -> Run:
         """Create a run atomically (R2), then dispatch it after commit (R4)."""
         self._check(request)
+        strategy = request.multitask_strategy or self._default_strategy
+        request, graph_id = self.resolve_assistant(owner, request)
         admission = self.store.admit(
             request,
             run_id=str(uuid.uuid4()),
             owner=owner,
-            graph_id=self.resolve_graph(request.assistant_id),
-            strategy=request.multitask_strategy or self._default_strategy,
+            graph_id=graph_id,
+            strategy=strategy,
         )
         if admission.decision.outcome is AdmissionOutcome.REJECTED:
             raise ThreadBusy(
@@ -98,11 +102,11 @@ class RunManager:
         items = []
         for index, request in enumerate(requests):
             self._check(request)
+            strategy = request.multitask_strategy or self._default_strategy
             try:
-                graph_id = self.resolve_graph(request.assistant_id)
+                request, graph_id = self.resolve_assistant(owner, request)
             except AssistantNotFound as exc:
                 raise AssistantNotFound(f"item {index}: {exc}") from exc
-            strategy = request.multitask_strategy or self._default_strategy
             items.append(AdmitItem(request, str(uuid.uuid4()), graph_id, strategy))
         return [self._after_commit(a) for a in self.store.admit_many(owner, items)]
 

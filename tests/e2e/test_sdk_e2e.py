@@ -393,10 +393,10 @@ def test_tool_call_writes_an_artifact(cluster: Cluster) -> None:
 
 
 def test_assistants_and_info(cluster: Cluster) -> None:
-    """A1: assistants come from langgraph.json; a graph name works as the assistant id."""
+    """A1: each graph of langgraph.json has a system assistant; its graph name works as its id."""
 
     async def scenario(c: LangGraphClient) -> None:
-        found = await c.assistants.search()
+        found = await c.assistants.search(metadata={"created_by": "system"})
         assert [a["graph_id"] for a in found] == ["lead_agent"]
         by_id = await c.assistants.get(found[0]["assistant_id"])
         by_name = await c.assistants.get("lead_agent")

@@ -23,6 +23,7 @@ import pytest
 import simple_websocket
 from simple_websocket import ConnectionClosed
 
+from shared.agent.graphs import assistant_id_for
 from shared.testing import Cluster
 from tests.e2e.conftest import ALICE, BOB, ClusterFactory
 
@@ -207,7 +208,7 @@ def test_a2_b7_create_streams_every_token_then_end(cluster: Cluster) -> None:
         created = ws.request(create_frame(tokens=12, request_id="r-1"))
         assert created["type"] == "run.created" and created["request_id"] == "r-1"
         run = created["run"]
-        assert run["thread_id"] == tid and run["assistant_id"] == "lead_agent"
+        assert run["thread_id"] == tid and run["assistant_id"] == assistant_id_for("lead_agent")
         frames = ws.follow({run["run_id"]})[run["run_id"]]
     first, last = frames[0], frames[-1]
     assert first["type"] == "event" and first["event"] == "metadata"

@@ -43,6 +43,7 @@ ALLOWED_IMPORTS = {
 ALLOWED_CALLS = {
     # RunManager.delete_thread deletes thread rows, not checkpoints.
     ("app/api/threads.py", "delete_thread"),
+    ("app/api/assistants.py", "delete_thread"),  # `delete_threads`: as DELETE /threads/{id}
     ("shared/runs/manager.py", "delete_thread"),
 }
 

@@ -1,0 +1,1 @@
+"""Assistants: versioned configurations of the config's graphs, in Postgres."""
