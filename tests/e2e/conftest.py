@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+from langgraph_sdk import get_client
+from langgraph_sdk.client import LangGraphClient
 
 from shared.settings import Settings
 from shared.testing import Cluster, cluster_env
@@ -67,3 +71,21 @@ def cluster(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Ite
         c.start_web()
         c.start_worker()
         yield c
+
+
+def run_sdk(fn: Callable[[LangGraphClient], Awaitable[Any]], url: str, key: str = ALICE) -> Any:
+    """Run an async scenario with a fresh official SDK client (closed afterwards)."""
+
+    async def go() -> Any:
+        client = get_client(url=url, api_key=key)
+        try:
+            return await fn(client)
+        finally:
+            await client.http.client.aclose()
+
+    return asyncio.run(go())
+
+
+def human(text: str) -> dict[str, Any]:
+    """A run input with one user message."""
+    return {"messages": [{"role": "user", "content": text}]}

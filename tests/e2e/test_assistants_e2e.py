@@ -4,40 +4,21 @@ and the graph's drawing, schemas and subgraphs."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 import pytest
-from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError, NotFoundError, PermissionDeniedError
 
 from shared.agent.graphs import assistant_id_for
 from shared.testing import Cluster
-from tests.e2e.conftest import ALICE, BOB
+from tests.e2e.conftest import ALICE, BOB, human
+from tests.e2e.conftest import run_sdk as run
 
 pytestmark = pytest.mark.e2e
 
 SYSTEM_ID = assistant_id_for("lead_agent")
-
-
-def run(fn: Callable[[LangGraphClient], Awaitable[Any]], url: str, key: str = ALICE) -> Any:
-    """Run an async scenario with a fresh SDK client."""
-
-    async def go() -> Any:
-        client = get_client(url=url, api_key=key)
-        try:
-            return await fn(client)
-        finally:
-            await client.http.client.aclose()
-
-    return asyncio.run(go())
-
-
-def human(text: str) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": text}]}
 
 
 async def reply_tokens(c: LangGraphClient, assistant_id: str, **kw: Any) -> int:

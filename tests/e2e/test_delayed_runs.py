@@ -6,18 +6,16 @@ survives the death of every worker in between (R4), and the claim lets one attem
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import signal
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from langgraph_sdk import get_client
 
 from shared.runs.model import TERMINAL_STATUSES
 from shared.testing import Cluster, wait_for
-from tests.e2e.conftest import ALICE, FAST_LEASES, ClusterFactory
+from tests.e2e.conftest import FAST_LEASES, ClusterFactory, run_sdk
 
 pytestmark = pytest.mark.e2e
 
@@ -32,14 +30,7 @@ def delayed(private_cluster: ClusterFactory) -> Iterator[Cluster]:
 
 
 def _sdk(c: Cluster, fn: Any) -> Any:
-    async def go() -> Any:
-        client = get_client(url=c.url, api_key=ALICE)
-        try:
-            return await fn(client)
-        finally:
-            await client.http.client.aclose()
-
-    return asyncio.run(go())
+    return run_sdk(fn, c.url)
 
 
 def _create(c: Cluster, after_s: float) -> tuple[str, dict[str, Any]]:

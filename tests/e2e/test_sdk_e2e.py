@@ -10,36 +10,18 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 
 from shared.testing import Cluster
-from tests.e2e.conftest import ALICE, BOB
+from tests.e2e.conftest import ALICE, BOB, human
+from tests.e2e.conftest import run_sdk as run
 
 pytestmark = pytest.mark.e2e
-
-
-def run(fn: Callable[[LangGraphClient], Awaitable[Any]], url: str, key: str = ALICE) -> Any:
-    """Run an async scenario with a fresh SDK client."""
-
-    async def go() -> Any:
-        client = get_client(url=url, api_key=key)
-        try:
-            return await fn(client)
-        finally:
-            await client.http.client.aclose()
-
-    return asyncio.run(go())
-
-
-def human(text: str) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": text}]}
 
 
 def knobs(tokens: int = 8, delay_ms: float = 0) -> dict[str, Any]:

@@ -12,42 +12,25 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 import redis
-from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.schema import RunCreateMetadata
 
 from shared.redis_keys import Keys
 from shared.testing import Cluster, wait_for
-from tests.e2e.conftest import ALICE, BOB, FAST_LEASES, ClusterFactory
+from tests.e2e.conftest import ALICE, BOB, FAST_LEASES, ClusterFactory, human
+from tests.e2e.conftest import run_sdk as run
 
 pytestmark = pytest.mark.e2e
 
 GONE_WITHIN_S = 20.0
 """The worker deletes the thread right after the end; a slow CI box gets some slack."""
-
-
-def run(fn: Callable[[LangGraphClient], Awaitable[Any]], url: str, key: str = ALICE) -> Any:
-    """Run an async scenario with a fresh SDK client."""
-
-    async def go() -> Any:
-        client = get_client(url=url, api_key=key)
-        try:
-            return await fn(client)
-        finally:
-            await client.http.client.aclose()
-
-    return asyncio.run(go())
-
-
-def human(text: str) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": text}]}
 
 
 def knobs(tokens: int = 6, delay_ms: float = 0) -> dict[str, Any]:

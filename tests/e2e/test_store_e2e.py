@@ -7,20 +7,19 @@ The cluster serves `store_writer` (tests/e2e/store_graph.py) from a config file 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import httpx
 import pytest
-from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 
 from shared.testing import Cluster
 from tests.e2e.conftest import ALICE, BOB, ClusterFactory
+from tests.e2e.conftest import run_sdk as run
 
 pytestmark = pytest.mark.e2e
 
@@ -47,19 +46,6 @@ def store_cluster(
         c.start_web()
         c.start_worker()
         yield c
-
-
-def run(fn: Callable[[LangGraphClient], Awaitable[Any]], url: str, key: str = ALICE) -> Any:
-    """Run an async scenario with a fresh SDK client."""
-
-    async def go() -> Any:
-        client = get_client(url=url, api_key=key)
-        try:
-            return await fn(client)
-        finally:
-            await client.http.client.aclose()
-
-    return asyncio.run(go())
 
 
 def status_of(exc: pytest.ExceptionInfo[httpx.HTTPStatusError]) -> tuple[int, Any]:
