@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -27,18 +26,6 @@ from shared.runs.store import Admission, ClaimOutcome, RunStore
 from shared.settings import Settings
 
 OWNER = "alice"
-
-
-@pytest.fixture(scope="module")
-def pool(settings: Settings) -> Iterator[ConnectionPool]:
-    p = make_pool(settings, name="test-store", max_size=4)
-    yield p
-    p.close()
-
-
-@pytest.fixture
-def store(pool: ConnectionPool) -> RunStore:
-    return RunStore(pool)
 
 
 def new_thread(store: RunStore, owner: str = OWNER) -> str:

@@ -5,7 +5,6 @@ admitted all or nothing, the bulk-cancel selection, and the rate of a batch."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg_pool import ConnectionPool
 
 from shared import lua
-from shared.db import make_pool
 from shared.errors import ThreadBusy, ThreadNotFound
 from shared.redis_keys import LimitKeys
 from shared.runs.model import (
@@ -27,21 +25,8 @@ from shared.runs.model import (
 )
 from shared.runs.store import AdmitItem, RunStore
 from shared.runs.temporary import delete_if_finished, purge_finished
-from shared.settings import Settings
 
 OWNER = "alice"
-
-
-@pytest.fixture(scope="module")
-def pool(settings: Settings) -> Iterator[ConnectionPool]:
-    p = make_pool(settings, name="test-stateless", max_size=4)
-    yield p
-    p.close()
-
-
-@pytest.fixture
-def store(pool: ConnectionPool) -> RunStore:
-    return RunStore(pool)
 
 
 def stateless(on_completion: OnCompletion = OnCompletion.DELETE) -> RunRequest:
