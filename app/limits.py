@@ -238,8 +238,9 @@ class Limiter:
     def reserve_run(self, user_id: str) -> RunSlot:
         """A slot under `max_active_runs` (pending + running runs of the user), or 429.
 
-        When the set is full, members whose run has ended are pruned (one status read
-        each) and the reservation is tried once more.
+        A run leaves the set when it ends (finalize, cancel of a pending run, the reaper);
+        as a safety net, when the set is full, members whose run has ended (one query for
+        all of them) are pruned and the reservation is tried once more.
         """
         limit = self.settings.max_active_runs
         token = f"r:{uuid.uuid4().hex}"
@@ -250,15 +251,11 @@ class Limiter:
             if int(out[0]) == 1:
                 return RunSlot(self, user_id, token)
             if attempt == 0:
-                ended = [
-                    m
-                    for m in (x.decode() if isinstance(x, bytes) else str(x) for x in out[1:])
-                    if self.services.runs.is_terminal(m)
-                ]
-                if ended:
-                    self.redis.zrem(keys[0], *ended)
-                else:
+                members = [x.decode() if isinstance(x, bytes) else str(x) for x in out[1:]]
+                ended = self.services.runs.ended_among(members)
+                if not ended:
                     break
+                self.redis.zrem(keys[0], *ended)
         raise LimitExceeded(
             "max_active_runs",
             f"at most {limit} pending or running runs per user",

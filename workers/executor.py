@@ -29,6 +29,7 @@ from shared.bridge.publisher import EventSink
 from shared.errors import LeaseLost
 from shared.journal import RunJournal, settle_delivery, write_delivery_receipt
 from shared.leases import RenewOutcome, lease_value
+from shared.redis_keys import LimitKeys
 from shared.runs import temporary
 from shared.runs.model import CancelAction, JSONObject, Run, RunStatus, Sink, ThreadStatus
 from shared.runs.result import final_result
@@ -426,6 +427,17 @@ def _error_of(exc: BaseException) -> JSONObject:
 
 
 # --- finalize (J5) ------------------------------------------------------------------------------
+async def release_active(rt: WorkerRuntime, user_id: str | None, run_id: str) -> None:
+    """The run ended: it no longer counts against its user's `max_active_runs` (issue 16
+    item 15). Best effort; the limiter prunes ended members when a set is full."""
+    if user_id is None:
+        return
+    try:
+        await rt.redis.zrem(LimitKeys(rt.keys.prefix).active(user_id), run_id)
+    except redis.RedisError:
+        log.warning("could not release the active-run slot", extra={"run_id": run_id})
+
+
 async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome) -> AttemptResult:
     """J5, in order: flush the journal -> delivery receipt -> terminal status (fenced) -> `end`."""
     sink = attempt.sink
@@ -462,6 +474,7 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
         metrics.fenced_write(Sink.STATUS)
         return AttemptResult(AttemptOutcome.FENCED, fenced=Sink.STATUS)
     metrics.run_finished(settled.status, time.monotonic() - attempt.started, usage)
+    await release_active(rt, attempt.run.user_id, attempt.run_id)
     if fin.next_run_id:
         await asyncio.to_thread(rt.dispatcher.dispatch_quietly, fin.next_run_id)
     if attempt.run.deletes_thread:

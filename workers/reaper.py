@@ -19,6 +19,7 @@ from shared.leases import lease_value
 from shared.redis_keys import REAPER_LEAD_TTL_INTERVALS
 from shared.runs import temporary
 from shared.runs.model import CancelAction, RunStatus
+from workers.executor import release_active
 from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ async def fail_run(rt: WorkerRuntime, run_id: str, epoch: int, reason: str) -> b
     )
     if expired is None:
         return False
+    await release_active(rt, expired.user_id, run_id)
     if expired.next_run_id:
         await asyncio.to_thread(rt.dispatcher.dispatch_quietly, expired.next_run_id)
     value = lease_value(expired.epoch, rt.worker_id)

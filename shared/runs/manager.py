@@ -11,7 +11,7 @@ import redis
 
 from shared.assistants.model import Assistant
 from shared.errors import AssistantNotFound, RunNotFound, ThreadBusy, ValidationFailed
-from shared.redis_keys import CANCEL_TTL_S, Keys
+from shared.redis_keys import CANCEL_TTL_S, Keys, LimitKeys
 from shared.runs.admission import AdmissionOutcome, CancelOutcome
 from shared.runs.model import (
     INFLIGHT_STATUSES,
@@ -133,6 +133,8 @@ class RunManager:
     ) -> CancelOutcome:
         """Ask a run to stop (R5): pending runs stop at once; running ones at the next safe point."""
         outcome, next_run = self.store.request_cancel(thread_id, run_id, owner, action)
+        if outcome is CancelOutcome.CANCELLED:  # ended here, never claimed
+            self.release_active(owner, [run_id])
         if outcome in (CancelOutcome.REQUESTED, CancelOutcome.ALREADY_REQUESTED):
             self._signal_cancel(run_id, action)
         if next_run:
@@ -179,6 +181,20 @@ class RunManager:
         deletes when the run ends; None when there is none."""
         raw = self._redis.get(self._keys.result(run_id))
         return raw.encode() if isinstance(raw, str) else raw
+
+    def release_active(self, owner: str, run_ids: Collection[str]) -> None:
+        """Take ended runs out of the owner's active-run set (`max_active_runs`, issue 16
+        item 15). Best effort: the limiter prunes ended members when the set is full."""
+        if not run_ids:
+            return
+        try:
+            self._redis.zrem(LimitKeys(self._keys.prefix).active(owner), *run_ids)
+        except redis.RedisError:
+            log.warning("could not release active-run slots", extra={"user_id": owner})
+
+    def ended_among(self, run_ids: Collection[str]) -> set[str]:
+        """Those of `run_ids` that have ended or are gone (one query)."""
+        return self.store.ended_among(run_ids)
 
     def is_terminal(self, run_id: str) -> bool:
         """Whether the run has a committed terminal status (or no longer exists)."""

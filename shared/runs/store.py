@@ -132,6 +132,10 @@ SELECT r.*, t.owner AS user_id FROM runs r JOIN threads t USING (thread_id)
 WHERE r.run_id = %(run_id)s
 """
 RUN_STATUS_SQL = "SELECT status FROM runs WHERE run_id = %(run_id)s"
+INFLIGHT_AMONG_SQL = """
+SELECT run_id::text FROM runs
+WHERE run_id = ANY(%(run_ids)s::uuid[]) AND status IN ('pending', 'running')
+"""
 LIST_RUNS_SQL = """
 SELECT r.* FROM runs r JOIN threads t USING (thread_id)
 WHERE r.thread_id = %(thread_id)s AND t.owner = %(owner)s
@@ -231,13 +235,22 @@ FAIL_EXPIRED_SQL = """
 UPDATE runs SET status = 'error', error = %(error)s, ended_at = now(), updated_at = now(),
        owner = %(owner)s, owner_epoch = owner_epoch + 1
 WHERE run_id = %(run_id)s AND owner_epoch = %(epoch)s AND status = 'running'
-RETURNING thread_id, owner_epoch
+RETURNING thread_id, owner_epoch,
+          (SELECT t.owner FROM threads t WHERE t.thread_id = runs.thread_id) AS user_id
 """
 REQUEUE_EXPIRED_SQL = """
 UPDATE runs SET status = 'pending', owner = NULL, dispatched_at = now(), updated_at = now()
 WHERE run_id = %(run_id)s AND status = 'running' AND owner_epoch = %(epoch)s
 RETURNING thread_id
 """
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _lock_timeout(conn: psycopg.Connection[DictRow], seconds: float | None) -> None:
@@ -289,11 +302,13 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class Expired:
-    """A run the reaper ended: its new epoch (now the reaper's), the error, the next run."""
+    """A run the reaper ended: its new epoch (now the reaper's), the error, the next run,
+    and the user whose active runs it counted against."""
 
     epoch: int
     error: JSONObject
     next_run_id: str | None
+    user_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -581,6 +596,14 @@ class RunStore:
         with self._pool.connection() as conn:
             row = conn.execute(RUN_STATUS_SQL, {"run_id": run_id}).fetchone()
         return RunStatus(row["status"]) if row else None
+
+    def ended_among(self, run_ids: Collection[str]) -> set[str]:
+        """Those of `run_ids` that have ended or no longer exist, in one query (the
+        active-run limit's prune; ids that are not UUIDs count as ended)."""
+        valid = [r for r in run_ids if _is_uuid(r)]
+        with self._pool.connection() as conn:
+            rows = conn.execute(INFLIGHT_AMONG_SQL, {"run_ids": valid}).fetchall()
+        return set(run_ids) - {r["run_id"] for r in rows}
 
     def list_runs(
         self, thread_id: str, owner: str, *, limit: int, offset: int, status: RunStatus | None
@@ -874,4 +897,4 @@ class RunStore:
                 conn, run_id, thread_id, RunStatus.ERROR, {"reason": reason, "epoch": epoch}
             )
             nxt = self._settle_thread(conn, thread_id, ThreadStatus.ERROR)
-        return Expired(int(row["owner_epoch"]), error, nxt)
+        return Expired(int(row["owner_epoch"]), error, nxt, row["user_id"])
