@@ -91,7 +91,10 @@ def _stream_response(
             )
 
     batches = svc.subscriber.subscribe_batches(
-        run_id, cursor, is_terminal=lambda: is_terminal(run_id)
+        run_id,
+        cursor,
+        is_terminal=lambda: is_terminal(run_id),
+        unstarted_end=lambda: svc.runs.unstarted_end(run_id),
     )
     body = sse_body(batches, keep=event_filter(modes), on_close=on_close, run_id=run_id)
     headers = {**_locations(run, "/stream"), "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -138,7 +141,10 @@ def _await_end(run_id: str) -> Iterator[bytes]:
         if last is not None and last.event == END_EVENT:
             return
         for batch in svc.subscriber.subscribe_batches(
-            run_id, last.id if last is not None else None, is_terminal=lambda: is_terminal(run_id)
+            run_id,
+            last.id if last is not None else None,
+            is_terminal=lambda: is_terminal(run_id),
+            unstarted_end=lambda: svc.runs.unstarted_end(run_id),
         ):
             if any(isinstance(i, Event) and i.event == END_EVENT for i in batch):
                 return

@@ -581,7 +581,10 @@ class _Session:
         keep = frames.event_filter(sub.modes)
         # A generator: closed below so nothing outlives the thread.
         batches = self._subscriber.subscribe_batches(
-            run_id, sub.cursor, is_terminal=lambda: runs.is_terminal(run_id)
+            run_id,
+            sub.cursor,
+            is_terminal=lambda: runs.is_terminal(run_id),
+            unstarted_end=lambda: runs.unstarted_end(run_id),
         )
         sub_ticket = TRACKER.open(None, run_id)  # the ops view's stream subscribers
         last_sent = time.monotonic()

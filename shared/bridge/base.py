@@ -81,13 +81,23 @@ class BridgeSubscriber(Protocol):
         ...
 
     def subscribe(
-        self, run_id: str, last_event_id: str | None = None, *, is_terminal: Callable[[], bool]
+        self,
+        run_id: str,
+        last_event_id: str | None = None,
+        *,
+        is_terminal: Callable[[], bool],
+        unstarted_end: Callable[[], str | None] | None = None,
     ) -> Iterator[StreamItem]:
         """Events after `last_event_id`, heartbeats while idle; stops after `end` or a Gap."""
         ...
 
     def subscribe_batches(
-        self, run_id: str, last_event_id: str | None = None, *, is_terminal: Callable[[], bool]
+        self,
+        run_id: str,
+        last_event_id: str | None = None,
+        *,
+        is_terminal: Callable[[], bool],
+        unstarted_end: Callable[[], str | None] | None = None,
     ) -> Generator[list[StreamItem], None, None]:
         """`subscribe`, one list per read (a relay writes each list at once)."""
         ...

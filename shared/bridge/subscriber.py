@@ -13,6 +13,7 @@ from typing import Any
 import redis
 from cachetools import TTLCache
 
+from shared import serde
 from shared.bridge.base import (
     END_EVENT,
     Event,
@@ -45,6 +46,10 @@ def _decode_entry(entry: Any) -> tuple[str, str, str, int]:
         int(fields[b"n"]),
     )
 
+
+UNSTARTED_END_ID = "0-1"
+"""The id of the `end` a subscriber gets for a run that ended before it started (it has no
+stream): resuming after it gives the same `end` again."""
 
 _DETACHED = object()
 """The hub dropped a subscriber that fell too far behind."""
@@ -159,11 +164,45 @@ class StreamSubscriber:
                 )
         return cursor
 
-    def _gap(self, run_id: str, requested: str, snap: Snapshot | None = None) -> Gap:
+    def _gap(self, run_id: str, requested: str, reason: str, snap: Snapshot | None = None) -> Gap:
+        """The gap for a subscriber after `requested`, logged with why (issue 16 item 0:
+        every gap says its reason in the log; `threadrun_stream_gaps_total` counts them)."""
         snap = snap or self.snapshot(run_id, "")
         if not snap.meta.exists:
-            return Gap(run_id, requested or None, None, None)
-        return Gap(run_id, requested or None, snap.first_id, snap.meta.last)
+            gap = Gap(run_id, requested or None, None, None)
+        else:
+            gap = Gap(run_id, requested or None, snap.first_id, snap.meta.last)
+        log.warning(
+            "stream gap: %s",
+            reason,
+            extra={
+                "run_id": run_id,
+                "requested": requested or None,
+                "latest": gap.latest_available_event_id,
+            },
+        )
+        return gap
+
+    def _missing_stream(
+        self, run_id: str, requested: str, unstarted_end: Callable[[], str | None] | None
+    ) -> StreamItem | None:
+        """The stream is missing and the client needs events from it (a cursor, or a run
+        that has ended): None when it exists after all, else an `end` for a run that never
+        started, else the gap.
+
+        Read again after the terminal answer: a fast run can start, publish everything
+        and end between the first read and that answer (issue 16 item 0). A run's stream
+        is complete before its terminal status is committed, so a stream still missing
+        now was never created (the run never started), expired, or was lost with Redis.
+        """
+        if self._client.exists(self._keys.stream(run_id)):
+            return None
+        status = unstarted_end() if unstarted_end is not None else None
+        if status is not None:
+            data = serde.dumps({"run_id": run_id, "status": status}).decode()
+            return Event(UNSTARTED_END_ID, END_EVENT, data)
+        reason = "the stream expired or was lost" if requested else "a terminal run has no stream"
+        return self._gap(run_id, requested, reason)
 
     def subscribe(
         self,
@@ -171,9 +210,12 @@ class StreamSubscriber:
         last_event_id: str | None = None,
         *,
         is_terminal: Callable[[], bool],
+        unstarted_end: Callable[[], str | None] | None = None,
     ) -> Iterator[StreamItem]:
         """Yield events after `last_event_id`, heartbeats while idle, a Gap, and stop after `end`."""
-        for batch in self.subscribe_batches(run_id, last_event_id, is_terminal=is_terminal):
+        for batch in self.subscribe_batches(
+            run_id, last_event_id, is_terminal=is_terminal, unstarted_end=unstarted_end
+        ):
             yield from batch
 
     def subscribe_batches(
@@ -182,11 +224,15 @@ class StreamSubscriber:
         last_event_id: str | None = None,
         *,
         is_terminal: Callable[[], bool],
+        unstarted_end: Callable[[], str | None] | None = None,
     ) -> Generator[list[StreamItem], None, None]:
         """Like `subscribe`, one list per Redis read (so a relay can write them in one go).
 
         `is_terminal` answers whether the run has ended durably; it is consulted only when
         the stream is missing (never created, expired, or lost with Redis).
+        `unstarted_end`, when given, answers the terminal status of a run that ended
+        without ever starting (cancelled while pending: it never had a stream), else None;
+        such a run's subscribers get an `end` with that status instead of a gap.
         """
         cursor = parse_cursor(last_event_id)
         requested = cursor
@@ -198,7 +244,10 @@ class StreamSubscriber:
                 snap = self.snapshot(run_id, cursor)
                 if snap.kind is ReadKind.MISSING:
                     if cursor or is_terminal():
-                        yield [Gap(run_id, requested or None, None, None)]
+                        ending = self._missing_stream(run_id, requested, unstarted_end)
+                        if ending is None:
+                            continue  # it appeared meanwhile: a fast run (issue 16 item 0)
+                        yield [ending]
                         return
                     # Not started yet: wait for the stream to appear.
                     if not self._wait_for_stream(key):
@@ -209,7 +258,7 @@ class StreamSubscriber:
                         f"Last-Event-ID {cursor} is beyond the last event {snap.meta.last} of run {run_id}"
                     )
                 if snap.kind is ReadKind.GAP:
-                    yield [self._gap(run_id, requested, snap)]
+                    yield [self._gap(run_id, requested, "the cursor's events were trimmed", snap)]
                     return
                 out: list[StreamItem] = []
                 for raw in snap.entries:
@@ -263,7 +312,13 @@ class StreamSubscriber:
                 entries = self._next_entries(key, st, sub)
                 if entries is None:
                     if self._ended_silently(key, st, is_terminal):
-                        yield [self._gap(run_id, st.cursor)]
+                        yield [
+                            self._gap(
+                                run_id,
+                                st.cursor,
+                                "the run ended and its stream or end event is gone",
+                            )
+                        ]
                         return True
                     yield [Heartbeat()]
                     continue
@@ -318,7 +373,7 @@ class StreamSubscriber:
             if floor is not None and id_key(eid) <= floor:
                 continue  # already delivered (the hub re-read for another subscriber)
             if st.last_n is not None and n != st.last_n + 1:
-                out.append(self._gap(run_id, st.cursor))
+                out.append(self._gap(run_id, st.cursor, f"entry {n} follows {st.last_n}"))
                 return out, True
             out.append(Event(eid, name, data))
             if name == END_EVENT:

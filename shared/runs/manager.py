@@ -196,6 +196,12 @@ class RunManager:
         """Those of `run_ids` that have ended or are gone (one query)."""
         return self.store.ended_among(run_ids)
 
+    def unstarted_end(self, run_id: str) -> str | None:
+        """The status of a run that ended without starting (cancelled while pending), whose
+        subscribers get an `end` with it rather than a gap (issue 16 item 0)."""
+        status = self.store.unstarted_end(run_id)
+        return None if status is None else status.value
+
     def is_terminal(self, run_id: str) -> bool:
         """Whether the run has a committed terminal status (or no longer exists)."""
         status = self.store.run_status(run_id)

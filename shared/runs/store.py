@@ -132,6 +132,10 @@ SELECT r.*, t.owner AS user_id FROM runs r JOIN threads t USING (thread_id)
 WHERE r.run_id = %(run_id)s
 """
 RUN_STATUS_SQL = "SELECT status FROM runs WHERE run_id = %(run_id)s"
+UNSTARTED_END_SQL = """
+SELECT status FROM runs
+WHERE run_id = %(run_id)s AND started_at IS NULL AND status NOT IN ('pending', 'running')
+"""
 INFLIGHT_AMONG_SQL = """
 SELECT run_id::text FROM runs
 WHERE run_id = ANY(%(run_ids)s::uuid[]) AND status IN ('pending', 'running')
@@ -595,6 +599,13 @@ class RunStore:
         """Just the status (None if the run is gone)."""
         with self._pool.connection() as conn:
             row = conn.execute(RUN_STATUS_SQL, {"run_id": run_id}).fetchone()
+        return RunStatus(row["status"]) if row else None
+
+    def unstarted_end(self, run_id: str) -> RunStatus | None:
+        """The terminal status of a run that ended before any attempt started it (it has no
+        stream), else None."""
+        with self._pool.connection() as conn:
+            row = conn.execute(UNSTARTED_END_SQL, {"run_id": run_id}).fetchone()
         return RunStatus(row["status"]) if row else None
 
     def ended_among(self, run_ids: Collection[str]) -> set[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import threading
 import time
@@ -212,6 +213,43 @@ def test_b5_missing_stream_of_terminal_run_is_a_gap(bridge: Bridge) -> None:
     run = str(uuid.uuid4())
     assert bridge.read_all(run, None, terminal=True) == [Gap(run, None, None, None)]
     assert bridge.read_all(run, "1-0", terminal=False) == [Gap(run, "1-0", None, None)]
+
+
+def test_issue16_item0_a_run_that_starts_and_ends_during_the_first_read_is_no_gap(
+    bridge: Bridge,
+) -> None:
+    """Issue 16 item 0: the first read finds no stream; before the terminal answer comes
+    back the run starts, publishes everything and ends. The subscriber reads again and
+    delivers every event and `end` (before the fix: one gap with null bounds)."""
+    run = str(uuid.uuid4())
+    value = bridge.lease(run, 1)
+
+    def run_meanwhile() -> bool:
+        bridge.publish(run, value, [ev(i) for i in range(5)])
+        bridge.publish(run, value, [(END_EVENT, b"{}")], end=True)
+        return True
+
+    got = list(bridge.subscriber().subscribe(run, None, is_terminal=run_meanwhile))
+    assert [type(g) for g in got] == [Event] * 6
+    assert [g.data for g in got[:5]] == [f'{{"i": {i}}}' for i in range(5)]  # type: ignore[attr-defined]
+    assert got[-1].event == END_EVENT  # type: ignore[attr-defined]
+
+
+def test_issue16_item0_a_run_cancelled_while_pending_ends_with_its_status(
+    bridge: Bridge,
+) -> None:
+    """Issue 16 item 0: a run that ended before it started has no stream; a subscriber
+    from the start (or resuming after that `end`) gets `end` with the status, not a gap."""
+    run = str(uuid.uuid4())
+    for cursor in (None, "-1", "0-1"):
+        got = list(
+            bridge.subscriber().subscribe(
+                run, cursor, is_terminal=lambda: True, unstarted_end=lambda: "interrupted"
+            )
+        )
+        assert len(got) == 1 and isinstance(got[0], Event), got
+        assert got[0].event == END_EVENT
+        assert json.loads(got[0].data) == {"run_id": run, "status": "interrupted"}
 
 
 def test_b6_heartbeat_while_waiting(bridge: Bridge) -> None:
