@@ -14,6 +14,7 @@ from shared.bridge.hub import SubscriptionHub
 from shared.bridge.subscriber import StreamSubscriber
 from shared.db import make_pool
 from shared.journal import RunEventStore
+from shared.ops.store import OpsStore
 from shared.redis_keys import Keys
 from shared.runs.manager import RunManager
 from shared.runs.store import RunStore
@@ -38,6 +39,7 @@ class Services:
     redis: redis.Redis
     events: RunEventStore
     items: UserStores  # the store's items (/store/...), per user
+    audit: OpsStore  # the audit trail (`ops_audit`): ops actions and thread deletions
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -90,6 +92,7 @@ class Services:
                 page_size_max=settings.event_page_size_max,
             ),
             items=web_stores(pool, StoreConfig.from_file(settings.config)),
+            audit=OpsStore(pool),
         )
 
 

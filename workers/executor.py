@@ -24,7 +24,7 @@ import redis
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
-from shared import logs, metrics, serde
+from shared import logs, metrics, serde, workspaces
 from shared.bridge.publisher import EventSink
 from shared.errors import LeaseLost
 from shared.journal import RunJournal, settle_delivery, write_delivery_receipt
@@ -550,7 +550,7 @@ async def settle_journal(
         attempt.run.attempt,
         journal.produced_output,
         journal.artifact_paths(),
-        rt.settings.workspace_dir,
+        workspaces.owner_root(rt.settings.workspace_dir, attempt.run.user_id),
         attempts=rt.settings.delivery_receipt_attempts,
         backoff_s=rt.settings.delivery_receipt_backoff_s,
         epoch=attempt.epoch,  # L2: only the current owner writes the receipt

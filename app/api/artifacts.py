@@ -1,7 +1,7 @@
 """A thread's artifacts over HTTP (SPEC §9, A4, G3): list them and download one, for the
 thread's owner only. Another user's thread answers 404 exactly like a missing one.
 
-Artifacts are what the agent's tools wrote to `<workspace_dir>/<thread_id>/outputs/<name>`
+Artifacts are what the agent's tools wrote to `<workspace_dir>/<owner>/<thread_id>/outputs/<name>`
 (shared/agent/tools.py); web and workers must share that folder (one machine, or a shared
 volume in a deployment: docs/operations.md). A name must be a bare file name, checked by
 the same rule the tools write with, so `..`, separators and hidden files are refused with
@@ -19,6 +19,7 @@ from langchain_core.tools import ToolException
 from app.api.threads import owned_thread
 from app.http import json_response
 from app.services import current_services
+from shared import workspaces
 from shared.agent.tools import OUTPUTS, check_filename
 from shared.errors import ArtifactNotFound, ValidationFailed
 from shared.runs.model import Thread
@@ -27,7 +28,8 @@ bp = Blueprint("artifacts", __name__)
 
 
 def _outputs(thread: Thread) -> Path:
-    return current_services().settings.workspace_dir / thread.thread_id / OUTPUTS
+    root = current_services().settings.workspace_dir
+    return workspaces.thread_workspace(root, thread.owner, thread.thread_id) / OUTPUTS
 
 
 def _listed(path: Path) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -20,10 +21,12 @@ from app.schemas import (
     ThreadSearch,
 )
 from app.services import current_services
+from shared import workspaces
 from shared.errors import Conflict, ThreadNotFound
 from shared.runs.model import PruneStrategy, Thread, ThreadStatus
 from shared.state.accessor import ThreadHead
 
+log = logging.getLogger(__name__)
 bp = Blueprint("threads", __name__)
 
 
@@ -55,10 +58,28 @@ def thread_objects(
 
 def delete_owned(owner: str, thread_id: str) -> None:
     """Delete the owner's thread (404 otherwise): its runs, with running ones told to stop,
-    then its checkpoints."""
+    then its checkpoints, then its workspace files; the audit trail records the deletion
+    and what became of the files (issue 16 item 2)."""
     svc = current_services()
     svc.runs.delete_thread(owner=owner, thread_id=thread_id)
     svc.state.delete_thread(thread_id)
+    detail: dict[str, Any]
+    try:
+        files = workspaces.remove_workspace(svc.settings.workspace_dir, owner, thread_id)
+        detail, result = {"workspace_files_removed": files}, "deleted"
+    except OSError as exc:  # the thread is gone; its files stay under its owner's folder
+        log.exception(
+            "removing a deleted thread's workspace failed", extra={"thread_id": thread_id}
+        )
+        detail, result = {"workspace_error": f"{type(exc).__name__}: {exc}"}, "deleted_files_left"
+    svc.audit.audit(
+        actor=owner,
+        action="thread.delete",
+        run_id=None,
+        params={"thread_id": thread_id},
+        result=result,
+        detail=detail,
+    )
 
 
 @bp.post("/threads")

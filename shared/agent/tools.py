@@ -24,6 +24,7 @@ from pathlib import Path
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 
+from shared import workspaces
 from shared.settings import Settings
 
 OUTPUTS = "outputs"
@@ -48,13 +49,15 @@ def workspace_root(config: RunnableConfig | None) -> Path:
 
 
 def thread_workspace(config: RunnableConfig | None) -> Path:
-    """The workspace folder of the run's thread (`configurable.thread_id`)."""
+    """The workspace folder of the run's thread (`configurable.thread_id`), under its
+    owner's folder (`configurable.user_id`; shared/workspaces.py)."""
     thread_id = ((config or {}).get("configurable") or {}).get("thread_id")
     if not isinstance(thread_id, str) or not thread_id:
         raise ToolException("this run has no thread_id, so it has no workspace")
     if not _THREAD_ID.fullmatch(thread_id) or ".." in thread_id:
         raise ToolException(f"thread_id {thread_id!r} is not usable as a workspace name")
-    return workspace_root(config) / thread_id
+    user_id = ((config or {}).get("configurable") or {}).get("user_id")
+    return workspaces.thread_workspace(workspace_root(config), user_id, thread_id)
 
 
 def check_filename(filename: str) -> str:

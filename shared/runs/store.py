@@ -53,7 +53,9 @@ RETURNING *
 """
 GET_THREAD_SQL = "SELECT * FROM threads WHERE thread_id = %(thread_id)s AND owner = %(owner)s"
 LOCK_THREAD_SQL = GET_THREAD_SQL + " FOR UPDATE"
-LOCK_THREAD_BY_ID_SQL = "SELECT thread_id FROM threads WHERE thread_id = %(thread_id)s FOR UPDATE"
+LOCK_THREAD_BY_ID_SQL = (
+    "SELECT thread_id, owner FROM threads WHERE thread_id = %(thread_id)s FOR UPDATE"
+)
 THREAD_HAS_RUNNING_SQL = "SELECT 1 FROM runs WHERE thread_id = %(thread_id)s AND status = 'running'"
 PATCH_THREAD_SQL = """
 UPDATE threads SET metadata = metadata || %(metadata)s, updated_at = now()
@@ -694,27 +696,28 @@ class RunStore:
     def delete_temporary_thread(
         self,
         thread_id: str,
-        purge: Callable[[psycopg.Connection[DictRow]], None],
+        purge: Callable[[psycopg.Connection[DictRow], str], None],
         *,
         lock_timeout_s: float | None = None,
     ) -> bool:
         """Delete a temporary thread whose runs have all ended (`on_completion=delete`).
 
-        `purge` runs in this transaction, under the thread row lock, before the row goes:
-        it removes what lives beside the row (checkpoints, on this connection; workspace
-        files). A failure anywhere rolls back and leaves the row, which is what the recovery
+        `purge(conn, owner)` runs in this transaction, under the thread row lock, before the
+        row goes: it removes what lives beside the row (checkpoints, on this connection; the
+        owner's workspace files). A failure anywhere rolls back and leaves the row, which is what the recovery
         pass looks for, so the thread is never left behind for good. Returns whether the
         thread was deleted (False: gone already, not temporary, or a run is inflight).
         """
         params = {"thread_id": thread_id}
         with self._pool.connection() as conn, conn.transaction():
             _lock_timeout(conn, lock_timeout_s)
-            if conn.execute(LOCK_THREAD_BY_ID_SQL, params).fetchone() is None:
+            locked = conn.execute(LOCK_THREAD_BY_ID_SQL, params).fetchone()
+            if locked is None:
                 return False
             row = conn.execute(TEMPORARY_THREAD_FINISHED_SQL, params).fetchone()
             if row is None or not row["finished"]:
                 return False
-            purge(conn)
+            purge(conn, str(locked["owner"]))
             conn.execute(DELETE_THREAD_BY_ID_SQL, params)
         return True
 

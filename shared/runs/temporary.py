@@ -18,7 +18,6 @@ the reaper): their waiting clients read the final values from the thread meanwhi
 from __future__ import annotations
 
 import logging
-import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,29 +25,24 @@ from pathlib import Path
 import psycopg
 from psycopg.rows import DictRow
 
+from shared import workspaces
 from shared.runs.store import RunStore
 from shared.state.accessor import delete_checkpoints_in
 
 log = logging.getLogger(__name__)
 
 
-def workspace_of(root: Path, thread_id: str) -> Path:
-    """The thread's workspace folder under `root` (the id must be a UUID: no path tricks)."""
-    return root / str(uuid.UUID(thread_id))
-
-
 def delete_if_finished(
     store: RunStore, thread_id: str, workspace_root: Path, *, lock_timeout_s: float | None = None
 ) -> bool:
     """Delete the temporary thread if every run on it has ended; whether it was deleted."""
-    workspace = workspace_of(workspace_root, thread_id)
+    thread_id = str(uuid.UUID(thread_id))  # no path tricks
 
-    def purge(conn: psycopg.Connection[DictRow]) -> None:
+    def purge(conn: psycopg.Connection[DictRow], owner: str) -> None:
         delete_checkpoints_in(conn, thread_id)
         # Files last: if the commit then fails, the row stays and the next pass retries
-        # (rmtree of a missing folder is skipped); symlinks inside are unlinked, not followed.
-        if workspace.exists():
-            shutil.rmtree(workspace)
+        # (a missing folder is skipped); symlinks inside are unlinked, not followed.
+        workspaces.remove_workspace(workspace_root, owner, thread_id)
 
     return store.delete_temporary_thread(thread_id, purge, lock_timeout_s=lock_timeout_s)
 

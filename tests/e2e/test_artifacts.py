@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 
 import httpx
+import psycopg
 import pytest
 
 from shared.testing import Cluster
+from shared.workspaces import thread_workspace
 from tests.e2e.conftest import ALICE, BOB
 
 pytestmark = pytest.mark.e2e
@@ -32,7 +34,9 @@ def test_a4_g3_artifacts_are_served_to_the_owner_only(cluster: Cluster) -> None:
         assert alice.post(f"/threads/{tid}/runs/wait", json=body).status_code == 200
         listed = alice.get(f"/threads/{tid}/artifacts").json()
         assert [a["path"] for a in listed] == ["outputs/report.md"]
-        on_disk = cluster.settings.workspace_dir / tid / "outputs" / "report.md"
+        on_disk = (
+            thread_workspace(cluster.settings.workspace_dir, "alice", tid) / "outputs" / "report.md"
+        )
         got = alice.get(f"/threads/{tid}/artifacts/outputs/report.md")
         assert got.status_code == 200 and got.content == on_disk.read_bytes()
         assert got.headers["content-disposition"].startswith("attachment")
@@ -59,3 +63,34 @@ def test_a4_g3_artifacts_are_served_to_the_owner_only(cluster: Cluster) -> None:
         assert [a["path"] for a in alice.get(f"/threads/{tid}/artifacts").json()] == [
             "outputs/report.md"
         ]
+
+
+def test_issue16_item2_a_deleted_threads_files_go_and_its_id_serves_nobody_else(
+    cluster: Cluster,
+) -> None:
+    """Issue 16 item 2: deleting a thread removes its workspace and the audit trail says
+    so; another user re-creating the id gets an empty workspace of their own, never the
+    first owner's files (before the fix: the report stayed on disk and Bob downloaded it)."""
+    with client(cluster, ALICE) as alice, client(cluster, BOB) as bob:
+        tid = alice.post("/threads", json={}).json()["thread_id"]
+        body = {
+            "assistant_id": "lead_agent",
+            "input": {"messages": [{"role": "user", "content": "please write a report"}]},
+            "config": {"configurable": {"tokens": 8}},
+        }
+        assert alice.post(f"/threads/{tid}/runs/wait", json=body).status_code == 200
+        folder = thread_workspace(cluster.settings.workspace_dir, "alice", tid)
+        assert (folder / "outputs" / "report.md").is_file()
+        assert alice.delete(f"/threads/{tid}").status_code == 204
+        assert not folder.exists()
+
+        assert bob.post("/threads", json={"thread_id": tid}).status_code == 200
+        assert bob.get(f"/threads/{tid}/artifacts").json() == []
+        assert bob.get(f"/threads/{tid}/artifacts/outputs/report.md").status_code == 404
+    with psycopg.connect(cluster.settings.dsn) as conn:
+        rows = conn.execute(
+            "SELECT actor, result, detail FROM ops_audit"
+            " WHERE action = 'thread.delete' AND params->>'thread_id' = %s",
+            (tid,),
+        ).fetchall()
+    assert rows == [("alice", "deleted", {"workspace_files_removed": 1})]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +17,7 @@ import pytest
 
 from shared.agent.middleware.durable_context import context_block
 from shared.testing import Cluster, wait_for
+from shared.workspaces import thread_workspace
 from tests.e2e.conftest import ALICE, BOB, ClusterFactory
 
 pytestmark = pytest.mark.e2e
@@ -65,8 +65,10 @@ def state(client: httpx.Client, tid: str) -> dict[str, Any]:
     return dict(r.json())
 
 
-def report(c: Cluster, tid: str) -> str:
-    return (Path(c.settings.data_dir) / "workspaces" / tid / "outputs" / "report.md").read_text()
+def report(c: Cluster, user: str, tid: str) -> str:
+    return (
+        thread_workspace(c.settings.workspace_dir, user, tid) / "outputs" / "report.md"
+    ).read_text()
 
 
 def sha256(text: str) -> str:
@@ -94,7 +96,7 @@ def test_m1_m6_preference_remembered_across_threads_for_its_user_only(mc: Cluste
     # M2: a new thread of Alice freezes the memory; the report follows the preference.
     t2 = new_thread(alice)
     run_wait(alice, t2, "Please write a report on Q3 sales.")
-    text = report(mc, t2)
+    text = report(mc, "alice", t2)
     assert text.index("## Conclusion") < text.index("## Details")
     assert "Amount: RMB 1,000.00" in text and PREFERENCE in text
     frozen = state(alice, t2)["values"]["memory_context"]
@@ -107,7 +109,7 @@ def test_m1_m6_preference_remembered_across_threads_for_its_user_only(mc: Cluste
     # Bob: no memory, a plain report, and Alice's fact is invisible to him (404).
     tb = new_thread(bob)
     run_wait(bob, tb, "Please write a report on Q3 sales.")
-    bob_text = report(mc, tb)
+    bob_text = report(mc, "bob", tb)
     assert "Preferences applied" not in bob_text and "RMB" not in bob_text
     assert bob.get("/memory/facts").json() == {"facts": []}
     assert bob.delete(f"/memory/facts/{fact['fact_id']}").status_code == 404

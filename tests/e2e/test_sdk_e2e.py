@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +17,7 @@ import pytest
 from langgraph_sdk.client import LangGraphClient
 
 from shared.testing import Cluster
+from shared.workspaces import thread_workspace
 from tests.e2e.conftest import ALICE, BOB, human
 from tests.e2e.conftest import run_sdk as run
 
@@ -370,7 +370,7 @@ def test_tool_call_writes_an_artifact(cluster: Cluster) -> None:
         return tid
 
     tid = run(scenario, cluster.url)
-    path = Path(cluster.settings.data_dir) / "workspaces" / tid / "outputs" / "report.md"
+    path = thread_workspace(cluster.settings.workspace_dir, "alice", tid) / "outputs" / "report.md"
     assert path.is_file() and path.stat().st_size > 0
 
 

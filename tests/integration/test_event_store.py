@@ -30,6 +30,7 @@ from shared.journal import (
 from shared.runs.model import MultitaskStrategy, RunRequest, RunStatus, ThreadStatus
 from shared.runs.store import RunStore
 from shared.settings import Settings
+from shared.workspaces import OWNERLESS, owner_root
 from tests.event_store_conformance import EventStoreConformance, MakeStore, NewRun, ev
 
 OWNER = "journal-tests"
@@ -280,7 +281,7 @@ def test_j1_j2_lead_agent_audit_trail(runs: RunStore, pool: ConnectionPool, tmp_
     call = next(e.payload for e in trail if e.type == "tool.call")
     assert call["name"] == "write_artifact" and call["args"]["filename"] == "report.md"
     artifact = next(e.payload for e in trail if e.category == "artifact")
-    written = tmp_path / tid / "outputs" / "report.md"
+    written = tmp_path / OWNERLESS / tid / "outputs" / "report.md"
     digest = hashlib.sha256(written.read_bytes()).hexdigest()
     assert artifact["path"] == "outputs/report.md" and artifact["sha256"] == digest
     assert artifact["size"] == written.stat().st_size
@@ -293,7 +294,13 @@ def test_j1_j2_lead_agent_audit_trail(runs: RunStore, pool: ConnectionPool, tmp_
     assert store.thread_usage(tid) == {**journal.usage(), "by_run": {run_id: total}}
 
     outcome = write_delivery_receipt(
-        store, run_id, tid, 1, journal.produced_output, journal.artifact_paths(), tmp_path
+        store,
+        run_id,
+        tid,
+        1,
+        journal.produced_output,
+        journal.artifact_paths(),
+        owner_root(tmp_path, None),
     )
     assert outcome is DeliveryOutcome.WRITTEN
     receipt = store.get_receipt(run_id, 1)

@@ -25,6 +25,7 @@ from shared.runs.model import (
 )
 from shared.runs.store import AdmitItem, RunStore
 from shared.runs.temporary import delete_if_finished, purge_finished
+from shared.workspaces import thread_workspace
 
 OWNER = "alice"
 
@@ -87,10 +88,10 @@ def exists(store: RunStore, thread_id: str) -> bool:
 
 
 def workspace(root: Path, thread_id: str) -> Path:
-    outputs = root / thread_id / "outputs"
-    outputs.mkdir(parents=True)
-    (outputs / "report.md").write_text("r")
-    return root / thread_id
+    folder = thread_workspace(root, OWNER, thread_id)
+    (folder / "outputs").mkdir(parents=True)
+    (folder / "outputs" / "report.md").write_text("r")
+    return folder
 
 
 # --- admission ---------------------------------------------------------------------------
@@ -226,14 +227,16 @@ def test_a1_a_failed_deletion_rolls_back_and_is_retried(
     tid = request.thread_id
     end(store, run_id)
     checkpoint(pool, tid)
-    (tmp_path / tid).write_text("a file where the workspace folder should be")
+    in_place = thread_workspace(tmp_path, OWNER, tid)
+    in_place.parent.mkdir(parents=True)
+    in_place.write_text("a file where the workspace folder should be")
     with pytest.raises(NotADirectoryError):
         delete_if_finished(store, tid, tmp_path)
     assert exists(store, tid) and checkpoints(pool, tid) == 1
     assert store.run_status(run_id) is RunStatus.SUCCESS
     counts = purge_finished(store, tmp_path, grace_s=0)
     assert counts.failed >= 1 and exists(store, tid)
-    (tmp_path / tid).unlink()
+    in_place.unlink()
     purge_finished(store, tmp_path, grace_s=0)
     assert not exists(store, tid) and checkpoints(pool, tid) == 0
 

@@ -27,6 +27,7 @@ from shared.settings import Settings
 from shared.state.accessor import snapshot_to_json
 from shared.state.reducers import merge_artifacts
 from shared.state.thread_state import THREAD_STATE_FIELDS, ThreadState
+from shared.workspaces import OWNERLESS
 
 
 def user(text: str) -> dict[str, Any]:
@@ -83,7 +84,7 @@ def test_streams_writes_the_artifact_and_remembers_the_thread(tmp_path: Path) ->
     nodes = [next(iter(u)) for u in updates]
     assert [n for n in nodes if "." not in n] == ["model", "tools", "model"]
 
-    artifact = tmp_path / "thread-1" / "outputs" / "report.md"
+    artifact = tmp_path / OWNERLESS / "thread-1" / "outputs" / "report.md"
     assert "Please write a report about ducks" in artifact.read_text()
 
     final_values = [data for mode, data in events if mode == "values"][-1]
@@ -152,7 +153,7 @@ def test_s2_artifacts_show_up_in_the_thread_state_values(tmp_path: Path) -> None
     values = snapshot_to_json(agent.get_state(config))["values"]
     assert values["artifacts"] == ["outputs/notes.md", "outputs/data.csv"]
     assert values["todos"] == [] and values["delegations"] == {}
-    assert {p.name for p in (tmp_path / "thread-6" / "outputs").iterdir()} == {
+    assert {p.name for p in (tmp_path / OWNERLESS / "thread-6" / "outputs").iterdir()} == {
         "notes.md",
         "data.csv",
     }

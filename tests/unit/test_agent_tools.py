@@ -11,6 +11,7 @@ from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
 
 from shared.agent.tools import list_artifacts, read_artifact, write_artifact
+from shared.workspaces import OWNERLESS
 
 
 def cfg(workspace: Any, thread_id: Any = "t-1") -> RunnableConfig:
@@ -24,7 +25,7 @@ def call(tool_name: str, args: dict[str, Any]) -> dict[str, Any]:
 def test_write_read_list(tmp_path: Path) -> None:
     out = write_artifact.invoke({"filename": "notes.md", "content": "héllo"}, cfg(tmp_path))
     assert json.loads(out) == {"path": "outputs/notes.md", "size": 6}
-    assert (tmp_path / "t-1" / "outputs" / "notes.md").read_text() == "héllo"
+    assert (tmp_path / OWNERLESS / "t-1" / "outputs" / "notes.md").read_text() == "héllo"
     assert read_artifact.invoke({"filename": "notes.md"}, cfg(tmp_path)) == "héllo"
     listed = json.loads(list_artifacts.invoke({}, cfg(tmp_path)))
     assert listed == [{"path": "outputs/notes.md", "size": 6}]
@@ -55,7 +56,7 @@ def test_path_traversal_is_refused_with_a_message(tmp_path: Path, filename: str)
 def test_symlinked_artifact_is_not_followed(tmp_path: Path) -> None:
     outside = tmp_path / "outside.txt"
     outside.write_text("secret")
-    outputs = tmp_path / "ws" / "t-1" / "outputs"
+    outputs = tmp_path / "ws" / OWNERLESS / "t-1" / "outputs"
     outputs.mkdir(parents=True)
     (outputs / "link.txt").symlink_to(outside)
     for tool, args in (
@@ -97,4 +98,4 @@ def test_default_root_is_the_settings_workspace(
     monkeypatch.setenv("THREADRUN_DATA_DIR", str(tmp_path))
     config = RunnableConfig(configurable={"thread_id": "t-9"})
     write_artifact.invoke({"filename": "r.md", "content": "ok"}, config)
-    assert (tmp_path / "workspaces" / "t-9" / "outputs" / "r.md").read_text() == "ok"
+    assert (tmp_path / "workspaces" / OWNERLESS / "t-9" / "outputs" / "r.md").read_text() == "ok"
