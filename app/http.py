@@ -43,8 +43,24 @@ def error_body(code: str, message: str, field: str | None = None) -> dict[str, o
     return body
 
 
+def require_json_content_type() -> None:
+    """415 for a request that declares a body type other than JSON (issue 16 item 5): a
+    browser sends text/plain, form or multipart bodies cross-site without a preflight, so
+    a JSON endpoint must never read one. No Content-Type at all (curl without -H) is read
+    as JSON."""
+    declared = request.mimetype
+    if declared and declared != "application/json" and not declared.endswith("+json"):
+        raise ValidationFailed(
+            f"Content-Type {declared[:100]!r} is not JSON: send application/json",
+            field="Content-Type",
+            status=415,
+        )
+
+
 def parse_body(model: type[M], *, allow_empty: bool = False) -> M:
-    """Validate the JSON body; 422 naming the field on error, 400 on non-JSON."""
+    """Validate the JSON body; 422 naming the field on error, 400 on non-JSON, 415 when
+    the body is declared as something else."""
+    require_json_content_type()
     raw = request.get_data(cache=True)
     if not raw.strip():
         if allow_empty:
@@ -62,7 +78,9 @@ def parse_body(model: type[M], *, allow_empty: bool = False) -> M:
 
 
 def read_json_body() -> Any:
-    """The request's JSON body (None when empty); 400 when it is not JSON."""
+    """The request's JSON body (None when empty); 400 when it is not JSON, 415 when it is
+    declared as something else."""
+    require_json_content_type()
     raw = request.get_data(cache=True)
     if not raw.strip():
         return None

@@ -104,6 +104,13 @@ class Settings(BaseSettings):
     active_runs_retry_after_s: int = Field(
         default=5, ge=1, description="Retry-After of a 429 for too many active runs."
     )
+    allowed_hosts: str = Field(
+        default="",
+        description=(
+            "Comma-separated host names this server answers to (`*` = any); empty = loopback"
+            " names in local single-user mode, any name once credentials are configured."
+        ),
+    )
     cors_origins: str = Field(
         default="",
         description="Comma-separated allowed browser origins for CORS (`*` = any); empty = none.",
