@@ -117,11 +117,9 @@ def test_issue14_every_head_move_keeps_the_thread_objects_equal_to_get_state(
     for action in ("interrupt", "rollback"):
         before = alice.threads.get_state(tid)
         run = alice.runs.create(tid, "lead_agent", input=human(f"slow {action}"), config=slow)
+        moved = before["checkpoint"]["checkpoint_id"]
         wait_for(
-            lambda: (
-                alice.threads.get_state(tid)["checkpoint"]["checkpoint_id"]
-                != before["checkpoint"]["checkpoint_id"]
-            ),
+            lambda m=moved: alice.threads.get_state(tid)["checkpoint"]["checkpoint_id"] != m,
             timeout=30,
         )
         alice.runs.cancel(tid, run["run_id"], wait=True, action=action)  # type: ignore[arg-type]
