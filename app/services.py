@@ -83,7 +83,12 @@ class Services:
             runs=manager,
             store=store,
             subscriber=StreamSubscriber(client, keys, settings, hub=SubscriptionHub(client)),
-            state=CheckpointStateAccessor.for_pool(pool, registry, mode=settings.checkpoint_mode),
+            state=CheckpointStateAccessor.for_pool(
+                pool,
+                registry,
+                mode=settings.checkpoint_mode,
+                values_max_bytes=settings.thread_values_max_bytes,
+            ),
             redis=client,
             events=RunEventStore(
                 pool,

@@ -81,6 +81,12 @@ class Settings(BaseSettings):
     max_metadata_bytes: int = Field(
         default=16384, ge=64, description="JSON size of thread/run metadata (422 above)."
     )
+    thread_values_max_bytes: int = Field(
+        default=262144,
+        ge=0,
+        description="Largest head `values` (encoded JSON) kept as a copy for thread objects;"
+        " larger ones are read from the checkpoint (issue 14).",
+    )
     ws_max_frame_bytes: int = Field(
         default=262144, ge=1024, description="Largest WebSocket frame (close 1009 above)."
     )

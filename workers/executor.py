@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import functools
 import logging
 import time
 import uuid
@@ -34,6 +35,8 @@ from shared.runs import temporary
 from shared.runs.model import CancelAction, JSONObject, Run, RunStatus, Sink, ThreadStatus
 from shared.runs.result import final_result
 from shared.runs.store import ClaimOutcome
+from shared.state import head_copies
+from shared.state.accessor import ThreadHead
 from shared.state.savers import LEASE_KEY, RUN_KEY
 from workers.runtime import WorkerRuntime
 from workers.stream_modes import StreamTranslator, graph_modes
@@ -89,6 +92,7 @@ class GraphOutcome:
     status: RunStatus
     error: JSONObject | None = None
     thread_status: ThreadStatus = ThreadStatus.IDLE
+    head: ThreadHead | None = None  # the final head, when `execute` read it (issue 14)
 
 
 INTERRUPTED = GraphOutcome(RunStatus.INTERRUPTED)
@@ -412,13 +416,15 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
         sink.emit("error", serde.dumps(error))
         return GraphOutcome(RunStatus.ERROR, error, ThreadStatus.ERROR)
     thread_status = ThreadStatus.IDLE
+    head = None
     try:
         snap = await rt.state.aget_snapshot(attempt.thread_id, run.graph_id)
         if snap.next or snap.interrupts:
             thread_status = ThreadStatus.INTERRUPTED
+        head = ThreadHead.of(snap)
     except Exception:  # the run succeeded; the thread status is a hint
         log.exception("could not read final state", extra={"run_id": attempt.run_id})
-    return GraphOutcome(RunStatus.SUCCESS, None, thread_status)
+    return GraphOutcome(RunStatus.SUCCESS, None, thread_status, head)
 
 
 def _error_of(exc: BaseException) -> JSONObject:
@@ -458,7 +464,7 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
         return AttemptResult(AttemptOutcome.FENCED, fenced=Sink.STREAM)
     except Exception:  # the stream is not durable history (B8); go on
         log.exception("stream drain failed", extra={"run_id": attempt.run_id})
-    # (3) terminal status, fenced by the epoch (L2).
+    # (3) terminal status, fenced by the epoch (L2), with the thread's head copy.
     fin = await asyncio.to_thread(
         rt.store.finish,
         attempt.run_id,
@@ -468,6 +474,7 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
         error=settled.error,
         thread_status=settled.thread_status,
         usage=usage,
+        also=await head_copy_writer(rt, attempt, outcome),
     )
     if fin.fenced:
         log.warning("terminal write fenced: a newer owner exists", extra={"run_id": attempt.run_id})
@@ -490,6 +497,35 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
     if attempt.run.deletes_thread:
         await delete_temporary_thread(rt, attempt)
     return AttemptResult(AttemptOutcome.FINISHED, status=settled.status)
+
+
+async def head_copy_writer(
+    rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
+) -> functools.partial[None] | None:
+    """The write of the thread's head copy (the `values` and `interrupts` of thread objects,
+    `shared.state.head_copies`) for the terminal transaction, where the epoch fences it.
+
+    The head is final here: the graph has stopped, a rollback is done, and no other run
+    of the thread or state update can start while this one is `running`. None when it
+    cannot be read (reads then compute it from the checkpoint) or the thread is deleted
+    with its run.
+    """
+    if attempt.run.deletes_thread:
+        return None
+    head = outcome.head
+    if head is None:
+        try:
+            head = await rt.state.ahead(attempt.thread_id, attempt.run.graph_id)
+        except Exception:  # a cache: the run finalizes without it
+            log.exception("could not read the final head", extra={"run_id": attempt.run_id})
+            return None
+    if head is None or head.checkpoint_id is None:
+        return None
+    return functools.partial(
+        head_copies.write_fenced,
+        heads=[(attempt.thread_id, head)],
+        max_bytes=rt.settings.thread_values_max_bytes,
+    )
 
 
 async def keep_result(rt: WorkerRuntime, attempt: RunAttempt, settled: GraphOutcome) -> None:

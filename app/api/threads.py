@@ -164,6 +164,7 @@ def copy(thread_id: str) -> Response:
     except BaseException:
         svc.state.delete_thread(target)
         raise
+    svc.state.refresh_heads({target: graph_id_of(thread)})
     return json_response(thread_objects([thread])[0])
 
 
@@ -208,4 +209,5 @@ def prune() -> Response:
     if busy:
         raise Conflict(f"thread {busy[0]} has a run in progress; prune it when it is idle")
     svc.state.keep_latest(ids)
+    svc.state.refresh_heads({t.thread_id: graph_id_of(t) for t in threads})
     return json_response({"pruned_count": len(ids)})

@@ -784,8 +784,13 @@ class RunStore:
         error: JSONObject | None,
         thread_status: ThreadStatus,
         usage: JSONObject | None = None,
+        also: Callable[[psycopg.Connection[DictRow]], None] | None = None,
     ) -> Finish:
-        """Write the terminal status only while we own the run (L2), then settle the thread."""
+        """Write the terminal status only while we own the run (L2), then settle the thread.
+
+        `also` runs in the same transaction once the fenced write succeeded (the run row is
+        ours and locked until commit), for writes that must be fenced like the status: the
+        thread's head copy (`shared.state.head_copies`)."""
         with self._pool.connection() as conn, conn.transaction():
             conn.execute(LOCK_THREAD_BY_ID_SQL, {"thread_id": thread_id})
             row = conn.execute(
@@ -804,6 +809,8 @@ class RunStore:
                 )
                 return Finish(fenced=True)
             self._lifecycle(conn, run_id, thread_id, status, {"epoch": epoch, "error": error})
+            if also is not None:
+                also(conn)
             nxt = self._settle_thread(conn, thread_id, thread_status)
         return Finish(fenced=False, next_run_id=nxt)
 

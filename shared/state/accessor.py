@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,11 @@ from shared.errors import Conflict, NotFound, ValidationFailed
 from shared.state.modes import CheckpointMode
 from shared.state.savers import HeadsSaver, StatePostgresSaver
 from shared.state.upstream import delta_snapshot
+
+DEFAULT_VALUES_MAX_BYTES = 256 * 1024
+"""`Settings.thread_values_max_bytes`' default: larger head values get no stored copy."""
+
+log = logging.getLogger(__name__)
 
 NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
 """LangGraph's task id for writes no task owns (its constant is private since v1)."""
@@ -87,16 +93,17 @@ def interrupt_json(interrupt: Interrupt) -> dict[str, Any]:
 class ThreadHead:
     """What a thread object shows of its head checkpoint (the LangGraph API's Thread
     `values` and `interrupts`): the state values, kept as encoded JSON, and the pending
-    interrupts by task id.
+    interrupts by task id; `checkpoint_id` names the checkpoint they are of.
 
     Why encoded: a search page's values are encoded once, straight into the response
     (`values_fragment`); decoding them to a tree only to encode it again cost about a
     fifth of a 100-thread page's time (bench/thread_search.py: 175 -> 135 ms at 40
-    messages a thread).
+    messages a thread). The stored copies (`shared.state.head_copies`) keep that text.
     """
 
     values_json: bytes
     interrupts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    checkpoint_id: str | None = None
 
     @classmethod
     def of(cls, snap: StateSnapshot) -> ThreadHead:
@@ -106,6 +113,7 @@ class ThreadHead:
             interrupts={
                 t.id: [interrupt_json(i) for i in t.interrupts] for t in snap.tasks if t.interrupts
             },
+            checkpoint_id=(snap.config or {}).get("configurable", {}).get("checkpoint_id"),
         )
 
     @property
@@ -188,18 +196,30 @@ class GraphSource(Protocol):
 class CheckpointStateAccessor:
     """get / history / update / rollback of a thread's state through its graph (S5)."""
 
-    def __init__(self, saver: BaseCheckpointSaver[Any], registry: GraphSource) -> None:
+    def __init__(
+        self,
+        saver: BaseCheckpointSaver[Any],
+        registry: GraphSource,
+        *,
+        values_max_bytes: int = DEFAULT_VALUES_MAX_BYTES,
+    ) -> None:
         self._saver = saver
         self._registry = registry
+        self.values_max_bytes = values_max_bytes
         self._graphs: dict[tuple[str, bool], Pregel[Any, Any, Any, Any]] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def for_pool(
-        cls, pool: DictPool, registry: GraphSource, *, mode: CheckpointMode
+        cls,
+        pool: DictPool,
+        registry: GraphSource,
+        *,
+        mode: CheckpointMode,
+        values_max_bytes: int = DEFAULT_VALUES_MAX_BYTES,
     ) -> CheckpointStateAccessor:
         """The web's accessor: sync, over a connection pool."""
-        return cls(StatePostgresSaver(pool, mode=mode), registry)
+        return cls(StatePostgresSaver(pool, mode=mode), registry, values_max_bytes=values_max_bytes)
 
     @property
     def mode(self) -> CheckpointMode:
@@ -282,6 +302,7 @@ class CheckpointStateAccessor:
         cfg = self._graph(graph_id).update_state(
             self._config(thread_id, checkpoint), values, as_node=as_node
         )
+        self.refresh_heads({thread_id: graph_id})
         return {"checkpoint": _checkpoint_ref(cfg)}
 
     def replace(self, thread_id: str, graph_id: str, values: dict[str, Any]) -> dict[str, Any]:
@@ -300,6 +321,7 @@ class CheckpointStateAccessor:
         cfg = self._graph(graph_id, state_only=True).update_state(
             self._config(thread_id), values, as_node=RESTORE_NODE
         )
+        self.refresh_heads({thread_id: graph_id})
         return {"checkpoint": _checkpoint_ref(cfg)}
 
     def delete_thread(self, thread_id: str) -> None:
@@ -313,25 +335,79 @@ class CheckpointStateAccessor:
 
     def heads(self, graph_ids: Mapping[str, str | None]) -> dict[str, ThreadHead]:
         """The head of each thread (thread id -> its graph id, None for a thread that never
-        ran) that has a checkpoint: its checkpoints in one query, then each thread's
-        `get_state` through its graph, served from those rows (`HeadsSaver`).
+        ran) that has a checkpoint.
+
+        From the stored copies (`shared.state.head_copies`) where they are of the head as
+        it is now: one statement for the whole page, and the values embedded as stored.
+        The others (no copy yet, a head moved without one, values over the size cap) are
+        computed from their checkpoints (`compute_heads`), and their copies refreshed
+        (lazily filling in threads from before the copies existed).
+        """
+        wanted = {tid: gid for tid, gid in graph_ids.items() if gid is not None}
+        if not wanted:
+            return {}
+        stored = self._web_saver().read_head_copies(sorted(wanted))
+        out: dict[str, ThreadHead] = {}
+        stale: dict[str, str] = {}
+        for tid, row in stored.items():
+            if row.head_id is None:
+                continue  # no checkpoint: no head
+            if row.usable:
+                assert row.values_json is not None  # (usable says so)
+                out[tid] = ThreadHead(
+                    values_json=row.values_json.encode(),
+                    interrupts=orjson.loads(row.interrupts_json or "{}"),
+                    checkpoint_id=row.head_id,
+                )
+            else:
+                stale[tid] = wanted[tid]
+        if stale:
+            computed = self.compute_heads(stale)
+            out.update(computed)
+            # A copy that is current but over the cap is not written again on every read.
+            self._store_heads({t: h for t, h in computed.items() if not stored[t].current})
+        return out
+
+    def refresh_heads(self, graph_ids: Mapping[str, str | None]) -> None:
+        """Recompute and store the head copies of threads whose head the web just moved
+        (state update, compaction, copy, prune); never fails the request that did it."""
+        wanted: dict[str, str] = {tid: gid for tid, gid in graph_ids.items() if gid is not None}
+        if wanted:
+            try:
+                self._store_heads(self.compute_heads(wanted))
+            except Exception:  # reads fall back to the checkpoint and refresh it then
+                log.exception("refreshing thread head copies failed")
+
+    def _store_heads(self, heads: Mapping[str, ThreadHead]) -> None:
+        """Store head copies, unfenced (idle threads only); a failure only logs: a read
+        that finds no current copy computes the head instead."""
+        if not heads:
+            return
+        try:
+            self._web_saver().write_head_copies(heads.items(), self.values_max_bytes)
+        except Exception:
+            log.exception("storing thread head copies failed")
+
+    def compute_heads(self, graph_ids: Mapping[str, str]) -> dict[str, ThreadHead]:
+        """The head of each thread that has a checkpoint, computed from its checkpoint:
+        its checkpoints in one query, then each thread's `get_state` through its graph,
+        served from those rows (`HeadsSaver`).
 
         Why not one `get_state` per thread: a page of 100 thread objects would be 100
         round trips through the saver's lock (73 ms against 44 ms for a page of 100
         six-message threads, database on localhost; bench/thread_search.py).
         """
-        wanted = {tid: gid for tid, gid in graph_ids.items() if gid is not None}
-        if not wanted:
+        if not graph_ids:
             return {}
         saver = self._web_saver()
-        tuples = saver.get_heads(sorted(wanted))
+        tuples = saver.get_heads(sorted(graph_ids))
         if not tuples:
             return {}
         served = HeadsSaver(saver, tuples)
         graphs: dict[str, Pregel[Any, Any, Any, Any]] = {}
         out: dict[str, ThreadHead] = {}
         for tid in tuples:
-            gid = wanted[tid]
+            gid = graph_ids[tid]
             graph = graphs.get(gid)
             if graph is None:
                 graph = graphs[gid] = self._graph(gid).copy(update={"checkpointer": served})
@@ -372,6 +448,13 @@ class CheckpointStateAccessor:
     async def aget_snapshot(self, thread_id: str, graph_id: str) -> StateSnapshot:
         """The head StateSnapshot through the agent graph (values, next, interrupts)."""
         return await self._graph(graph_id).aget_state(self._config(thread_id))
+
+    async def ahead(self, thread_id: str, graph_id: str) -> ThreadHead | None:
+        """The thread's head as thread objects show it (None: no checkpoint), for the head
+        copy a run's finalize stores (`shared.state.head_copies`)."""
+        snap = await self.aget_snapshot(thread_id, graph_id)
+        head = ThreadHead.of(snap)
+        return head if head.checkpoint_id else None
 
     async def arollback_point(self, thread_id: str) -> tuple[str | None, list[list[str]]]:
         """The thread's rollback point before a run (R5): the head checkpoint's id (None for

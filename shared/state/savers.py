@@ -25,10 +25,10 @@ writes only (reads and unfenced writes take LangGraph's path unchanged). The tes
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -40,12 +40,17 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
-from psycopg import AsyncCursor
+from psycopg import AsyncCursor, Cursor
 from psycopg.rows import DictRow, dict_row
+from psycopg_pool import ConnectionPool
 
 from shared.errors import LeaseLost
+from shared.state import head_copies
 from shared.state.modes import METADATA_KEY, CheckpointMode, check_readable
 from shared.state.upstream import saver_connection
+
+if TYPE_CHECKING:
+    from shared.state.accessor import ThreadHead
 
 RUN_KEY = "__threadrun_run_id"
 LEASE_KEY = "__threadrun_lease"
@@ -199,6 +204,27 @@ class StatePostgresSaver(PostgresSaver):
         parent chain, so delta channels rebuild on the copy exactly as on the source)."""
         with self._cursor() as cur:
             cur.execute(COPY_THREAD_SQL, {"source": source_thread_id, "target": target_thread_id})
+
+    @contextmanager
+    def _pooled_cursor(self) -> Iterator[Cursor[DictRow]]:
+        """A cursor of its own from the pool, outside the saver's lock (which serialises
+        LangGraph's reads and writes on a single connection, not these statements)."""
+        if isinstance(self.conn, ConnectionPool):
+            with self.conn.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                yield cur
+        else:
+            with self._cursor() as cur:
+                yield cur
+
+    def read_head_copies(self, thread_ids: Sequence[str]) -> dict[str, head_copies.StoredHead]:
+        """Each thread's head checkpoint id and stored head copy (`shared.state.head_copies`)."""
+        with self._pooled_cursor() as cur:
+            return head_copies.read(cur, thread_ids)
+
+    def write_head_copies(self, heads: Iterable[tuple[str, ThreadHead]], max_bytes: int) -> None:
+        """Store head copies, unfenced: taken only by threads that are not busy."""
+        with self._pooled_cursor() as cur:
+            head_copies.write(cur, heads, max_bytes=max_bytes, fenced=False)
 
 
 class HeadsSaver(StatePostgresSaver):
