@@ -58,6 +58,9 @@ sock = Sock()
 # ws_max_frame_bytes (sent by simple-websocket), 1011 = the handler itself failed.
 CLOSE_INVALID_PAYLOAD = 1007
 CLOSE_INTERNAL_ERROR = 1011
+CLOSE_UNAUTHORIZED = 4401
+"""The socket's credential is no longer valid (revoked key, expired token, local mode ended):
+the application range (4000-4999) with HTTP's 401 in it, as other servers use."""
 MAX_SUBSCRIPTIONS = 16  # runs one socket may follow at once
 MAX_POLL_S = 1.0  # a subscription thread notices a closed socket within this
 # The frame loop notices a socket closed by a failed send this late; each poll wakes every
@@ -315,6 +318,7 @@ class _Session:
         self._subscriber, self._heartbeat_s = _poll_subscriber(svc)
         self.conn: ConnectionSlot | None = None
         self._frames = TokenBucket(svc.settings.ws_frames_per_second, svc.settings.ws_frame_burst)
+        self._authenticated_at = time.monotonic()
         self._limited_at = 0.0
         self._handlers: dict[str, Callable[[dict[str, Any], Any], None]] = {
             "run.create": self._create,
@@ -383,6 +387,8 @@ class _Session:
                     break
                 if self.conn is not None:
                     self.conn.maybe_renew()
+                if not self._still_authorized(force=False):
+                    break
                 if msg is None:
                     continue
                 if not self._frames.take():
@@ -399,6 +405,27 @@ class _Session:
                 self.handle(data)
         finally:
             self.shutdown()
+
+    def _still_authorized(self, *, force: bool) -> bool:
+        """Re-check the socket's credential (issue 16 item 4) at least once per key-cache TTL,
+        and on `force` (every `run.create`): a key revoked, a token expired or local mode
+        ended while the socket was open closes it with 4401 after an `error` frame. The
+        upgrade request's context is still active here, so the credential is the one it
+        presented (header, bearer or `?api_key=`)."""
+        now = time.monotonic()
+        if not force and now - self._authenticated_at < self.svc.settings.api_key_cache_ttl_s:
+            return True
+        try:
+            who = authenticate(extra_key=request.args.get("api_key"))
+        except HTTPException:
+            who = None
+        if who is not None and who.user_id == self.owner:
+            self._authenticated_at = now
+            return True
+        log.info("websocket credential no longer valid; closing", extra={"user_id": self.owner})
+        self.error("unauthorized", "the credential of this socket is no longer valid")
+        self.close(CLOSE_UNAUTHORIZED, "credential no longer valid")
+        return False
 
     def _refuse_frame(self) -> None:
         """A frame over `ws_frames_per_second` is dropped; one error frame per second says so."""
@@ -474,6 +501,8 @@ class _Session:
 
     # -- frame handlers --------------------------------------------------------------------------
     def _create(self, data: dict[str, Any], request_id: Any) -> None:
+        if not self._still_authorized(force=True):
+            return
         body = {k: v for k, v in data.items() if k not in ("type", "request_id", "thread_id")}
         tid = self._thread_id(data.get("thread_id"))
         spec = validate(RunCreate, body)
