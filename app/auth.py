@@ -35,6 +35,7 @@ class Principal:
 
     user_id: str
     role: str = "user"
+    local: bool = False  # the one user of local single-user mode (no credentials at all)
 
     @property
     def is_ops(self) -> bool:
@@ -72,7 +73,7 @@ class Authenticator:
         """The caller for `presented`, or 401."""
         if self.open_mode():
             # Local single-user mode: the one user also operates the system.
-            return Principal(self.settings.local_user, "ops")
+            return Principal(self.settings.local_user, "ops", local=True)
         if presented:
             who = self._match(presented)
             if who is not None:

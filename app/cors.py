@@ -1,5 +1,5 @@
 """What a browser may do here: the Host allow-list, CORS (flask-cors), the Origin check of
-state-changing requests and WebSocket upgrades, all from settings (issue 16 item 5).
+state-changing requests and WebSocket upgrades, all from settings.
 
 - **Host**: `THREADRUN_ALLOWED_HOSTS` lists the names this server answers to. Empty means
   loopback names only while the server is in local single-user mode (no credentials, so a

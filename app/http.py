@@ -44,7 +44,7 @@ def error_body(code: str, message: str, field: str | None = None) -> dict[str, o
 
 
 def require_json_content_type() -> None:
-    """415 for a request that declares a body type other than JSON (issue 16 item 5): a
+    """415 for a request that declares a body type other than JSON: a
     browser sends text/plain, form or multipart bodies cross-site without a preflight, so
     a JSON endpoint must never read one. No Content-Type at all (curl without -H) is read
     as JSON."""

@@ -1,4 +1,4 @@
-"""Assistants benchmark (issue 14): what our assistant layers cost over a raw SELECT of the
+"""Assistants benchmark: what our assistant layers cost over a raw SELECT of the
 same row(s) on the same pool, measured interleaved in one run.
 
 Run with `.venv/bin/python -m bench.assistants [--n 1000]` (also part of `make bench`). It

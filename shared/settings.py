@@ -72,6 +72,11 @@ class Settings(BaseSettings):
     max_active_runs: int = Field(
         default=16, ge=1, description="Pending+running runs per user (429 above)."
     )
+    limit_local_user: bool = Field(
+        default=False,
+        description="Apply runs_per_minute, max_active_runs and max_connections_per_user to"
+        " the one user of local single-user mode too (off: local mode does not throttle).",
+    )
     max_input_bytes: int = Field(
         default=262144, ge=256, description="JSON size of a run's input/command (422 above)."
     )
@@ -85,7 +90,7 @@ class Settings(BaseSettings):
         default=262144,
         ge=0,
         description="Largest head `values` (encoded JSON) kept as a copy for thread objects;"
-        " larger ones are read from the checkpoint (issue 14).",
+        " larger ones are read from the checkpoint.",
     )
     ws_max_frame_bytes: int = Field(
         default=262144, ge=1024, description="Largest WebSocket frame (close 1009 above)."

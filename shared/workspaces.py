@@ -1,4 +1,4 @@
-"""Where a thread's files live: `<workspace_dir>/<owner folder>/<thread_id>/` (issue 16 item 2).
+"""Where a thread's files live: `<workspace_dir>/<owner folder>/<thread_id>/`.
 
 A workspace belongs to the (owner, thread) pair, never to a bare thread id: a thread id
 that another user creates after its first owner deleted it (or that two users both try)

@@ -92,7 +92,7 @@ class GraphOutcome:
     status: RunStatus
     error: JSONObject | None = None
     thread_status: ThreadStatus = ThreadStatus.IDLE
-    head: ThreadHead | None = None  # the final head, when `execute` read it (issue 14)
+    head: ThreadHead | None = None  # the final head, when `execute` read it
 
 
 INTERRUPTED = GraphOutcome(RunStatus.INTERRUPTED)
@@ -434,8 +434,8 @@ def _error_of(exc: BaseException) -> JSONObject:
 
 # --- finalize (J5) ------------------------------------------------------------------------------
 async def release_active(rt: WorkerRuntime, user_id: str | None, run_id: str) -> None:
-    """The run ended: it no longer counts against its user's `max_active_runs` (issue 16
-    item 15). Best effort; the limiter prunes ended members when a set is full."""
+    """The run ended: it no longer counts against its user's `max_active_runs` (A4).
+    Best effort; the limiter prunes ended members when a set is full."""
     if user_id is None:
         return
     try:

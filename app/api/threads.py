@@ -59,7 +59,7 @@ def thread_objects(
 def delete_owned(owner: str, thread_id: str) -> None:
     """Delete the owner's thread (404 otherwise): its runs, with running ones told to stop,
     then its checkpoints, then its workspace files; the audit trail records the deletion
-    and what became of the files (issue 16 item 2)."""
+    and what became of the files."""
     svc = current_services()
     svc.runs.delete_thread(owner=owner, thread_id=thread_id)
     svc.state.delete_thread(thread_id)

@@ -407,7 +407,7 @@ class _Session:
             self.shutdown()
 
     def _still_authorized(self, *, force: bool) -> bool:
-        """Re-check the socket's credential (issue 16 item 4) at least once per key-cache TTL,
+        """Re-check the socket's credential at least once per key-cache TTL,
         and on `force` (every `run.create`): a key revoked, a token expired or local mode
         ended while the socket was open closes it with 4401 after an `error` frame. The
         upgrade request's context is still active here, so the credential is the one it

@@ -165,8 +165,8 @@ class StreamSubscriber:
         return cursor
 
     def _gap(self, run_id: str, requested: str, reason: str, snap: Snapshot | None = None) -> Gap:
-        """The gap for a subscriber after `requested`, logged with why (issue 16 item 0:
-        every gap says its reason in the log; `threadrun_stream_gaps_total` counts them)."""
+        """The gap for a subscriber after `requested`, logged with why (B5: every
+        gap says its reason in the log; `threadrun_stream_gaps_total` counts them)."""
         snap = snap or self.snapshot(run_id, "")
         if not snap.meta.exists:
             gap = Gap(run_id, requested or None, None, None)
@@ -191,7 +191,7 @@ class StreamSubscriber:
         started, else the gap.
 
         Read again after the terminal answer: a fast run can start, publish everything
-        and end between the first read and that answer (issue 16 item 0). A run's stream
+        and end between the first read and that answer. A run's stream
         is complete before its terminal status is committed, so a stream still missing
         now was never created (the run never started), expired, or was lost with Redis.
         """
@@ -246,7 +246,7 @@ class StreamSubscriber:
                     if cursor or is_terminal():
                         ending = self._missing_stream(run_id, requested, unstarted_end)
                         if ending is None:
-                            continue  # it appeared meanwhile: a fast run (issue 16 item 0)
+                            continue  # it appeared meanwhile: a fast run
                         yield [ending]
                         return
                     # Not started yet: wait for the stream to appear.

@@ -183,8 +183,8 @@ class RunManager:
         return raw.encode() if isinstance(raw, str) else raw
 
     def release_active(self, owner: str, run_ids: Collection[str]) -> None:
-        """Take ended runs out of the owner's active-run set (`max_active_runs`, issue 16
-        item 15). Best effort: the limiter prunes ended members when the set is full."""
+        """Take ended runs out of the owner's active-run set (`max_active_runs`,
+        A4). Best effort: the limiter prunes ended members when the set is full."""
         if not run_ids:
             return
         try:
@@ -198,7 +198,7 @@ class RunManager:
 
     def unstarted_end(self, run_id: str) -> str | None:
         """The status of a run that ended without starting (cancelled while pending), whose
-        subscribers get an `end` with it rather than a gap (issue 16 item 0)."""
+        subscribers get an `end` with it rather than a gap."""
         status = self.store.unstarted_end(run_id)
         return None if status is None else status.value
 

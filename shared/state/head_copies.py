@@ -1,6 +1,6 @@
 """Copies of thread heads: what a thread object shows of its head checkpoint (`values`,
 `interrupts`), kept in `thread_heads` so a page of thread objects is one cheap query instead
-of every thread's head computed through its graph (issue 14; migration 0011).
+of every thread's head computed through its graph (migration 0011).
 
 Why a copy is never wrong, only sometimes unused: each copy names the head checkpoint it
 was made from, and a read takes it only while that id is still the thread's head (the

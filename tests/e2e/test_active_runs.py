@@ -1,4 +1,4 @@
-"""Issue 16 item 15: the active-run limit with a high limit, against real processes.
+"""A4: the active-run limit with a high limit, against real processes.
 
 A run leaves its user's active set when it ends (the worker's finalize, a cancel of a
 pending run, the reaper), so the set holds only pending and running runs; when a full set
@@ -71,9 +71,7 @@ def run(c: Cluster, user: str, tid: str, config: dict[str, Any], path: str = "ru
     return str(r.json()["run_id"]) if path == "runs" else ""
 
 
-def test_issue16_item15_a_run_leaves_the_active_set_when_it_ends(
-    high: Cluster, rds: redis.Redis
-) -> None:
+def test_a4_a_run_leaves_the_active_set_when_it_ends(high: Cluster, rds: redis.Redis) -> None:
     """Three finished runs leave nothing behind in the user's active set."""
     tid = thread(high, "ends")
     for _ in range(3):
@@ -81,9 +79,7 @@ def test_issue16_item15_a_run_leaves_the_active_set_when_it_ends(
     wait_for(lambda: not active(rds, high, "ends"), timeout=10)
 
 
-def test_issue16_item15_cancel_takes_pending_and_running_runs_out(
-    high: Cluster, rds: redis.Redis
-) -> None:
+def test_a4_cancel_takes_pending_and_running_runs_out(high: Cluster, rds: redis.Redis) -> None:
     """A pending run cancelled by the web and a running run stopped by its worker both
     leave the set."""
     tid = thread(high, "cancel")
@@ -96,9 +92,7 @@ def test_issue16_item15_cancel_takes_pending_and_running_runs_out(
     wait_for(lambda: not active(rds, high, "cancel"), timeout=30)
 
 
-def test_issue16_item15_a_full_set_of_ended_runs_is_pruned_in_one_pass(
-    high: Cluster, rds: redis.Redis
-) -> None:
+def test_a4_a_full_set_of_ended_runs_is_pruned_in_one_pass(high: Cluster, rds: redis.Redis) -> None:
     """1,000 members whose runs are gone: the next admission prunes them and is admitted."""
     key = LimitKeys(high.settings.redis_prefix).active("full")
     rds.zadd(key, {str(uuid.uuid4()): i for i in range(1000)})
@@ -107,7 +101,7 @@ def test_issue16_item15_a_full_set_of_ended_runs_is_pruned_in_one_pass(
     wait_for(lambda: not active(rds, high, "full"), timeout=10)
 
 
-def test_issue16_item15_no_false_limit_under_load(high: Cluster, rds: redis.Redis) -> None:
+def test_a4_no_false_limit_under_load(high: Cluster, rds: redis.Redis) -> None:
     """40 concurrent sessions of 3 runs each under a limit of 1,000: never a 429, and the
     set is empty once they are done."""
 

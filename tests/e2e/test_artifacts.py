@@ -65,10 +65,10 @@ def test_a4_g3_artifacts_are_served_to_the_owner_only(cluster: Cluster) -> None:
         ]
 
 
-def test_issue16_item2_a_deleted_threads_files_go_and_its_id_serves_nobody_else(
+def test_a4_a_deleted_threads_files_go_and_its_id_serves_nobody_else(
     cluster: Cluster,
 ) -> None:
-    """Issue 16 item 2: deleting a thread removes its workspace and the audit trail says
+    """A4: deleting a thread removes its workspace and the audit trail says
     so; another user re-creating the id gets an empty workspace of their own, never the
     first owner's files (before the fix: the report stayed on disk and Bob downloaded it)."""
     with client(cluster, ALICE) as alice, client(cluster, BOB) as bob:

@@ -1,4 +1,4 @@
-"""Issue 16 item 5: DNS rebinding and cross-site "simple" requests, against a keyless
+"""A4: DNS rebinding and cross-site "simple" requests, against a keyless
 loopback instance (local single-user mode: whoever reaches it acts as the local user).
 
 Before the fix a page of `rebind.attacker.example` (resolving to 127.0.0.1) could create
@@ -46,7 +46,7 @@ def upgrade(**extra: str) -> dict[str, str]:
     }
 
 
-def test_issue16_item5_a_rebound_host_is_refused_everywhere(keyless: Cluster) -> None:
+def test_a4_a_rebound_host_is_refused_everywhere(keyless: Cluster) -> None:
     """A Host that is not a loopback name gets 400 naming the setting, on the API, the ops
     API and the WebSocket upgrade; loopback names are served."""
     foreign = f"{REBIND}:{port(keyless)}"
@@ -73,7 +73,7 @@ def test_issue16_item5_a_rebound_host_is_refused_everywhere(keyless: Cluster) ->
         assert r.status_code == 200, (name, r.text)
 
 
-def test_issue16_item5_a_cross_site_request_changes_nothing(keyless: Cluster) -> None:
+def test_a4_a_cross_site_request_changes_nothing(keyless: Cluster) -> None:
     """A text/plain body is 415 naming Content-Type; a JSON request from a foreign browser
     origin is 403; the server's own origin and clients without Origin are served; a
     WebSocket from an origin whose host is not allowed is refused."""

@@ -1,4 +1,4 @@
-"""Issue 14: every call of the official Python `langgraph-sdk` answers against real processes.
+"""every call of the official Python `langgraph-sdk` answers against real processes.
 
 One scenario per SDK resource drives each of its public methods once, with an assertion on
 what comes back, and `test_every_sdk_method_is_driven` keeps the list honest: a method the
@@ -64,7 +64,7 @@ def sdk(graphs: Cluster) -> Iterator[SyncLangGraphClient]:
 
 
 def test_assistants_surface(sdk: SyncLangGraphClient) -> None:
-    """Issue 14: all eleven assistants calls."""
+    """all eleven assistants calls."""
     a = sdk.assistants
     made = called("assistants.create", a.create("lead_agent", config=KNOBS, name="surface"))
     aid = made["assistant_id"]
@@ -87,7 +87,7 @@ def test_assistants_surface(sdk: SyncLangGraphClient) -> None:
 
 
 def test_threads_surface(sdk: SyncLangGraphClient) -> None:
-    """Issue 14: all thread calls but the v3 session, `join_stream` following a run."""
+    """all thread calls but the v3 session, `join_stream` following a run."""
     t = sdk.threads
     tid = called("threads.create", t.create(metadata={"k": "surface"}))["thread_id"]
     assert called("threads.get", t.get(tid))["metadata"]["k"] == "surface"
@@ -117,7 +117,7 @@ def test_threads_surface(sdk: SyncLangGraphClient) -> None:
 
 
 def test_runs_surface(sdk: SyncLangGraphClient) -> None:
-    """Issue 14: every runs call, with and without a thread."""
+    """every runs call, with and without a thread."""
     r = sdk.runs
     tid = sdk.threads.create()["thread_id"]
     run = called("runs.create", r.create(tid, "lead_agent", input=human("a"), config=KNOBS))
@@ -152,7 +152,7 @@ def test_runs_surface(sdk: SyncLangGraphClient) -> None:
 
 
 def test_crons_surface(sdk: SyncLangGraphClient) -> None:
-    """Issue 14: all six cron calls (firing itself is proven in test_crons_e2e)."""
+    """all six cron calls (firing itself is proven in test_crons_e2e)."""
     c = sdk.crons
     tid = sdk.threads.create()["thread_id"]
     on_thread = called(
@@ -171,7 +171,7 @@ def test_crons_surface(sdk: SyncLangGraphClient) -> None:
 
 
 def test_store_surface(sdk: SyncLangGraphClient) -> None:
-    """Issue 14: all five store calls."""
+    """all five store calls."""
     s = sdk.store
     called("store.put_item", s.put_item(["surface", "notes"], "n1", {"text": "hi"}))
     assert called("store.get_item", s.get_item(["surface", "notes"], "n1"))["value"]["text"] == "hi"
@@ -184,7 +184,7 @@ def test_store_surface(sdk: SyncLangGraphClient) -> None:
 
 
 def test_every_sdk_method_is_driven() -> None:
-    """Issue 14: no public method of the SDK's five resources is missing from the scenarios
+    """no public method of the SDK's five resources is missing from the scenarios
     above (each marks its calls with `called("<resource>.<method>", …)`)."""
     driven = set(re.findall(r'called\(\s*"([a-z_]+\.[a-z_]+)"', Path(__file__).read_text()))
     public = {

@@ -1,4 +1,4 @@
-"""Issue 16 item 0: no false gap, against real processes.
+"""B5: no false gap, against real processes.
 
 A gap tells a client that events it needs are gone, so it must reload state; with no
 fault, no client may ever get one. Fresh streams of fast runs under concurrent load (the
@@ -48,7 +48,7 @@ def body(config: dict[str, Any]) -> dict[str, Any]:
     return {"assistant_id": "lead_agent", "input": human("hi"), "config": config}
 
 
-def test_issue16_item0_no_gap_on_fresh_streams_under_load(gaps: Cluster) -> None:
+def test_b5_no_gap_on_fresh_streams_under_load(gaps: Cluster) -> None:
     """200 fresh `POST /threads/{id}/runs/stream` of fast runs at 20 concurrent clients:
     every stream ends with `end`, and not one carries a gap."""
 
@@ -66,7 +66,7 @@ def test_issue16_item0_no_gap_on_fresh_streams_under_load(gaps: Cluster) -> None
     assert all(events and events[-1] == "end" for events in streams), names
 
 
-def test_issue16_item0_a_run_cancelled_while_pending_says_how_it_ended(
+def test_b5_a_run_cancelled_while_pending_says_how_it_ended(
     http: httpx.Client,
 ) -> None:
     """A run cancelled while queued never had a stream: joining it from the start gets

@@ -1,4 +1,4 @@
-"""issue 14: thread objects read `values` and `interrupts` from a stored copy of the head
+"""A1: thread objects read `values` and `interrupts` from a stored copy of the head
 (`thread_heads`, shared/state/head_copies.py) instead of computing every head from its
 checkpoint. Every path that moves a thread's head is driven here through the official
 langgraph-sdk against real processes, and after each one
@@ -80,7 +80,7 @@ def turn(alice: SyncLangGraphClient, tid: str, text: str) -> None:
 def test_issue14_every_head_move_keeps_the_thread_objects_equal_to_get_state(
     graphs: Cluster, alice: SyncLangGraphClient
 ) -> None:
-    """issue 14: runs (success, interrupt, resume, cancel, rollback), state updates (plain
+    """A1: runs (success, interrupt, resume, cancel, rollback), state updates (plain
     and forked from an earlier checkpoint), compaction, copy and prune keep_latest each
     leave a copy of the new head, and thread objects equal `get_state` after each."""
     tid = alice.threads.create()["thread_id"]
@@ -139,7 +139,7 @@ def test_issue14_every_head_move_keeps_the_thread_objects_equal_to_get_state(
 def test_issue14_a_missing_or_stale_copy_is_never_shown(
     graphs: Cluster, alice: SyncLangGraphClient
 ) -> None:
-    """issue 14: a thread with no copy (written before the migration) or a copy of an older
+    """A1: a thread with no copy (written before the migration) or a copy of an older
     head (a path that did not refresh it) shows the checkpoint's head, and the read stores
     a current copy for the next one."""
     tid = alice.threads.create()["thread_id"]

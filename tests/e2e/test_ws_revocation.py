@@ -1,4 +1,4 @@
-"""Issue 16 item 4: a revoked key stops working on a WebSocket opened before the revocation.
+"""A4: a revoked key stops working on a WebSocket opened before the revocation.
 
 Before the fix HTTP answered 401 once the key cache expired, but `run.create` on a socket
 opened earlier still worked. Now the socket re-checks its credential at least once per
@@ -49,7 +49,7 @@ def frames_until_closed(ws: simple_websocket.Client, within: float) -> list[dict
 
 
 @pytest.mark.parametrize("trigger", ["run.create", "idle"])
-def test_issue16_item4_a_revoked_key_closes_its_open_socket(stored: Cluster, trigger: str) -> None:
+def test_a4_a_revoked_key_closes_its_open_socket(stored: Cluster, trigger: str) -> None:
     """Revoked while the socket is open: the next `run.create` is refused, or an idle socket
     is closed within about one cache TTL; either way an `unauthorized` error, then 4401."""
     pool = make_pool(stored.settings, name="test-keys", max_size=1)

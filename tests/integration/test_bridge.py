@@ -215,10 +215,10 @@ def test_b5_missing_stream_of_terminal_run_is_a_gap(bridge: Bridge) -> None:
     assert bridge.read_all(run, "1-0", terminal=False) == [Gap(run, "1-0", None, None)]
 
 
-def test_issue16_item0_a_run_that_starts_and_ends_during_the_first_read_is_no_gap(
+def test_b5_a_run_that_starts_and_ends_during_the_first_read_is_no_gap(
     bridge: Bridge,
 ) -> None:
-    """Issue 16 item 0: the first read finds no stream; before the terminal answer comes
+    """B5: the first read finds no stream; before the terminal answer comes
     back the run starts, publishes everything and ends. The subscriber reads again and
     delivers every event and `end` (before the fix: one gap with null bounds)."""
     run = str(uuid.uuid4())
@@ -235,10 +235,10 @@ def test_issue16_item0_a_run_that_starts_and_ends_during_the_first_read_is_no_ga
     assert got[-1].event == END_EVENT  # type: ignore[attr-defined]
 
 
-def test_issue16_item0_a_run_cancelled_while_pending_ends_with_its_status(
+def test_b5_a_run_cancelled_while_pending_ends_with_its_status(
     bridge: Bridge,
 ) -> None:
-    """Issue 16 item 0: a run that ended before it started has no stream; a subscriber
+    """B5: a run that ended before it started has no stream; a subscriber
     from the start (or resuming after that `end`) gets `end` with the status, not a gap."""
     run = str(uuid.uuid4())
     for cursor in (None, "-1", "0-1"):

@@ -1,4 +1,4 @@
-"""issue 14: the stored copies of thread heads (`thread_heads`, shared/state/head_copies.py)
+"""A1: the stored copies of thread heads (`thread_heads`, shared/state/head_copies.py)
 on real PostgreSQL: a run's copy is written only by the run's current owner, inside its
 fenced terminal transaction, and never at the cost of that transaction; unfenced copies
 skip busy threads and never replace a newer head; values over the size cap are not copied
@@ -67,7 +67,7 @@ def _head(cid: str, values: str = '{"messages": []}') -> ThreadHead:
 
 
 def test_l2_issue14_only_the_current_owner_writes_the_copy(store: RunStore) -> None:
-    """L2, issue 14: a stale owner's terminal transaction is fenced before its `also`
+    """L2, a stale owner's terminal transaction is fenced before its `also`
     runs, so its head copy is never written; the current owner's is."""
     tid = _thread(store)
     run_id, old = _claimed_run(store, tid)
@@ -102,7 +102,7 @@ def test_l2_issue14_only_the_current_owner_writes_the_copy(store: RunStore) -> N
 
 
 def test_issue14_a_failing_copy_never_costs_the_terminal_status(store: RunStore) -> None:
-    """issue 14: the copy is written under a savepoint: if it fails, the run still ends."""
+    """A1: the copy is written under a savepoint: if it fails, the run still ends."""
     tid = _thread(store)
     run_id, epoch = _claimed_run(store, tid)
     broken = functools.partial(
@@ -124,7 +124,7 @@ def test_issue14_a_failing_copy_never_costs_the_terminal_status(store: RunStore)
 def test_issue14_unfenced_copies_skip_busy_threads_and_never_go_back(
     store: RunStore, pool: ConnectionPool
 ) -> None:
-    """issue 14: a web-side copy of a busy thread is not stored (its run may still add
+    """A1: a web-side copy of a busy thread is not stored (its run may still add
     interrupts to that head), and no copy replaces one of a newer head."""
     tid = _thread(store)
     saver = StatePostgresSaver(pool, mode="full")
@@ -140,7 +140,7 @@ def test_issue14_unfenced_copies_skip_busy_threads_and_never_go_back(
 def test_issue14_values_over_the_cap_are_read_from_the_checkpoint(
     settings: Settings, store: RunStore, pool: ConnectionPool, tmp_path: Path
 ) -> None:
-    """issue 14: THREADRUN_THREAD_VALUES_MAX_BYTES: a head whose values are larger is
+    """THREADRUN_THREAD_VALUES_MAX_BYTES: a head whose values are larger is
     recorded without values; reads compute it from the checkpoint every time (and do not
     rewrite the record); a small one is served from its copy."""
     agent = build_lead_agent(settings)

@@ -166,7 +166,7 @@ def test_l5_max_attempts_ends_in_error(store: RunStore) -> None:
     assert run.attempt == 3
     expired = store.fail_expired(run_id, run.owner_epoch, "reaper", "lease expired")
     assert expired is not None and expired.epoch == run.owner_epoch + 1
-    assert expired.user_id == OWNER  # whose active-run slot the reaper frees (issue 16)
+    assert expired.user_id == OWNER  # whose active-run slot the reaper frees
     # The dead owner is fenced from now on; a second reaper pass changes nothing.
     assert store.fail_expired(run_id, run.owner_epoch, "reaper", "lease expired") is None
     ended = store.get_run(tid, run_id, OWNER)
@@ -389,8 +389,8 @@ def test_r4_a_delayed_run_behind_a_finishing_run_keeps_the_thread_busy(
     assert store.get_thread(tid, OWNER).status is ThreadStatus.IDLE
 
 
-def test_issue16_item15_ended_among_reads_every_member_in_one_query(store: RunStore) -> None:
-    """Issue 16 item 15: the active-run limit's prune asks once which members have ended:
+def test_a4_ended_among_reads_every_member_in_one_query(store: RunStore) -> None:
+    """A4: the active-run limit's prune asks once which members have ended:
     terminal runs, runs that are gone and ids that are no run at all; pending and running
     runs are not among them."""
     tid = new_thread(store)

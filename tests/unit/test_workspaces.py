@@ -1,4 +1,4 @@
-"""Issue 16 item 2: a workspace belongs to the (owner, thread) pair, never to a bare id."""
+"""a workspace belongs to the (owner, thread) pair, never to a bare id."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 -- A copy of each thread's head state as thread objects show it (`values`, `interrupts`),
 -- so a page of thread objects is read from here instead of computing every thread's head
--- checkpoint through its graph (issue 14; shared/state/head_copies.py).
+-- checkpoint through its graph (shared/state/head_copies.py).
 --
 -- A table beside `threads`, not columns on it: the thread row is read with `SELECT *` (and
 -- locked) by every admission, patch and settle, which must not drag a state copy along.
