@@ -35,7 +35,7 @@ def local(request: pytest.FixtureRequest, private_cluster: ClusterFactory) -> It
         yield c
 
 
-def test_issue16_item14_local_mode_is_not_throttled_unless_asked(local: Cluster) -> None:
+def test_a4_local_mode_is_not_throttled_unless_asked(local: Cluster) -> None:
     limited = local.env.get("THREADRUN_LIMIT_LOCAL_USER") == "true"
     with httpx.Client(base_url=local.url, timeout=30) as c:
         tid = c.post("/threads", json={}).json()["thread_id"]
