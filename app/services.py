@@ -12,6 +12,8 @@ from shared.assistants.manager import AssistantManager
 from shared.assistants.store import AssistantStore
 from shared.bridge.hub import SubscriptionHub
 from shared.bridge.subscriber import StreamSubscriber
+from shared.crons.manager import CronManager
+from shared.crons.store import CronStore
 from shared.db import make_pool
 from shared.journal import RunEventStore
 from shared.redis_keys import Keys
@@ -38,6 +40,7 @@ class Services:
     redis: redis.Redis
     events: RunEventStore
     items: UserStores  # the store's items (/store/...), per user
+    crons: CronManager  # crons (issue 14); fired by the scheduler (workers/cron_beat.py)
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -90,6 +93,13 @@ class Services:
                 page_size_max=settings.event_page_size_max,
             ),
             items=web_stores(pool, StoreConfig.from_file(settings.config)),
+            crons=CronManager(
+                CronStore(pool),
+                manager,
+                max_per_user=settings.cron_max_per_user,
+                min_interval_s=settings.cron_min_interval_s,
+                batch_size=settings.cron_batch_size,
+            ),
         )
 
 
