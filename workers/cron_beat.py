@@ -32,7 +32,10 @@ none is due, so 1,000 crons due at once fire in one tick (`python -m bench.crons
 from __future__ import annotations
 
 import logging
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -51,6 +54,10 @@ from shared.settings import Settings
 from shared.taskqueue import Dispatcher, make_celery
 
 log = logging.getLogger(__name__)
+
+HEARTBEAT = Path(tempfile.gettempdir()) / "threadrun-cron-scheduler.alive"
+"""Touched at every tick; `python -m workers.cron_beat --check S` (the compose and k8s
+probe) fails when it is older than S seconds: a wedged scheduler is restarted."""
 
 
 def build_cron_manager(settings: Settings) -> CronManager:
@@ -92,6 +99,7 @@ class CronScheduler(Scheduler):  # type: ignore[misc]  # celery ships no annotat
         if now >= self._next_at:
             self._next_at = now + self._settings.cron_tick_s
             self.fire()
+            HEARTBEAT.touch()
         return max(0.0, min(interval, self._next_at - time.monotonic()))
 
     def fire(self) -> None:
@@ -113,3 +121,19 @@ class CronScheduler(Scheduler):  # type: ignore[misc]  # celery ships no annotat
             self._crons.store.prune_firings(s.cron_firing_retention_s)
         except Exception:  # the database or broker is away: the next tick retries
             log.exception("cron tick failed; retrying at the next tick")
+
+
+def main(argv: list[str]) -> int:
+    """`--check S`: 0 when the scheduler ticked within S seconds (a liveness probe)."""
+    if len(argv) != 2 or argv[0] != "--check":
+        print("usage: python -m workers.cron_beat --check SECONDS", file=sys.stderr)
+        return 2
+    try:
+        age = time.time() - HEARTBEAT.stat().st_mtime
+    except OSError:
+        return 1
+    return 0 if age <= float(argv[1]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -125,7 +125,9 @@ def firings_per_tick(cpool: ConnectionPool, cron_ids: list[str]) -> dict[str, li
     return out
 
 
-def test_two_concurrent_firers_fire_each_tick_once(crons: CronManager, cpool: ConnectionPool) -> None:
+def test_two_concurrent_firers_fire_each_tick_once(
+    crons: CronManager, cpool: ConnectionPool
+) -> None:
     """issue 14: two firers over the same 40 due crons (batches of 7, SKIP LOCKED) produce
     exactly one run per cron per tick, twice over (two ticks)."""
     ids = [crons.create(OWNER, spec()).cron_id for _ in range(40)]
@@ -287,4 +289,7 @@ def test_owner_scoping(crons: CronManager) -> None:
     assert crons.get(OWNER, cron.cron_id).cron_id == cron.cron_id
     other = dataclasses.replace(spec(), metadata={"k": "v"})
     crons.create(OWNER, other)
-    assert crons.count("someone-else", assistant_id=None, thread_id=None, enabled=None, metadata={}) == 0
+    assert (
+        crons.count("someone-else", assistant_id=None, thread_id=None, enabled=None, metadata={})
+        == 0
+    )
