@@ -10,7 +10,6 @@ schedulers, one SIGKILLed mid-way: every tick fired exactly once (one firing row
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 from typing import Any
