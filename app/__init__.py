@@ -49,6 +49,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(store.bp)  # the store's items and namespaces
     from app.api import crons
 
-    app.register_blueprint(crons.bp)  # crons (issue 14); the scheduler fires them
+    app.register_blueprint(crons.bp)  # crons; the scheduler process fires them
     logging.getLogger(__name__).info("threadrun web ready")
     return app

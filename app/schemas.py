@@ -535,7 +535,7 @@ class SubgraphsQuery(Strict):
         return _flag(v)
 
 
-# --- crons (issue 14) ----------------------------------------------------------------------------
+# --- crons -----------------------------------------------------------------------------------------
 CRON_REFUSED = {
     "on_disconnect": "a cron's runs have no client to disconnect",
     "if_not_exists": "a cron's thread exists (its runs go on it), or each firing gets a new one",

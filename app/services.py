@@ -40,7 +40,7 @@ class Services:
     redis: redis.Redis
     events: RunEventStore
     items: UserStores  # the store's items (/store/...), per user
-    crons: CronManager  # crons (issue 14); fired by the scheduler (workers/cron_beat.py)
+    crons: CronManager  # crons; fired by the scheduler (workers/cron_beat.py)
 
     @classmethod
     def build(cls, settings: Settings) -> Services:

@@ -166,7 +166,7 @@ class Settings(BaseSettings):
         "long ago and still exists is deleted by the recovery pass.",
     )
 
-    # --- crons (issue 14): the scheduler process (workers/cron_beat.py) -------------
+    # --- crons: the scheduler process (workers/cron_beat.py) ------------------------
     cron_tick_s: float = Field(
         default=5.0,
         gt=0,

@@ -124,8 +124,8 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
 
 
 def scheduler_spec() -> ChildSpec:
-    """The cron scheduler: Celery beat with our scheduler, which fires due crons (issue 14;
-    workers/cron_beat.py says why this shape)."""
+    """The cron scheduler: Celery beat with our scheduler, which fires due crons
+    (workers/cron_beat.py says why this shape)."""
     return ChildSpec("scheduler", [sys.executable, "-m", "celery", *SCHEDULER_ARGS])
 
 

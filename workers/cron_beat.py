@@ -2,7 +2,7 @@
 
     celery -A workers.celery_app:celery beat -S workers.cron_beat:CronScheduler
 
-Why this shape (issue 14 asks to say why):
+Why this shape (the brief asks to say why):
 
 - **Celery beat is the clock.** It is the process type operators already run, stop and
   watch; it needs no schedule file here (the base `celery.beat.Scheduler` keeps its

@@ -1,4 +1,4 @@
-"""Crons (issue 14): create on a thread or without one, search, count, update, delete.
+"""Crons: create on a thread or without one, search, count, update, delete.
 
 Each body's run fields are validated by `CronPayload` (RunCreate) now, so a bad payload is a
 4xx naming the field at create time, never a failure at firing time. Owner-scoped like

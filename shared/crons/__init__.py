@@ -1,1 +1,1 @@
-"""Crons (issue 14): run payloads fired on a schedule by the scheduler process."""
+"""Crons: run payloads fired on a schedule by the scheduler process."""

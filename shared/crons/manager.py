@@ -1,4 +1,4 @@
-"""`CronManager`: create, read, change and delete crons, and fire the due ones (issue 14).
+"""`CronManager`: create, read, change and delete crons, and fire the due ones.
 
 Each firing is an ordinary admission through `RunManager` (the assistant the cron's owner
 may use, `multitask_strategy`, the delay limit), written inside the firing transaction of

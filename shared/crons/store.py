@@ -1,6 +1,6 @@
 """SQL for crons and their firings. Only this module speaks SQL about them (STYLE 4).
 
-The firing transaction (`fire_due`) is the exactly-once guarantee of issue 14:
+The firing transaction (`fire_due`) is the exactly-once guarantee of crons:
 
 1. lock a batch of due crons, `FOR UPDATE SKIP LOCKED` (two schedulers take different
    batches instead of waiting on each other);

@@ -1,4 +1,4 @@
-"""Crons end to end through the official langgraph-sdk against real processes (issue 14).
+"""Crons end to end through the official langgraph-sdk against real processes (crons).
 
 `client.crons.create_for_thread / create / search / count / update / delete` on a web
 process, a runs worker and the cron scheduler (Celery beat with workers/cron_beat.py's
@@ -52,7 +52,7 @@ def post(c: Cluster, path: str, body: dict[str, Any], key: str = ALICE) -> httpx
 
 
 def test_crons_through_the_sdk(private_cluster: ClusterFactory) -> None:
-    """issue 14: every crons.* call of the SDK; firing on a thread and without one (the
+    """Crons: every crons.* call of the SDK; firing on a thread and without one (the
     temporary thread deleted after its run); owner isolation; 4xx naming the field."""
     with private_cluster("crons-sdk", {**FAST_LEASES, **FAST_CRONS}) as c:
         c.start_web()
@@ -189,7 +189,7 @@ def test_crons_through_the_sdk(private_cluster: ClusterFactory) -> None:
 
 
 def test_two_schedulers_one_killed_fire_each_tick_once(private_cluster: ClusterFactory) -> None:
-    """issue 14: two scheduler processes over 30 crons due every second, in batches of 4;
+    """Crons: two scheduler processes over 30 crons due every second, in batches of 4;
     one SIGKILLed mid-way. Every fired tick has exactly one firing row (the primary key) and
     exactly one run, every run of a cron belongs to one firing, and ticks go on after the
     kill. No runs worker: the runs stay pending, the proof is in PostgreSQL."""

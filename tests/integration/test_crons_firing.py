@@ -1,4 +1,4 @@
-"""issue 14 (crons) on real PostgreSQL and Redis: the firing transaction.
+"""Crons on real PostgreSQL and Redis: the firing transaction.
 
 Exactly one run per due tick, enforced by the database: two firers racing over the same
 due crons, a firer that reads a stale cron (the firing row's primary key refuses the second
@@ -129,7 +129,7 @@ def firings_per_tick(cpool: ConnectionPool, cron_ids: list[str]) -> dict[str, li
 def test_two_concurrent_firers_fire_each_tick_once(
     crons: CronManager, cpool: ConnectionPool
 ) -> None:
-    """issue 14: two firers over the same 40 due crons (batches of 7, SKIP LOCKED) produce
+    """Crons: two firers over the same 40 due crons (batches of 7, SKIP LOCKED) produce
     exactly one run per cron per tick, twice over (two ticks)."""
     ids = [crons.create(OWNER, spec()).cron_id for _ in range(40)]
     base = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=5)
@@ -155,7 +155,7 @@ def test_two_concurrent_firers_fire_each_tick_once(
 
 
 def test_a_stale_firing_admits_nothing(crons: CronManager, cpool: ConnectionPool) -> None:
-    """issue 14: the uniqueness is the database's — a firer holding a stale copy of a cron
+    """Crons: the uniqueness is the database's — a firer holding a stale copy of a cron
     whose tick already fired (no lock involved) inserts no run: the firing row conflicts."""
     cron = crons.create(OWNER, spec())
     make_due(cpool, [cron.cron_id])
@@ -186,7 +186,7 @@ build_cron_manager(Settings()).tick(before_commit=hold)
 def test_firer_killed_mid_tick_leaves_exactly_one_run(
     crons: CronManager, cpool: ConnectionPool, settings: Settings
 ) -> None:
-    """issue 14: a scheduler SIGKILLed while it holds the firing transaction (runs inserted,
+    """Crons: a scheduler SIGKILLed while it holds the firing transaction (runs inserted,
     firing rows written, not committed) leaves nothing; meanwhile the other firer skips the
     locked crons; after the kill it fires each of them exactly once."""
     ids = [crons.create(OWNER, spec()).cron_id for _ in range(5)]
@@ -222,7 +222,7 @@ def test_firer_killed_mid_tick_leaves_exactly_one_run(
 
 
 def test_missed_ticks_fire_once(crons: CronManager, cpool: ConnectionPool) -> None:
-    """issue 14: a cron whose scheduler was down for three hours fires once, not 180 times,
+    """Crons: a cron whose scheduler was down for three hours fires once, not 180 times,
     and its next tick is after now."""
     cron = crons.create(OWNER, spec())
     make_due(cpool, [cron.cron_id], ago_s=3 * 3600)
@@ -236,7 +236,7 @@ def test_missed_ticks_fire_once(crons: CronManager, cpool: ConnectionPool) -> No
 def test_disabled_ended_and_deleted_crons_do_not_fire(
     crons: CronManager, cpool: ConnectionPool
 ) -> None:
-    """issue 14: disabled crons, crons past their end_time, deleted crons and the crons of a
+    """Crons: disabled crons, crons past their end_time, deleted crons and the crons of a
     deleted thread do not fire."""
     past = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
     disabled = crons.create(OWNER, spec(enabled=False))
@@ -257,7 +257,7 @@ def test_disabled_ended_and_deleted_crons_do_not_fire(
 
 
 def test_reject_on_a_busy_thread_spends_the_tick(crons: CronManager, cpool: ConnectionPool) -> None:
-    """issue 14: a firing is an ordinary admission — under multitask_strategy=reject on a busy
+    """Crons: a firing is an ordinary admission — under multitask_strategy=reject on a busy
     thread the tick is recorded as rejected, and does not fire again."""
     thread = crons._runs.store.create_thread(None, OWNER, {}, "raise")
     busy = RunRequest(thread_id=thread.thread_id, assistant_id="lead_agent")
@@ -272,7 +272,7 @@ def test_reject_on_a_busy_thread_spends_the_tick(crons: CronManager, cpool: Conn
 
 
 def test_owner_scoping(crons: CronManager) -> None:
-    """issue 14: another user's cron answers like a missing one."""
+    """Crons: another user's cron answers like a missing one."""
     cron = crons.create(OWNER, spec())
     with pytest.raises(Exception, match="not found"):
         crons.get("someone-else", cron.cron_id)

@@ -1,4 +1,4 @@
-"""issue 14 (crons): the pure schedule logic — next tick, missed-tick collapse, timezones,
+"""Crons: the pure schedule logic — next tick, missed-tick collapse, timezones,
 end_time — and the stored run request's round trip."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ SCHEDULES = ["* * * * *", "*/5 * * * *", "0 * * * *", "30 9 * * 1-5", "0 0 1 * *
 
 
 def test_next_tick_is_strictly_after_and_utc() -> None:
-    """issue 14: the next tick of a minutely cron at 12:00:30 is 12:01:00 UTC; at a tick
+    """Crons: the next tick of a minutely cron at 12:00:30 is 12:01:00 UTC; at a tick
     exactly, the following one (a fired tick never comes back)."""
     assert sched.next_tick("* * * * *", None, T0) == dt.datetime(2026, 3, 1, 12, 1, tzinfo=UTC)
     on_tick = dt.datetime(2026, 3, 1, 12, 1, tzinfo=UTC)
@@ -32,7 +32,7 @@ def test_next_tick_is_strictly_after_and_utc() -> None:
 
 
 def test_timezone_defaults_to_utc_and_follows_the_named_zone() -> None:
-    """issue 14: timezone UTC unless the cron says otherwise; 09:00 in New York is 14:00 UTC
+    """Crons: timezone UTC unless the cron says otherwise; 09:00 in New York is 14:00 UTC
     in winter and 13:00 UTC in summer (DST)."""
     winter = dt.datetime(2026, 1, 10, 0, 0, tzinfo=UTC)
     summer = dt.datetime(2026, 7, 10, 0, 0, tzinfo=UTC)
@@ -45,13 +45,13 @@ def test_timezone_defaults_to_utc_and_follows_the_named_zone() -> None:
 
 @pytest.mark.parametrize("bad", ["", "* * *", "61 * * * *", "* * * * * * *", "hello world * * *"])
 def test_invalid_schedules_are_refused(bad: str) -> None:
-    """issue 14: croniter parses; what it refuses is a ValueError (the API's 422 on `schedule`)."""
+    """Crons: croniter parses; what it refuses is a ValueError (the API's 422 on `schedule`)."""
     with pytest.raises(ValueError):
         sched.check(bad)
 
 
 def test_missed_ticks_collapse_into_one() -> None:
-    """issue 14: after downtime the due tick fires once and the cron moves to the first tick
+    """Crons: after downtime the due tick fires once and the cron moves to the first tick
     after now, not to the next missed one."""
     due = dt.datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
     now = due + dt.timedelta(hours=5, seconds=10)
@@ -60,7 +60,7 @@ def test_missed_ticks_collapse_into_one() -> None:
 
 
 def test_end_time_stops_the_schedule() -> None:
-    """issue 14: no tick after end_time (None: nothing left to fire)."""
+    """Crons: no tick after end_time (None: nothing left to fire)."""
     end = dt.datetime(2026, 3, 1, 12, 5, tzinfo=UTC)
     assert sched.first_run("* * * * *", None, T0, end) is not None
     assert sched.advance("* * * * *", None, end, end, end) is None
@@ -80,7 +80,7 @@ def test_min_gap() -> None:
     tz=st.sampled_from([None, "Europe/Paris", "Asia/Kolkata", "America/New_York"]),
 )
 def test_advance_properties(schedule: str, due: dt.datetime, lag: float, tz: str | None) -> None:
-    """issue 14 (property): the next tick is after both the fired tick and now, it is a tick
+    """Crons (property): the next tick is after both the fired tick and now, it is a tick
     of the schedule, and no tick lies between now and it (so exactly one missed tick fired)."""
     now = due + dt.timedelta(seconds=lag)
     nxt = sched.advance(schedule, tz, due, now, None)
@@ -90,7 +90,7 @@ def test_advance_properties(schedule: str, due: dt.datetime, lag: float, tz: str
 
 
 def test_stored_request_round_trips() -> None:
-    """issue 14: the RunRequest a cron stores comes back equal, enums included, and every
+    """Crons: the RunRequest a cron stores comes back equal, enums included, and every
     field travels (a field runs gain later, a webhook, needs no change in crons)."""
     request = RunRequest(
         thread_id="",

@@ -193,7 +193,7 @@ def test_compose_roles_health_checks_and_dependencies() -> None:
     memory = argv(services["memory-worker"]["command"])
     assert option(memory, "-Q") == "memory" and "-E" in memory
     beats = [n for n, s in services.items() if "beat" in argv(s.get("command", []))]
-    assert beats == ["scheduler"]  # the cron scheduler (issue 14) is the one beat
+    assert beats == ["scheduler"]  # the cron scheduler is the one beat
     assert "workers.cron_beat:CronScheduler" in argv(services["scheduler"]["command"])
 
     flower = argv(services["flower"]["command"])

@@ -1,4 +1,4 @@
--- Crons (issue 14): a run payload fired on a schedule, on the cron's thread or on a new
+-- Crons: a run payload fired on a schedule, on the cron's thread or on a new
 -- temporary thread per firing (`thread_id` NULL; `on_run_completed` is that thread's fate).
 -- `user_id` owns the cron and every run it fires. `payload` is the run request as the
 -- client gave it (shown back); `request` is the typed RunRequest it was validated into at
