@@ -84,7 +84,10 @@ class CronManager:
             sched.zone(timezone)
         except ValueError as exc:
             raise ValidationFailed(f"timezone: {exc}", field="timezone") from exc
-        gap = sched.min_gap_s(schedule, timezone, self._clock())
+        try:
+            gap = sched.min_gap_s(schedule, timezone, self._clock())
+        except ValueError as exc:  # croniter's errors are ValueErrors ("0 0 31 2 *")
+            raise ValidationFailed(f"schedule: {exc}", field="schedule") from exc
         if gap < self._min_interval_s:
             raise ValidationFailed(
                 f"schedule: ticks {gap:g} s apart; at least {self._min_interval_s:g} s"
@@ -184,8 +187,14 @@ class CronManager:
 
     @staticmethod
     def _advance(cron: Cron, now: dt.datetime) -> dt.datetime | None:
+        """The next tick; None (the cron is done) when croniter finds none: a cron that
+        cannot advance must not fail its whole batch at every tick."""
         assert cron.next_run_at is not None
-        return sched.advance(cron.schedule, cron.timezone, cron.next_run_at, now, cron.end_time)
+        try:
+            return sched.advance(cron.schedule, cron.timezone, cron.next_run_at, now, cron.end_time)
+        except ValueError:
+            log.exception("cron has no next tick; it stops", extra={"cron_id": cron.cron_id})
+            return None
 
     def _after_commit(self, fired: Fired, report: TickReport) -> None:
         """Dispatch the committed run and log the firing (its row is the audit record)."""

@@ -50,6 +50,12 @@ def test_invalid_schedules_are_refused(bad: str) -> None:
         sched.check(bad)
 
 
+def test_a_schedule_that_never_ticks_is_a_value_error() -> None:
+    """Crons: "0 0 31 2 *" parses but has no tick; the API answers 422, not 500."""
+    with pytest.raises(ValueError):
+        sched.min_gap_s("0 0 31 2 *", None, T0)
+
+
 def test_missed_ticks_collapse_into_one() -> None:
     """Crons: after downtime the due tick fires once and the cron moves to the first tick
     after now, not to the next missed one."""
