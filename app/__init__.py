@@ -47,5 +47,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.api import store
 
     app.register_blueprint(store.bp)  # the store's items and namespaces
+    from app.api import crons
+
+    app.register_blueprint(crons.bp)  # crons; the scheduler process fires them
     logging.getLogger(__name__).info("threadrun web ready")
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import uuid
 from typing import Any, Literal, Self
 
@@ -532,3 +533,144 @@ class SubgraphsQuery(Strict):
     @classmethod
     def _bool(cls, v: Any) -> Any:
         return _flag(v)
+
+
+# --- crons -----------------------------------------------------------------------------------------
+CRON_REFUSED = {
+    "on_disconnect": "a cron's runs have no client to disconnect",
+    "if_not_exists": "a cron's thread exists (its runs go on it), or each firing gets a new one",
+    "checkpoint": "each firing starts from the thread's latest state",
+    "checkpoint_id": "each firing starts from the thread's latest state",
+    "after_seconds": "the schedule says when a cron's runs start",
+    "command": "a cron fires new input, it does not resume or command a run",
+    "on_completion": "a cron without a thread says what happens to each run's thread with"
+    " on_run_completed",
+}
+"""RunCreate fields that mean nothing for a fired run: refused (422 naming the field)."""
+CRON_ONLY_FIELDS = {"schedule", "timezone", "end_time", "enabled", "on_run_completed"}
+CronField = Literal[
+    "cron_id",
+    "assistant_id",
+    "thread_id",
+    "end_time",
+    "schedule",
+    "timezone",
+    "created_at",
+    "updated_at",
+    "user_id",
+    "payload",
+    "next_run_date",
+    "metadata",
+    "now",
+    "on_run_completed",
+    "enabled",
+]
+"""The SDK's `CronSelectField` (`now`: the server's time, as the official server answers)."""
+CronSortBy = Literal[
+    "cron_id", "assistant_id", "thread_id", "created_at", "updated_at", "next_run_date", "end_time"
+]
+
+
+def _aware(value: datetime.datetime | None) -> datetime.datetime | None:
+    """A naive end_time is UTC (what the SDK sends is `isoformat()` of the caller's value)."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=datetime.UTC)
+    return value
+
+
+class CronPayload(RunCreate):
+    """The run a cron fires: validated by RunCreate (the same path as `POST …/runs`, so a field
+    runs gain, a webhook, reaches crons unchanged), less what a fired run cannot have."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_for_crons(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, why in CRON_REFUSED.items():
+                if data.get(key) is not None:
+                    raise ValueError(f"{key}: {why}")
+        return data
+
+    def payload(self) -> dict[str, Any]:
+        """The run fields the client gave, as JSON (what the cron shows as `payload`)."""
+        given = self.model_fields_set - CRON_ONLY_FIELDS
+        return self.model_dump(mode="json", include=given, exclude_unset=True, exclude_none=True)
+
+    def to_cron_request(self, on_run_completed: OnCompletion | None) -> RunRequest:
+        """The RunRequest each firing admits (its thread id set at firing time); without a
+        thread, each firing creates its temporary thread with `on_run_completed` as its fate."""
+        request = self.to_request("")
+        if on_run_completed is None:
+            return request
+        return dataclasses.replace(request, create_thread=True, on_completion=on_run_completed)
+
+
+class CronCreate(CronPayload):
+    """POST /threads/{id}/runs/crons and POST /runs/crons (the SDK's `crons.create*`)."""
+
+    schedule: str = Field(min_length=1, max_length=256)
+    timezone: str | None = Field(default=None, min_length=1, max_length=64)
+    end_time: datetime.datetime | None = None
+    enabled: bool = True
+    on_run_completed: OnCompletion | None = None
+
+    @field_validator("end_time", mode="after")
+    @classmethod
+    def _end_time(cls, v: datetime.datetime | None) -> datetime.datetime | None:
+        return _aware(v)
+
+
+class CronUpdate(Strict):
+    """PATCH /runs/crons/{id}: what is sent changes (`end_time: null` clears it); run fields
+    are merged into the cron's payload, which is validated again as a whole."""
+
+    schedule: str | None = Field(default=None, min_length=1, max_length=256)
+    timezone: str | None = Field(default=None, min_length=1, max_length=64)
+    end_time: datetime.datetime | None = None
+    enabled: bool | None = None
+    on_run_completed: OnCompletion | None = None
+    input: Any = None
+    metadata: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    context: dict[str, Any] | None = None
+    webhook: Any = None
+    interrupt_before: Any = None
+    interrupt_after: Any = None
+    stream_mode: Any = None
+    stream_subgraphs: bool | None = None
+    stream_resumable: bool | None = None
+    durability: Any = None
+    multitask_strategy: Any = None
+
+    @field_validator("end_time", mode="after")
+    @classmethod
+    def _end_time(cls, v: datetime.datetime | None) -> datetime.datetime | None:
+        return _aware(v)
+
+    def payload_changes(self) -> dict[str, Any]:
+        """The run fields sent (not null), to merge into the cron's payload."""
+        given = self.model_fields_set - CRON_ONLY_FIELDS
+        return {k: v for k, v in self.model_dump(include=given).items() if v is not None}
+
+
+class CronSearch(Strict):
+    """POST /runs/crons/search."""
+
+    assistant_id: str | None = Field(default=None, max_length=256)
+    thread_id: uuid.UUID | None = None
+    enabled: bool | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0, le=PG_BIGINT_MAX)
+    sort_by: CronSortBy = "created_at"
+    sort_order: Literal["asc", "desc"] = "desc"
+    select: list[CronField] | None = Field(default=None, min_length=1)
+
+
+class CronCount(Strict):
+    """POST /runs/crons/count."""
+
+    assistant_id: str | None = Field(default=None, max_length=256)
+    thread_id: uuid.UUID | None = None
+    enabled: bool | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)

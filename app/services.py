@@ -12,6 +12,8 @@ from shared.assistants.manager import AssistantManager
 from shared.assistants.store import AssistantStore
 from shared.bridge.hub import SubscriptionHub
 from shared.bridge.subscriber import StreamSubscriber
+from shared.crons.manager import CronManager
+from shared.crons.store import CronStore
 from shared.db import make_pool
 from shared.journal import RunEventStore
 from shared.ops.store import OpsStore
@@ -40,6 +42,7 @@ class Services:
     events: RunEventStore
     items: UserStores  # the store's items (/store/...), per user
     audit: OpsStore  # the audit trail (`ops_audit`): ops actions and thread deletions
+    crons: CronManager  # crons; fired by the scheduler (workers/cron_beat.py)
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -98,6 +101,13 @@ class Services:
             ),
             items=web_stores(pool, StoreConfig.from_file(settings.config)),
             audit=OpsStore(pool),
+            crons=CronManager(
+                CronStore(pool),
+                manager,
+                max_per_user=settings.cron_max_per_user,
+                min_interval_s=settings.cron_min_interval_s,
+                batch_size=settings.cron_batch_size,
+            ),
         )
 
 

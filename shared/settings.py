@@ -184,6 +184,34 @@ class Settings(BaseSettings):
         "long ago and still exists is deleted by the recovery pass.",
     )
 
+    # --- crons: the scheduler process (workers/cron_beat.py) ------------------------
+    cron_tick_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often the scheduler looks for due crons: a firing lags its tick "
+        "by at most this plus the firing itself.",
+    )
+    cron_batch_size: int = Field(
+        default=100,
+        ge=1,
+        description="Crons fired per transaction (locked with SKIP LOCKED, so two schedulers "
+        "take different batches); a tick fires batches until none is due.",
+    )
+    cron_max_per_user: int = Field(
+        default=100, ge=1, description="Crons one user may have at once (429 beyond)."
+    )
+    cron_min_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="The shortest gap between two ticks a schedule may have (a sixth field, "
+        "seconds, is accepted only down to this; tests lower it).",
+    )
+    cron_firing_retention_s: float = Field(
+        default=7 * 86_400,
+        gt=0,
+        description="The record of each firing (cron_firings, the audit) is kept this long.",
+    )
+
     # --- stream bridge (B) --------------------------------------------------------
     stream_maxlen: int = Field(default=1024, ge=1)
     stream_ttl_after_end_s: int = Field(default=3600, ge=1)

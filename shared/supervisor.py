@@ -92,7 +92,7 @@ def local_url(host: str, port: int) -> str:
 
 
 def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> list[ChildSpec]:
-    """The web server and the two Celery workers of threadrun."""
+    """The web server, the two Celery workers and the cron scheduler of threadrun."""
     env = os.environ if env is None else env
     py = sys.executable
     memory_c = _int_env(env, "THREADRUN_MEMORY_CONCURRENCY", 4)
@@ -119,7 +119,24 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
         ChildSpec(
             "memory", [*celery, "-Q", "memory", "-c", str(memory_c), "-n", "memory@%h", *tail]
         ),
+        scheduler_spec(),
     ]
+
+
+def scheduler_spec() -> ChildSpec:
+    """The cron scheduler: Celery beat with our scheduler, which fires due crons
+    (workers/cron_beat.py says why this shape)."""
+    return ChildSpec("scheduler", [sys.executable, "-m", "celery", *SCHEDULER_ARGS])
+
+
+SCHEDULER_ARGS = [
+    "-A",
+    "workers.celery_app:celery",
+    "beat",
+    "-S",
+    "workers.cron_beat:CronScheduler",
+]
+"""`celery` arguments of the scheduler process (make run, compose, k8s, tests)."""
 
 
 def flower_spec(settings: Settings) -> ChildSpec:

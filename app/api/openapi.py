@@ -54,6 +54,11 @@ BODIES: dict[str, type[BaseModel]] = {
     "store.delete_item": store_api.StoreDelete,
     "store.search_items": store_api.StoreSearch,
     "store.list_namespaces": store_api.StoreNamespaces,
+    "crons.create_for_thread": schemas.CronCreate,
+    "crons.create": schemas.CronCreate,
+    "crons.patch": schemas.CronUpdate,
+    "crons.search": schemas.CronSearch,
+    "crons.count": schemas.CronCount,
 }
 REQUIRED_BODIES = {schemas.RunCreate, schemas.AssistantCreate, schemas.AssistantLatest}
 QUERIES: dict[str, type[BaseModel]] = {
@@ -77,6 +82,7 @@ REQUIRED_BODIES = {
     schemas.StatelessRunCreate,
     schemas.RunBatch,
     schemas.RunsCancel,
+    schemas.CronCreate,
 }
 STREAMING = {"runs.create_stream", "runs.create_stateless_stream", "runs.join_stream"}
 PLAIN_TEXT = {"ops.metrics_endpoint"}  # Prometheus exposition format
@@ -97,6 +103,7 @@ OTHER_SUCCESS: dict[str, dict[str, Any]] = {
     "threads.delete": {"204": {"description": "deleted"}},
     "store.put_item": {"204": {"description": "stored"}},
     "store.delete_item": {"204": {"description": "deleted (or there was nothing)"}},
+    "crons.delete": {"204": {"description": "deleted"}},
 }
 _PARAM = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
 ERROR = {"$ref": "#/components/schemas/Error"}

@@ -7,7 +7,9 @@ import uuid
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
+import psycopg
 import redis
+from psycopg.rows import DictRow
 
 from shared.assistants.model import Assistant
 from shared.errors import AssistantNotFound, RunNotFound, ThreadBusy, ValidationFailed
@@ -69,21 +71,41 @@ class RunManager:
 
     def admit(self, owner: str, request: RunRequest) -> Run:
         """Create a run atomically (R2), then dispatch it after commit (R4)."""
-        self._check(request)
-        strategy = request.multitask_strategy or self._default_strategy
-        request, graph_id = self.resolve_assistant(owner, request)
+        item = self.admit_item(owner, request)
         admission = self.store.admit(
-            request,
-            run_id=str(uuid.uuid4()),
+            item.request,
+            run_id=item.run_id,
             owner=owner,
-            graph_id=graph_id,
-            strategy=strategy,
+            graph_id=item.graph_id,
+            strategy=item.strategy,
         )
         if admission.decision.outcome is AdmissionOutcome.REJECTED:
             raise ThreadBusy(
                 f"thread {request.thread_id} already has a run in progress"
                 " (multitask_strategy=reject)"
             )
+        return self._after_commit(admission)
+
+    def admit_item(self, owner: str, request: RunRequest) -> AdmitItem:
+        """What admitting `request` writes: checked, on its assistant (404 for one the owner
+        cannot see), with a new run id and the strategy in force."""
+        self._check(request)
+        strategy = request.multitask_strategy or self._default_strategy
+        request, graph_id = self.resolve_assistant(owner, request)
+        return AdmitItem(request, str(uuid.uuid4()), graph_id, strategy)
+
+    def admit_in(
+        self, conn: psycopg.Connection[DictRow], owner: str, request: RunRequest
+    ) -> Admission:
+        """Admit inside the caller's transaction (a cron firing); the caller calls
+        `after_commit` once it committed. REJECTED is returned, not raised."""
+        return self.store.admit_in(conn, owner, self.admit_item(owner, request))
+
+    def after_commit(self, admission: Admission) -> Run | None:
+        """What `admit` does once the admission committed: tell the owners of cancelled runs,
+        dispatch (R4); the run, or None when it was rejected."""
+        if admission.run is None:
+            return None
         return self._after_commit(admission)
 
     def _check(self, request: RunRequest) -> None:

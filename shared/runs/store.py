@@ -499,6 +499,11 @@ class RunStore:
                 admissions.append(admission)
         return admissions
 
+    def admit_in(self, conn: psycopg.Connection[DictRow], owner: str, item: AdmitItem) -> Admission:
+        """`admit` inside the caller's transaction: a cron firing commits the run with its
+        firing record and its schedule's advance, all or nothing (shared/crons/store.py)."""
+        return self._admit_in(conn, owner, item)
+
     def _admit_in(
         self, conn: psycopg.Connection[DictRow], owner: str, item: AdmitItem
     ) -> Admission:

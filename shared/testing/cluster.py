@@ -22,6 +22,7 @@ import httpx
 
 from shared.devservices import free_port
 from shared.settings import Settings
+from shared.supervisor import SCHEDULER_ARGS
 
 PROJECT = Path(__file__).resolve().parents[2]
 """The checkout whose code the processes run."""
@@ -196,6 +197,16 @@ class Cluster:
         env = {"THREADRUN_WORKER_CONCURRENCY": str(concurrency)}
         proc = self.spawn(name, worker_argv(name, concurrency, queues), env, role="worker")
         self.wait_log(proc, ready, timeout)
+        return proc
+
+    def start_scheduler(
+        self, name: str = "scheduler", env: Mapping[str, str] | None = None
+    ) -> Proc:
+        """A cron scheduler (Celery beat with workers/cron_beat.py's scheduler); returns once
+        beat says it started."""
+        argv = [sys.executable, "-m", "celery", *SCHEDULER_ARGS, "-l", "info"]
+        proc = self.spawn(name, argv, env, role="scheduler")
+        self.wait_log(proc, "beat: Starting")
         return proc
 
     def start(

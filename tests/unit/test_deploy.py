@@ -164,8 +164,9 @@ def test_compose_roles_health_checks_and_dependencies() -> None:
         "worker",
         "memory-worker",
         "flower",
+        "scheduler",
     }
-    for name in ("redis", "postgres", "web", "worker", "memory-worker", "flower"):
+    for name in ("redis", "postgres", "web", "worker", "memory-worker", "flower", "scheduler"):
         assert services[name]["healthcheck"]["test"], name
     assert services["migrate"]["restart"] == "no"
     assert argv(services["migrate"]["command"]) == ["python", "-m", "shared.db.migrate"]
@@ -191,7 +192,9 @@ def test_compose_roles_health_checks_and_dependencies() -> None:
 
     memory = argv(services["memory-worker"]["command"])
     assert option(memory, "-Q") == "memory" and "-E" in memory
-    assert not any("beat" in argv(s.get("command", [])) for s in services.values())
+    beats = [n for n, s in services.items() if "beat" in argv(s.get("command", []))]
+    assert beats == ["scheduler"]  # the cron scheduler is the one beat
+    assert "workers.cron_beat:CronScheduler" in argv(services["scheduler"]["command"])
 
     flower = argv(services["flower"]["command"])
     assert flower[:4] == ["celery", "-A", "workers.celery_app:celery", "flower"]
@@ -214,7 +217,7 @@ def test_compose_env_is_settings_and_agrees_across_roles() -> None:
     services = compose()["services"]
     known, sources = setting_env_names(), python_sources()
     envs = {n: s.get("environment", {}) for n, s in services.items() if "build" in s}
-    assert set(envs) == {"migrate", "web", "worker", "memory-worker", "flower"}
+    assert set(envs) == {"migrate", "web", "worker", "memory-worker", "flower", "scheduler"}
     for name, env in envs.items():
         for var in (k for k in env if k.startswith("THREADRUN_")):
             assert var in known or var in sources, f"{name}: {var} is read by nothing"
@@ -269,6 +272,7 @@ def test_k8s_one_deployment_per_role_with_probes_resources_and_non_root() -> Non
         "threadrun-runs-worker",
         "threadrun-memory-worker",
         "threadrun-flower",
+        "threadrun-cron-scheduler",
     }
     for name, dep in deps.items():
         pod = dep["spec"]["template"]["spec"]

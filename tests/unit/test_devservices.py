@@ -477,7 +477,9 @@ def test_not_ready_in_time_is_a_failure() -> None:
 def test_default_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings(host="0.0.0.0", port=8123, worker_concurrency=7)
     specs = {s.name: list(s.argv) for s in sv.default_specs(settings, env={})}
-    assert list(specs) == ["web", "worker", "memory"]
+    assert list(specs) == ["web", "worker", "memory", "scheduler"]
+    # make run starts the cron scheduler (Celery beat with our scheduler)
+    assert "beat -S workers.cron_beat:CronScheduler" in " ".join(specs["scheduler"])
     web = specs["web"]
     # every other gunicorn setting lives in app/gunicorn_conf.py (tests/unit/test_gunicorn_conf.py)
     assert web[1:] == [

@@ -1,0 +1,1 @@
+"""Crons: run payloads fired on a schedule by the scheduler process."""

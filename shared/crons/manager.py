@@ -1,0 +1,224 @@
+"""`CronManager`: create, read, change and delete crons, and fire the due ones.
+
+Each firing is an ordinary admission through `RunManager` (the assistant the cron's owner
+may use, `multitask_strategy`, the delay limit), written inside the firing transaction of
+`CronStore.fire_due`, and dispatched after commit exactly as `RunManager.admit` dispatches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg.rows import DictRow
+
+from shared.crons import schedule as sched
+from shared.crons.model import Cron, CronPatch, CronSpec, FiringOutcome, request_to_json
+from shared.crons.store import CronStore, Fired
+from shared.errors import ValidationFailed
+from shared.runs.manager import RunManager
+from shared.runs.model import JSONObject
+from shared.runs.store import Admission
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], dt.datetime]
+
+
+def utc_now() -> dt.datetime:
+    """The current time, aware, in UTC."""
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclasses.dataclass
+class TickReport:
+    """What one scheduler tick did."""
+
+    batches: int = 0
+    admitted: int = 0
+    rejected: int = 0
+    failed: int = 0
+    skipped: int = 0  # ticks whose firing row already existed (fired by another scheduler)
+
+    @property
+    def fired(self) -> int:
+        """Ticks this tick handled, whatever came of them."""
+        return self.admitted + self.rejected + self.failed
+
+
+class CronManager:
+    """Decisions about crons; the API and the scheduler call this, never the store."""
+
+    def __init__(
+        self,
+        store: CronStore,
+        runs: RunManager,
+        *,
+        max_per_user: int = 100,
+        min_interval_s: float = 60.0,
+        batch_size: int = 100,
+        clock: Clock = utc_now,
+    ) -> None:
+        self.store = store
+        self._runs = runs
+        self._max_per_user = max_per_user
+        self._min_interval_s = min_interval_s
+        self._batch_size = batch_size
+        self._clock = clock
+
+    # --- the API -----------------------------------------------------------------------------
+    def check_schedule(self, schedule: str, timezone: str | None) -> None:
+        """422 naming `schedule` or `timezone` for what croniter or zoneinfo refuse, or a
+        schedule that ticks more often than `cron_min_interval_s`."""
+        try:
+            sched.check(schedule)
+        except ValueError as exc:
+            raise ValidationFailed(f"schedule: {exc}", field="schedule") from exc
+        try:
+            sched.zone(timezone)
+        except ValueError as exc:
+            raise ValidationFailed(f"timezone: {exc}", field="timezone") from exc
+        try:
+            gap = sched.min_gap_s(schedule, timezone, self._clock())
+        except ValueError as exc:  # croniter's errors are ValueErrors ("0 0 31 2 *")
+            raise ValidationFailed(f"schedule: {exc}", field="schedule") from exc
+        if gap < self._min_interval_s:
+            raise ValidationFailed(
+                f"schedule: ticks {gap:g} s apart; at least {self._min_interval_s:g} s"
+                " (cron_min_interval_s)",
+                field="schedule",
+            )
+
+    def create(self, owner: str, spec: CronSpec) -> Cron:
+        """A new cron of `owner` (404 for an assistant or thread the owner cannot see)."""
+        self.check_schedule(spec.schedule, spec.timezone)
+        # The assistant is resolved now, so a bad one is a 404 at create time, and the cron
+        # keeps the assistant's id (not a graph name) as the official server does.
+        item = self._runs.admit_item(owner, spec.request)
+        assistant_id = item.request.assistant_id
+        spec = dataclasses.replace(
+            spec,
+            assistant_id=assistant_id,
+            request=dataclasses.replace(spec.request, assistant_id=assistant_id),
+        )
+        next_run_at = sched.first_run(spec.schedule, spec.timezone, self._clock(), spec.end_time)
+        cron = self.store.create(
+            spec, owner, next_run_at=next_run_at, max_per_user=self._max_per_user
+        )
+        log.info(
+            "cron created",
+            extra={"cron_id": cron.cron_id, "user_id": owner, "thread_id": cron.thread_id},
+        )
+        return cron
+
+    def get(self, owner: str, cron_id: str) -> Cron:
+        """The owner's cron, or 404."""
+        return self.store.get(cron_id, owner)
+
+    def patch(self, owner: str, cron_id: str, patch: CronPatch) -> Cron:
+        """Change the cron; a new schedule, timezone, end_time or enabled recomputes the next
+        tick from now (a re-enabled cron does not fire the ticks it missed while disabled)."""
+        cron = self.store.get(cron_id, owner)
+        values: JSONObject = {}
+        for name in ("schedule", "timezone", "enabled", "on_run_completed", "metadata"):
+            if name in patch.given and getattr(patch, name) is not None:
+                values[name] = getattr(patch, name)
+        if "end_time" in patch.given:
+            values["end_time"] = patch.end_time
+        if patch.request is not None:
+            item = self._runs.admit_item(owner, patch.request)  # 404 for a bad assistant now
+            request = dataclasses.replace(patch.request, assistant_id=item.request.assistant_id)
+            values["request"] = request_to_json(request)
+            values["payload"] = patch.payload
+        if patch.reschedules:
+            schedule = values.get("schedule", cron.schedule)
+            timezone = values.get("timezone", cron.timezone)
+            self.check_schedule(schedule, timezone)
+            end_time = values.get("end_time", cron.end_time)
+            values["next_run_at"] = sched.first_run(schedule, timezone, self._clock(), end_time)
+        return self.store.update(cron_id, owner, values)
+
+    def delete(self, owner: str, cron_id: str) -> None:
+        """Delete the owner's cron (404 otherwise); it fires no more."""
+        self.store.delete(cron_id, owner)
+        log.info("cron deleted", extra={"cron_id": cron_id, "user_id": owner})
+
+    def search(self, owner: str, **filters: Any) -> list[Cron]:
+        """The owner's crons matching `CronStore.search`'s filters."""
+        return self.store.search(owner, **filters)
+
+    def count(self, owner: str, **filters: Any) -> int:
+        """How many of the owner's crons match `CronStore.count`'s filters."""
+        return self.store.count(owner, **filters)
+
+    # --- the scheduler -------------------------------------------------------------------------
+    def tick(
+        self,
+        *,
+        budget_s: float | None = None,
+        before_commit: Callable[[Sequence[Fired]], None] | None = None,
+    ) -> TickReport:
+        """Fire every due cron, a batch per transaction, until none is due (or `budget_s` is
+        spent); dispatch each admitted run after its batch committed."""
+        report = TickReport()
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        while True:
+            fired = self.store.fire_due(
+                self._batch_size, self._admit, self._advance, before_commit=before_commit
+            )
+            report.batches += 1
+            for f in fired:
+                self._after_commit(f, report)
+            if len(fired) < self._batch_size:
+                return report
+            if deadline is not None and time.monotonic() > deadline:
+                return report
+
+    def _admit(self, conn: psycopg.Connection[DictRow], cron: Cron) -> Admission:
+        """The firing's run: on the cron's thread, or on a new temporary thread of its own."""
+        thread_id = cron.thread_id or str(uuid.uuid4())
+        return self._runs.admit_in(conn, cron.user_id, cron.run_request(thread_id))
+
+    @staticmethod
+    def _advance(cron: Cron, now: dt.datetime) -> dt.datetime | None:
+        """The next tick; None (the cron is done) when croniter finds none: a cron that
+        cannot advance must not fail its whole batch at every tick."""
+        assert cron.next_run_at is not None
+        try:
+            return sched.advance(cron.schedule, cron.timezone, cron.next_run_at, now, cron.end_time)
+        except ValueError:
+            log.exception("cron has no next tick; it stops", extra={"cron_id": cron.cron_id})
+            return None
+
+    def _after_commit(self, fired: Fired, report: TickReport) -> None:
+        """Dispatch the committed run and log the firing (its row is the audit record)."""
+        run = None
+        if fired.admission is not None:
+            run = self._runs.after_commit(fired.admission)
+        if fired.outcome is None:
+            report.skipped += 1
+        elif fired.outcome is FiringOutcome.ADMITTED:
+            report.admitted += 1
+        elif fired.outcome is FiringOutcome.REJECTED:
+            report.rejected += 1
+        else:
+            report.failed += 1
+        log.info(
+            "cron fired",
+            extra={
+                "cron_id": fired.cron.cron_id,
+                "user_id": fired.cron.user_id,
+                "tick_at": fired.tick_at.isoformat(),
+                "outcome": fired.outcome.value if fired.outcome else "already_fired",
+                "run_id": run.run_id if run else None,
+                "thread_id": run.thread_id if run else fired.cron.thread_id,
+                "next_run_at": fired.next_run_at.isoformat() if fired.next_run_at else None,
+                "error": fired.error,
+            },
+        )

@@ -1,0 +1,239 @@
+"""Crons end to end through the official langgraph-sdk against real processes (crons).
+
+`client.crons.create_for_thread / create / search / count / update / delete` on a web
+process, a runs worker and the cron scheduler (Celery beat with workers/cron_beat.py's
+scheduler); a cron on a thread fires runs on it, a cron without a thread fires each run on
+a temporary thread deleted after the run (`on_run_completed=delete`); ALICE and BOB do not
+see each other's crons; bad schedules and payloads are 4xx naming the field. And two
+schedulers, one SIGKILLed mid-way: every tick fired exactly once (one firing row, one run).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from langgraph_sdk.client import LangGraphClient
+
+from shared.testing import Cluster, wait_for
+from tests.e2e.conftest import ALICE, BOB, FAST_LEASES, ClusterFactory, human
+from tests.e2e.conftest import run_sdk as run
+
+pytestmark = pytest.mark.e2e
+
+FAST_CRONS = {"THREADRUN_CRON_TICK_S": "0.5", "THREADRUN_CRON_MIN_INTERVAL_S": "1"}
+EVERY_SECOND = "* * * * * *"  # croniter's sixth field: seconds
+
+
+async def status_of(coro: Any) -> int:
+    """The HTTP status an SDK call failed with (200 when it did not fail)."""
+    try:
+        await coro
+    except httpx.HTTPStatusError as exc:
+        return exc.response.status_code
+    return 200
+
+
+def firings(c: Cluster, cron_id: str) -> list[dict[str, Any]]:
+    with psycopg.connect(c.settings.dsn, row_factory=psycopg.rows.dict_row) as conn:
+        return list(
+            conn.execute(
+                "SELECT * FROM cron_firings WHERE cron_id = %s ORDER BY tick_at", (cron_id,)
+            ).fetchall()
+        )
+
+
+def post(c: Cluster, path: str, body: dict[str, Any], key: str = ALICE) -> httpx.Response:
+    return httpx.post(f"{c.url}{path}", json=body, headers={"x-api-key": key}, timeout=10)
+
+
+def test_crons_through_the_sdk(private_cluster: ClusterFactory) -> None:
+    """Crons: every crons.* call of the SDK; firing on a thread and without one (the
+    temporary thread deleted after its run); owner isolation; 4xx naming the field."""
+    with private_cluster("crons-sdk", {**FAST_LEASES, **FAST_CRONS}) as c:
+        c.start_web()
+        c.start_worker(concurrency=4)
+        c.start_scheduler()
+
+        async def on_thread(client: LangGraphClient) -> tuple[str, dict[str, Any]]:
+            thread = await client.threads.create()
+            cron = await client.crons.create_for_thread(
+                thread["thread_id"],
+                "lead_agent",
+                schedule=EVERY_SECOND,
+                input=human("tick"),
+                metadata={"team": "a"},
+                multitask_strategy="enqueue",
+            )
+            return thread["thread_id"], dict(cron)
+
+        thread_id, cron = run(on_thread, c.url)
+        assert cron["thread_id"] == thread_id and cron["schedule"] == EVERY_SECOND
+        assert cron["enabled"] is True and cron["next_run_date"] is not None
+        assert cron["user_id"] == "alice" and cron["payload"]["input"] == human("tick")
+
+        async def cron_runs(client: LangGraphClient) -> list[Any]:
+            runs = await client.runs.list(thread_id, limit=100)
+            return [r for r in runs if r["metadata"].get("cron_id") == cron["cron_id"]]
+
+        fired = wait_for(
+            lambda: [r for r in run(cron_runs, c.url) if r["status"] == "success"],
+            timeout=30,
+            what="a successful run fired by the thread's cron",
+            detail=lambda: c.tails(20),
+        )
+        assert fired[0]["thread_id"] == thread_id
+
+        # A cron without a thread: each firing on a new thread, deleted after its run.
+        async def stateless(client: LangGraphClient) -> dict[str, Any]:
+            return dict(
+                await client.crons.create("lead_agent", schedule=EVERY_SECOND, input=human("hi"))
+            )
+
+        free = run(stateless, c.url)
+        assert free["thread_id"] is None and free["on_run_completed"] == "delete"
+        first = wait_for(
+            lambda: [f for f in firings(c, free["cron_id"]) if f["run_id"]],
+            timeout=30,
+            what="a firing of the cron without a thread",
+        )[0]
+
+        async def thread_gone(client: LangGraphClient) -> bool:
+            return await status_of(client.threads.get(str(first["thread_id"]))) == 404
+
+        wait_for(lambda: run(thread_gone, c.url), timeout=30, what="the temporary thread deleted")
+
+        # search / count / isolation
+        async def listing(client: LangGraphClient) -> tuple[Any, ...]:
+            return (
+                await client.crons.search(),
+                await client.crons.count(),
+                await client.crons.search(thread_id=thread_id, select=["cron_id", "schedule"]),
+                await client.crons.count(metadata={"team": "a"}),
+                await client.crons.search(sort_by="created_at", sort_order="asc", limit=1),
+            )
+
+        everything, n, on_that_thread, team, oldest = run(listing, c.url)
+        assert n == 2 and {x["cron_id"] for x in everything} == {cron["cron_id"], free["cron_id"]}
+        assert on_that_thread == [{"cron_id": cron["cron_id"], "schedule": EVERY_SECOND}]
+        assert team == 1 and oldest[0]["cron_id"] == cron["cron_id"]
+
+        async def bob(client: LangGraphClient) -> tuple[Any, ...]:
+            return (
+                await client.crons.search(),
+                await client.crons.count(),
+                await status_of(client.crons.update(cron["cron_id"], enabled=False)),
+                await status_of(client.crons.delete(cron["cron_id"])),
+                await status_of(
+                    client.crons.create_for_thread(thread_id, "lead_agent", schedule="0 * * * *")
+                ),
+            )
+
+        assert run(bob, c.url, BOB) == ([], 0, 404, 404, 404)
+
+        # update: disable stops the firings; delete removes the cron
+        async def disable(client: LangGraphClient) -> dict[str, Any]:
+            return dict(await client.crons.update(free["cron_id"], enabled=False))
+
+        assert run(disable, c.url)["enabled"] is False
+        time.sleep(1.5)  # a firing already in its transaction may still commit
+        settled = len(firings(c, free["cron_id"]))
+        time.sleep(2.0)
+        assert len(firings(c, free["cron_id"])) == settled
+
+        async def change(client: LangGraphClient) -> tuple[Any, ...]:
+            updated = await client.crons.update(
+                cron["cron_id"], schedule="0 9 * * *", timezone="Europe/Paris", input=human("x")
+            )
+            await client.crons.delete(free["cron_id"])
+            return (
+                updated,
+                await client.crons.count(),
+                await status_of(client.crons.delete(free["cron_id"])),
+            )
+
+        updated, n, again = run(change, c.url)
+        assert updated["schedule"] == "0 9 * * *" and updated["timezone"] == "Europe/Paris"
+        assert updated["payload"]["input"] == human("x")
+        assert updated["next_run_date"].endswith(("07:00:00+00:00", "08:00:00+00:00"))
+        assert n == 1 and again == 404
+
+        # 4xx naming the field, at create time
+        bad = [
+            ({"assistant_id": "lead_agent", "schedule": "every day"}, 422, "schedule"),
+            ({"assistant_id": "lead_agent", "schedule": "* * * * * *", "foo": 1}, 422, "foo"),
+            ({"assistant_id": "lead_agent"}, 422, "schedule"),
+            ({"assistant_id": "lead_agent", "schedule": "0 * * * *", "timezone": "Mars/X"}, 422, "timezone"),
+            ({"assistant_id": "lead_agent", "schedule": "0 * * * *", "multitask_strategy": "x"}, 422, "multitask_strategy"),
+            ({"assistant_id": "lead_agent", "schedule": "0 * * * *", "stream_mode": ["nope"]}, 422, "stream_mode"),
+            ({"assistant_id": "lead_agent", "schedule": "0 * * * *", "after_seconds": 5}, 422, None),
+            ({"assistant_id": "no-such-assistant", "schedule": "0 * * * *"}, 404, None),
+        ]  # fmt: skip
+        for body, status, field in bad:
+            resp = post(c, "/runs/crons", body)
+            assert resp.status_code == status, (body, resp.text)
+            if field:
+                assert resp.json()["field"] == field, resp.json()
+        resp = post(c, f"/threads/{thread_id}/runs/crons", {**bad[0][0]})
+        assert resp.status_code == 422 and resp.json()["field"] == "schedule"
+        resp = post(
+            c, f"/threads/{thread_id}/runs/crons",
+            {"assistant_id": "lead_agent", "schedule": "0 * * * *", "on_run_completed": "keep"},
+        )  # fmt: skip
+        assert resp.status_code == 422 and resp.json()["field"] == "on_run_completed"
+        assert httpx.get(f"{c.url}/openapi.json").json()["paths"]["/runs/crons/search"]["post"]
+
+
+def test_two_schedulers_one_killed_fire_each_tick_once(private_cluster: ClusterFactory) -> None:
+    """Crons: two scheduler processes over 30 crons due every second, in batches of 4;
+    one SIGKILLed mid-way. Every fired tick has exactly one firing row (the primary key) and
+    exactly one run, every run of a cron belongs to one firing, and ticks go on after the
+    kill. No runs worker: the runs stay pending, the proof is in PostgreSQL."""
+    env = {**FAST_CRONS, "THREADRUN_CRON_BATCH_SIZE": "4"}
+    with private_cluster("crons-two", env) as c:
+        c.start_web()
+        a = c.start_scheduler("scheduler-a")
+        b = c.start_scheduler("scheduler-b")
+
+        async def create(client: LangGraphClient) -> list[str]:
+            crons = [
+                await client.crons.create(
+                    "lead_agent", schedule=EVERY_SECOND, on_run_completed="keep"
+                )
+                for _ in range(30)
+            ]
+            return [x["cron_id"] for x in crons]
+
+        ids = run(create, c.url)
+        time.sleep(3.0)
+        a.stop(signal.SIGKILL)
+        killed_at = time.time()
+        time.sleep(4.0)
+        b.stop()
+        assert "cron tick:" in a.output() and "cron tick:" in b.output(), c.tails(10)
+
+        with psycopg.connect(c.settings.dsn, row_factory=psycopg.rows.dict_row) as conn:
+            rows = conn.execute(
+                "SELECT f.cron_id, f.tick_at, f.run_id, f.outcome,"
+                " (SELECT count(*) FROM runs r WHERE r.run_id = f.run_id) AS runs"
+                " FROM cron_firings f WHERE f.cron_id = ANY(%s::uuid[])",
+                (ids,),
+            ).fetchall()
+            per_cron = conn.execute(
+                "SELECT metadata->>'cron_id' AS cron_id, count(*) AS n FROM runs"
+                " WHERE metadata->>'cron_id' = ANY(%s) GROUP BY 1",
+                ([str(i) for i in ids],),
+            ).fetchall()
+        assert rows and all(r["outcome"] == "admitted" and r["runs"] == 1 for r in rows)
+        ticks = {(str(r["cron_id"]), r["tick_at"]) for r in rows}
+        assert len(ticks) == len(rows)  # one firing row per (cron, tick): the primary key
+        fired = {str(r["cron_id"]): 0 for r in rows}
+        for r in rows:
+            fired[str(r["cron_id"])] += 1
+        assert {r["cron_id"]: r["n"] for r in per_cron} == fired  # one run per firing, no more
+        after = [r for r in rows if r["tick_at"].timestamp() > killed_at + 1]
+        assert {str(r["cron_id"]) for r in after} == set(map(str, ids))  # B fired on alone
