@@ -17,6 +17,7 @@ import math
 import time
 import uuid
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,13 +173,18 @@ class RunSlot:
 
 @dataclass
 class ConnectionSlot:
-    """One open SSE stream or WebSocket of a user, renewed while it lives."""
+    """One open SSE stream or WebSocket of a user (or one heavy read in flight: `key`),
+    renewed while it lives."""
 
     limiter: Limiter
     user_id: str
     conn_id: str
     renewed_at: float = field(default_factory=time.monotonic)
     released: bool = False
+    key: str = ""  # the sorted set it counts in; the user's connections by default
+
+    def __post_init__(self) -> None:
+        self.key = self.key or self.limiter.keys.connections(self.user_id)
 
     def maybe_renew(self) -> None:
         """Renew when a third of the TTL has passed (cheap to call often)."""
@@ -189,7 +195,7 @@ class ConnectionSlot:
         self.renewed_at = now
         try:
             self.limiter.renew_conn(
-                keys=[self.limiter.keys.connections(self.user_id)],
+                keys=[self.key],
                 args=[self.conn_id, int(ttl * 1000)],
             )
         except redis.RedisError:
@@ -201,7 +207,7 @@ class ConnectionSlot:
             return
         self.released = True
         try:
-            self.limiter.redis.zrem(self.limiter.keys.connections(self.user_id), self.conn_id)
+            self.limiter.redis.zrem(self.key, self.conn_id)
         except redis.RedisError:  # it expires after limit_slot_ttl_s
             log.warning("connection slot release failed")
 
@@ -232,15 +238,23 @@ class Limiter:
         a batch of `runs` conforms as a whole or is refused without counting."""
         if not self.throttled():
             return
-        limit = self.settings.runs_per_minute
-        interval = 60_000 / limit
-        allowed, wait_ms = self._rate(
-            keys=[self.keys.rate(user_id)], args=[interval, interval * (limit - 1), runs]
+        self._gcra(
+            self.keys.rate(user_id),
+            "runs_per_minute",
+            self.settings.runs_per_minute,
+            "runs per minute",
+            runs,
         )
+
+    def _gcra(self, key: str, name: str, limit: int, what: str, n: int = 1) -> None:
+        """`limit` per minute on `key` (GCRA: a burst of the full minute, then steady); `n`
+        at once conform as a whole or are refused without counting."""
+        interval = 60_000 / limit
+        allowed, wait_ms = self._rate(keys=[key], args=[interval, interval * (limit - 1), n])
         if not allowed:
             raise LimitExceeded(
-                "runs_per_minute",
-                f"at most {limit} runs per minute per user",
+                name,
+                f"at most {limit} {what} per user",
                 retry_after=max(1, math.ceil(int(wait_ms) / 1000)),
             )
 
@@ -275,20 +289,55 @@ class Limiter:
 
     def acquire_connection(self, user_id: str) -> ConnectionSlot:
         """A slot under `max_connections_per_user` (open SSE streams + WebSockets), or 429."""
+        return self._slot(
+            user_id,
+            self.keys.connections(user_id),
+            "max_connections_per_user",
+            self.settings.max_connections_per_user,
+            "open streams and WebSockets",
+        )
+
+    def acquire_heavy_read(self, user_id: str) -> ConnectionSlot:
+        """Room for one state or history read under `heavy_reads_per_minute` and
+        `max_heavy_reads_per_user`, or 429: a few users reading huge histories must not
+        stall everyone else's reads on the web processes and PostgreSQL."""
+        if self.throttled():
+            self._gcra(
+                self.keys.heavy_rate(user_id),
+                "heavy_reads_per_minute",
+                self.settings.heavy_reads_per_minute,
+                "state and history reads per minute",
+            )
+        return self._slot(
+            user_id,
+            self.keys.heavy_reads(user_id),
+            "max_heavy_reads_per_user",
+            self.settings.max_heavy_reads_per_user,
+            "state and history reads in flight",
+        )
+
+    def _slot(self, user_id: str, key: str, name: str, limit: int, what: str) -> ConnectionSlot:
         if not self.throttled():
-            return ConnectionSlot(self, user_id, "", released=True)  # nothing to renew
-        limit = self.settings.max_connections_per_user
+            return ConnectionSlot(self, user_id, "", released=True, key=key)  # nothing to hold
         ttl_ms = int(self.settings.limit_slot_ttl_s * 1000)
-        conn_id = uuid.uuid4().hex
-        if not self._acquire_conn(
-            keys=[self.keys.connections(user_id)], args=[limit, conn_id, ttl_ms]
-        ):
+        slot_id = uuid.uuid4().hex
+        if not self._acquire_conn(keys=[key], args=[limit, slot_id, ttl_ms]):
             raise LimitExceeded(
-                "max_connections_per_user",
-                f"at most {limit} open streams and WebSockets per user",
+                name,
+                f"at most {limit} {what} per user",
                 retry_after=self.settings.active_runs_retry_after_s,
             )
-        return ConnectionSlot(self, user_id, conn_id)
+        return ConnectionSlot(self, user_id, slot_id, key=key)
+
+
+@contextmanager
+def heavy_read() -> Iterator[None]:
+    """Hold one of the caller's heavy-read slots for the block (429 when none is free)."""
+    slot = limiter().acquire_heavy_read(principal().user_id)
+    try:
+        yield
+    finally:
+        slot.release()
 
 
 def limiter() -> Limiter:

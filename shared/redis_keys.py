@@ -90,6 +90,14 @@ class LimitKeys:
         """Sorted set of the user's admissions in flight (`max_active_runs`)."""
         return self._k(user_id, "runs-reserved")
 
+    def heavy_reads(self, user_id: str) -> str:
+        """Sorted set of the user's state/history reads in flight (`max_heavy_reads_per_user`)."""
+        return self._k(user_id, "heavy-reads")
+
+    def heavy_rate(self, user_id: str) -> str:
+        """The user's GCRA theoretical arrival time of heavy reads (`heavy_reads_per_minute`)."""
+        return self._k(user_id, "heavy-rate")
+
     def connections(self, user_id: str) -> str:
         """Sorted set of the user's open streams and WebSockets (`max_connections_per_user`)."""
         return self._k(user_id, "connections")

@@ -99,6 +99,20 @@ class Settings(BaseSettings):
         default=20.0, gt=0, description="Sustained client frames per second per socket."
     )
     ws_frame_burst: int = Field(default=40, ge=1, description="Frame burst per socket.")
+    history_max_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        description="Largest page of thread history (JSON bytes): a page ends early, with"
+        " X-Threadrun-Next-Before naming where the next one starts (at least one state).",
+    )
+    max_heavy_reads_per_user: int = Field(
+        default=4,
+        ge=1,
+        description="State and history reads a user may have in flight at once (429 above).",
+    )
+    heavy_reads_per_minute: int = Field(
+        default=600, ge=1, description="State and history reads a user may make per minute."
+    )
     max_connections_per_user: int = Field(
         default=32,
         ge=1,

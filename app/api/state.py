@@ -9,6 +9,7 @@ from langgraph.errors import InvalidUpdateError
 
 from app.api.threads import graph_id_of, owned_thread
 from app.http import json_response, parse_body
+from app.limits import heavy_read
 from app.schemas import CheckpointRef, HistoryRequest, StateAtCheckpoint, StateUpdate
 from app.services import current_services
 from shared.errors import Conflict, ValidationFailed
@@ -24,7 +25,9 @@ _graph_id = graph_id_of
 def get_state(thread_id: str) -> Response:
     """The thread's current state."""
     thread = owned_thread(thread_id)
-    return json_response(current_services().state.get(thread.thread_id, _graph_id(thread)))
+    with heavy_read():
+        state = current_services().state.get(thread.thread_id, _graph_id(thread))
+    return json_response(state)
 
 
 @bp.get("/threads/<thread_id>/state/<checkpoint_id>")
@@ -82,16 +85,23 @@ def _history(thread_id: str, q: HistoryRequest) -> Response:
         before = q.before.as_dict()
     elif isinstance(q.before, str):
         before = {"checkpoint_ns": "", "checkpoint_id": q.before}
-    return json_response(
-        current_services().state.history(
+    svc = current_services()
+    with heavy_read():
+        page = svc.state.history(
             thread.thread_id,
             _graph_id(thread),
             limit=q.limit,
             before=before,
             metadata=q.metadata,
             checkpoint=q.checkpoint.as_dict() if q.checkpoint else None,
+            max_bytes=svc.settings.history_max_bytes,
         )
-    )
+    headers = {}
+    if page.truncated and page.last_checkpoint_id:
+        # Fewer states than asked for: the byte cap ended the page. The next one starts
+        # `before` the last state sent (the SDK's `before=`).
+        headers["X-Threadrun-Next-Before"] = page.last_checkpoint_id
+    return Response(page.body(), mimetype="application/json", headers=headers)
 
 
 @bp.post("/threads/<thread_id>/history")

@@ -127,6 +127,20 @@ class ThreadHead:
         return orjson.Fragment(self.values_json)
 
 
+@dataclass
+class HistoryPage:
+    """A page of past states, each already JSON; `truncated` when the byte cap ended it
+    before `limit` (the next page starts `before` `last_checkpoint_id`)."""
+
+    states: list[bytes]
+    truncated: bool
+    last_checkpoint_id: str | None = None
+
+    def body(self) -> bytes:
+        """The page as one JSON array."""
+        return b"[" + b",".join(self.states) + b"]"
+
+
 def snapshot_to_json(snap: StateSnapshot) -> dict[str, Any]:
     """The LangGraph API's ThreadState shape."""
     tasks = [
@@ -276,10 +290,13 @@ class CheckpointStateAccessor:
         before: dict[str, Any] | None,
         metadata: dict[str, Any] | None,
         checkpoint: dict[str, Any] | None,
-    ) -> list[dict[str, Any]]:
-        """Past states, newest first."""
+        max_bytes: int | None = None,
+    ) -> HistoryPage:
+        """Past states, newest first, each encoded as JSON: at most `limit` of them and, with
+        `max_bytes`, no more than fit in that many bytes (always at least one). States are
+        read one at a time, so a page of huge states never sits in memory whole."""
         if graph_id is None:
-            return []
+            return HistoryPage([], truncated=False)
         before_cfg = self._config(thread_id, before) if before else None
         snaps = self._graph(graph_id).get_state_history(
             self._config(thread_id, checkpoint),
@@ -287,7 +304,17 @@ class CheckpointStateAccessor:
             before=before_cfg,
             limit=limit,
         )
-        return [snapshot_to_json(s) for s in snaps]
+        page = HistoryPage([], truncated=False)
+        size = 0
+        for snap in snaps:
+            encoded = serde.dumps(snapshot_to_json(snap))
+            if max_bytes is not None and page.states and size + len(encoded) > max_bytes:
+                page.truncated = True
+                break
+            page.states.append(encoded)
+            page.last_checkpoint_id = snap.config["configurable"].get("checkpoint_id")
+            size += len(encoded)
+        return page
 
     def update(
         self,

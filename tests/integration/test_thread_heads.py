@@ -15,6 +15,7 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.pregel import Pregel
 from langgraph.types import Command
 
+from shared import serde
 from shared.agent.lead_agent import build_lead_agent
 from shared.db import DictPool, make_pool
 from shared.errors import ValidationFailed
@@ -55,9 +56,10 @@ class Env:
         self.bound["approval"].invoke(arg, cfg)
 
     def history(self, thread_id: str) -> list[dict[str, Any]]:
-        return self.accessor.history(
+        page = self.accessor.history(
             thread_id, "lead_agent", limit=1000, before=None, metadata=None, checkpoint=None
         )
+        return list(serde.loads(page.body()))
 
     def texts(self, thread_id: str, graph_id: str = "lead_agent") -> list[str]:
         values = self.accessor.get(thread_id, graph_id)["values"]
