@@ -113,6 +113,24 @@ class Settings(BaseSettings):
     heavy_reads_per_minute: int = Field(
         default=600, ge=1, description="State and history reads a user may make per minute."
     )
+    run_timeout_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Longest a run may execute, across its attempts, before the worker ends"
+        " it `timeout` (its checkpoints so far are kept).",
+    )
+    worker_user_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Share of a worker's concurrency one user's runs may hold while other"
+        " users' runs wait (their further runs are put back for fair_share_retry_s).",
+    )
+    fair_share_retry_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="How long a run put back for fairness waits before it is offered again.",
+    )
     max_connections_per_user: int = Field(
         default=32,
         ge=1,

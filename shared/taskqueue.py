@@ -82,6 +82,14 @@ class Dispatcher:
         """Enqueue the execution of one run; a lost message is re-sent by the reaper."""
         self._celery.send_task(RUN_TASK, args=[run_id], queue=RUNS_QUEUE)
 
+    def dispatch_later(self, run_id: str, countdown_s: float) -> None:
+        """Enqueue the run's execution to start no sooner than `countdown_s` from now; a
+        failed send is left to the reaper (R4), like `dispatch_quietly`."""
+        try:
+            self._celery.send_task(RUN_TASK, args=[run_id], queue=RUNS_QUEUE, countdown=countdown_s)
+        except Exception:  # noqa: BLE001 - any broker failure: the reaper re-dispatches
+            log.warning("delayed dispatch failed; the reaper will retry", extra={"run_id": run_id})
+
     def dispatch_quietly(self, run_id: str) -> bool:
         """Dispatch after commit; on failure log it and leave the run to the reaper (R4).
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import enum
 import functools
 import logging
@@ -52,6 +53,7 @@ class StopReason(enum.Enum):
     LEASE_LOST = "lease_lost"
     SHUTDOWN = "shutdown"
     INFRASTRUCTURE = "infrastructure"  # Postgres or Redis went away under the run
+    TIMEOUT = "timeout"  # the run reached `run_timeout_s` (it ends `timeout`)
 
 
 TRANSIENT_ERRORS = (psycopg.OperationalError, redis.ConnectionError, redis.TimeoutError)
@@ -67,6 +69,7 @@ class AttemptOutcome(enum.StrEnum):
     FENCED = "fenced"  # a sink refused a write of this epoch (L2): a newer owner exists
     HANDED_BACK = "handed_back"  # requeued for another attempt (R7, a service failure)
     HAND_BACK_DEFERRED = "hand_back_deferred"  # could not requeue: the lease will expire (L4)
+    PUT_BACK = "put_back"  # not claimed: its user holds their share while others wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +149,8 @@ class RunAttempt:
 
 async def execute_run(rt: WorkerRuntime, run_id: str) -> AttemptResult:
     """Claim and execute one run; returns what happened (for the task's log line)."""
+    if await over_fair_share(rt, run_id):
+        return AttemptResult(AttemptOutcome.PUT_BACK)
     attempt = await claim(rt, run_id)
     if attempt is None:
         return AttemptResult(AttemptOutcome.NOT_CLAIMED)
@@ -191,6 +196,36 @@ async def execute_run(rt: WorkerRuntime, run_id: str) -> AttemptResult:
         return await finalize(rt, attempt, outcome)
     finally:
         rt.active.pop(run_id, None)
+
+
+# --- fairness --------------------------------------------------------------------------------
+async def over_fair_share(rt: WorkerRuntime, run_id: str) -> bool:
+    """Whether to put the run back unclaimed: its user's runs hold `worker_user_share` of
+    this worker's slots while another user, below that share here, has a run waiting. It
+    is offered again after `fair_share_retry_s` (a countdown, so the freed slot goes to
+    the waiting user's run first). Cheap when the worker is not that full: no query.
+
+    Only users below the share count as waiting: two users at their share each leave the
+    other slots to either of them rather than putting each other back for ever.
+    """
+    s = rt.settings
+    cap = max(1, int(s.worker_user_share * s.worker_concurrency))
+    if len(rt.active) < cap:
+        return False
+    owner = await asyncio.to_thread(rt.store.run_owner, run_id)
+    if owner is None:
+        return False  # gone or not runnable: let claim say so
+    held: dict[str | None, int] = {}
+    for other in rt.active.values():
+        held[other.run.user_id] = held.get(other.run.user_id, 0) + 1
+    if held.get(owner, 0) < cap:
+        return False
+    waiting = await asyncio.to_thread(rt.store.waiting_owners, owner)
+    if not any(held.get(user, 0) < cap for user in waiting):
+        return False
+    log.info("run put back: its user holds their share", extra={"run_id": run_id})
+    await asyncio.to_thread(rt.dispatcher.dispatch_later, run_id, s.fair_share_retry_s)
+    return True
 
 
 # --- claim ---------------------------------------------------------------------------------
@@ -389,10 +424,24 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
         attempt.task = asyncio.create_task(_stream())
         if attempt.stop_reason is not None:
             attempt.task.cancel()
-        await attempt.task
+        deadline = asyncio.get_running_loop().call_later(
+            time_left(rt, run), attempt.stop, StopReason.TIMEOUT
+        )
+        try:
+            await attempt.task
+        finally:
+            deadline.cancel()
     except asyncio.CancelledError:
         if attempt.stop_reason is None:
             raise  # the whole worker is going down
+        if attempt.stop_reason is StopReason.TIMEOUT:
+            limit = rt.settings.run_timeout_s
+            error: JSONObject = {
+                "error": "RunTimeout",
+                "message": f"the run exceeded the longest run time of {limit:g} s",
+            }
+            sink.emit("error", serde.dumps(error))
+            return GraphOutcome(RunStatus.TIMEOUT, error, ThreadStatus.IDLE)  # progress kept
         # Interrupted at a safe point; checkpoints written so far are kept (R5). For a
         # lost lease or a shutdown the caller skips this outcome (no finalization).
         return INTERRUPTED
@@ -425,6 +474,14 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
     except Exception:  # the run succeeded; the thread status is a hint
         log.exception("could not read final state", extra={"run_id": attempt.run_id})
     return GraphOutcome(RunStatus.SUCCESS, None, thread_status, head)
+
+
+def time_left(rt: WorkerRuntime, run: Run) -> float:
+    """Seconds the run may still execute under `run_timeout_s`, counted from its first
+    start across attempts (0 when it is already over: it stops at its first safe point)."""
+    started = run.started_at or dt.datetime.now(dt.UTC)
+    elapsed = (dt.datetime.now(dt.UTC) - started).total_seconds()
+    return max(0.0, rt.settings.run_timeout_s - elapsed)
 
 
 def _error_of(exc: BaseException) -> JSONObject:

@@ -80,8 +80,11 @@ from shared.settings import Settings
 
 MODEL_NAME = "threadrun-builtin"
 ARTIFACT_TOOL = "write_artifact"
-MAX_TOKENS = 100_000
-MAX_TOKEN_DELAY_MS = 60_000.0
+MAX_TOKENS = 20_000
+MAX_TOKEN_DELAY_MS = 2_000.0
+"""The knobs' bounds: a reply of at most ~11 h at the slowest pace (the worker's
+`run_timeout_s` ends a run long before); they are test and demo knobs, not a way to hold
+a worker slot for days."""
 DEFAULT_ARTIFACT_NAME = "report.md"
 HIDDEN_KEY = "threadrun_hidden"
 """`additional_kwargs` key marking an injected context block (its value names the kind)."""

@@ -138,6 +138,20 @@ UNSTARTED_END_SQL = """
 SELECT status FROM runs
 WHERE run_id = %(run_id)s AND started_at IS NULL AND status NOT IN ('pending', 'running')
 """
+RUN_OWNER_SQL = """
+SELECT t.owner FROM runs r JOIN threads t USING (thread_id)
+WHERE r.run_id = %(run_id)s AND r.status = 'pending'
+"""
+WAITING_OWNERS_SQL = """
+SELECT DISTINCT t.owner FROM runs r JOIN threads t USING (thread_id)
+WHERE r.status = 'pending' AND t.owner <> %(owner)s
+  AND (r.due_at IS NULL OR r.due_at <= now())
+  AND NOT EXISTS (
+      SELECT 1 FROM runs o
+      WHERE o.thread_id = r.thread_id AND o.run_id <> r.run_id
+        AND (o.status = 'running' OR (o.status = 'pending' AND o.seq < r.seq)))
+LIMIT %(limit)s
+"""
 INFLIGHT_AMONG_SQL = """
 SELECT run_id::text FROM runs
 WHERE run_id = ANY(%(run_ids)s::uuid[]) AND status IN ('pending', 'running')
@@ -607,6 +621,21 @@ class RunStore:
         with self._pool.connection() as conn:
             row = conn.execute(RUN_STATUS_SQL, {"run_id": run_id}).fetchone()
         return RunStatus(row["status"]) if row else None
+
+    def run_owner(self, run_id: str) -> str | None:
+        """The user whose pending run this is (None when it is not pending)."""
+        with self._pool.connection() as conn:
+            row = conn.execute(RUN_OWNER_SQL, {"run_id": run_id}).fetchone()
+        return str(row["owner"]) if row else None
+
+    def waiting_owners(self, other_than: str, limit: int = 50) -> set[str]:
+        """Users other than `other_than` with a run that could be claimed now (pending, due,
+        the head of its thread): who waits for a worker slot."""
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                WAITING_OWNERS_SQL, {"owner": other_than, "limit": limit}
+            ).fetchall()
+        return {str(r["owner"]) for r in rows}
 
     def unstarted_end(self, run_id: str) -> RunStatus | None:
         """The terminal status of a run that ended before any attempt started it (it has no
