@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -21,8 +22,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import gevent
 import redis
 from flask import Flask, Response, g, request
+from gevent import monkey as gevent_monkey
 from pydantic import BaseModel
 
 from app.auth import principal
@@ -392,11 +395,15 @@ def admit_limits(user_id: str, data: dict[str, Any]) -> RunSlot:
 
 
 class _SlotStream:
-    """A streamed body that renews its connection slot per chunk and frees it on close."""
+    """A streamed body that renews its connection slot per chunk and frees it on close, or
+    as soon as the client hangs up (`_watch_hangup`): a server notices a closed stream only
+    at its next write, up to a heartbeat later, and meanwhile the user's immediate
+    reconnect would find the slot still taken (429)."""
 
     def __init__(self, body: Iterable[Any], slot: ConnectionSlot) -> None:
         self._body = body
         self._slot = slot
+        self._watcher = _watch_hangup(request.environ.get("gunicorn.socket"), slot)
 
     def __iter__(self) -> Iterator[Any]:
         for chunk in self._body:
@@ -405,11 +412,31 @@ class _SlotStream:
 
     def close(self) -> None:
         try:
+            if self._watcher is not None:
+                self._watcher.kill(block=False)
             close = getattr(self._body, "close", None)
             if close is not None:
                 close()
         finally:
             self._slot.release()
+
+
+def _watch_hangup(sock: socket.socket | None, slot: ConnectionSlot) -> Any:
+    """Under gevent, a greenlet that frees `slot` when the client closes `sock` (a peek
+    that reads end-of-file); None elsewhere (the gthread server: the slot is freed at the
+    stream's next write). Data from the client (it never sends any on a stream) ends the
+    watch without consuming it."""
+    if sock is None or not gevent_monkey.is_module_patched("socket"):
+        return None
+
+    def watch() -> None:
+        try:
+            if sock.recv(1, socket.MSG_PEEK) == b"":
+                slot.release()
+        except OSError:
+            slot.release()
+
+    return gevent.spawn(watch)
 
 
 def _raw_json_object() -> dict[str, Any] | None:
