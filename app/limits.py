@@ -27,6 +27,7 @@ import redis
 from flask import Flask, Response, g, request
 from gevent import monkey as gevent_monkey
 from pydantic import BaseModel
+from werkzeug.exceptions import RequestTimeout
 
 from app.auth import principal
 from app.http import error_body, validate, validate_items
@@ -459,6 +460,33 @@ def _raw_json_array() -> list[dict[str, Any]] | None:
     return data
 
 
+def _read_body_in_time() -> None:
+    """Read a request's body (cached for the views) within `request_body_timeout_s`, or 408:
+    a client that trickles its body must not hold a connection for minutes. Under gevent a
+    timeout bounds the whole read; under gthread the socket's timeout bounds each wait for
+    more bytes."""
+    if not request.content_length and request.headers.get("Transfer-Encoding") is None:
+        return
+    limit = limiter().settings.request_body_timeout_s
+    late = RequestTimeout(f"the request body did not arrive within {limit:g} s")
+    if gevent_monkey.is_module_patched("socket"):
+        with gevent.Timeout(limit, late):
+            request.get_data(cache=True)
+        return
+    sock: socket.socket | None = request.environ.get("gunicorn.socket")
+    if sock is None:
+        request.get_data(cache=True)
+        return
+    previous = sock.gettimeout()
+    sock.settimeout(limit)
+    try:
+        request.get_data(cache=True)
+    except OSError as exc:  # TimeoutError included
+        raise late from exc
+    finally:
+        sock.settimeout(previous)
+
+
 def _before() -> None:
     endpoint = request.endpoint
     if request.method == "OPTIONS" or endpoint is None:
@@ -537,6 +565,7 @@ def init_app(app: Flask) -> None:
     """Install the limit hooks (after Services are built); `app/errors.py` answers
     `LimitExceeded` like every other error (429 with Retry-After, or 422)."""
     app.extensions["threadrun_limits"] = Limiter(app.extensions["threadrun"])
+    app.before_request(_read_body_in_time)
     app.before_request(_before)
     app.after_request(_after)
     app.teardown_request(_teardown)

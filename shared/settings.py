@@ -113,6 +113,12 @@ class Settings(BaseSettings):
     heavy_reads_per_minute: int = Field(
         default=600, ge=1, description="State and history reads a user may make per minute."
     )
+    request_body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long a client may take to send a request body (408 after; a slow"
+        " sender must not hold a web process's connection for minutes).",
+    )
     run_timeout_s: float = Field(
         default=3600.0,
         gt=0,
