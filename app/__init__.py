@@ -47,5 +47,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.api import store
 
     app.register_blueprint(store.bp)  # the store's items and namespaces
+    from app.api import thread_stream
+
+    app.register_blueprint(thread_stream.bp)  # GET /threads/{id}/stream: follow a thread
     logging.getLogger(__name__).info("threadrun web ready")
     return app

@@ -12,6 +12,7 @@ from shared.assistants.manager import AssistantManager
 from shared.assistants.store import AssistantStore
 from shared.bridge.hub import SubscriptionHub
 from shared.bridge.subscriber import StreamSubscriber
+from shared.bridge.thread_follow import ThreadFollower
 from shared.db import make_pool
 from shared.journal import RunEventStore
 from shared.redis_keys import Keys
@@ -38,6 +39,7 @@ class Services:
     redis: redis.Redis
     events: RunEventStore
     items: UserStores  # the store's items (/store/...), per user
+    follower: ThreadFollower  # thread streams (GET /threads/{id}/stream)
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -74,13 +76,14 @@ class Services:
             default_strategy=settings.default_multitask_strategy,
             max_after_s=settings.run_after_seconds_max,
         )
+        subscriber = StreamSubscriber(client, keys, settings, hub=SubscriptionHub(client))
         return cls(
             settings=settings,
             registry=registry,
             assistants=assistants,
             runs=manager,
             store=store,
-            subscriber=StreamSubscriber(client, keys, settings, hub=SubscriptionHub(client)),
+            subscriber=subscriber,
             state=CheckpointStateAccessor.for_pool(pool, registry, mode=settings.checkpoint_mode),
             redis=client,
             events=RunEventStore(
@@ -90,6 +93,14 @@ class Services:
                 page_size_max=settings.event_page_size_max,
             ),
             items=web_stores(pool, StoreConfig.from_file(settings.config)),
+            follower=ThreadFollower(
+                subscriber,
+                store,
+                client,
+                keys,
+                heartbeat_s=settings.stream_heartbeat_s,
+                poll_s=settings.thread_stream_poll_s,
+            ),
         )
 
 
