@@ -1,4 +1,4 @@
-"""Issue 14, `GET /threads/{id}/stream` end to end: the official langgraph-sdk's
+"""The thread stream (A1), `GET /threads/{id}/stream` end to end: the official langgraph-sdk's
 `threads.join_stream` against real processes follows two consecutive runs (the events of
 both, in order, with the payloads of the runs' own streams), resumes mid-way across the
 run boundary, gets heartbeats while idle, and is refused for another user's thread (404)
@@ -59,10 +59,10 @@ async def own_stream(c: LangGraphClient, tid: str, run_id: str) -> list[Any]:
     return [p async for p in c.runs.join_stream(tid, run_id, last_event_id="-1")]
 
 
-def test_issue14_join_stream_follows_two_runs_and_resumes_across_them(
+def test_a1_thread_join_stream_follows_two_runs_and_resumes_across_them(
     follow_cluster: Cluster,
 ) -> None:
-    """issue 14: a follower connected before the runs gets both runs' events in order, as
+    """A1 thread stream: a follower connected before the runs gets both runs' events in order, as
     `<run>:<id>` with the same event names and payloads as each run's own stream, each run
     closed by `run_done`; resuming from any event of the first run gets exactly the rest,
     across the boundary; resuming from the first run's `run_done` gets the second run."""
@@ -111,9 +111,10 @@ def test_issue14_join_stream_follows_two_runs_and_resumes_across_them(
     run(scenario, follow_cluster.url)
 
 
-def test_issue14_idle_thread_stream_heartbeats(follow_cluster: Cluster) -> None:
-    """issue 14 / B6: a thread with nothing running keeps the stream open with heartbeat
-    comments; the response names its reconnect Location (with the stream modes)."""
+def test_b6_idle_thread_stream_heartbeats(follow_cluster: Cluster) -> None:
+    """A1 thread stream / B6: a thread with nothing running keeps the stream open with heartbeat
+    comments; the response names its reconnect Location (with the stream modes); the
+    route is in /openapi.json (A5)."""
     with httpx.Client(base_url=follow_cluster.url, headers={"x-api-key": ALICE}) as http:
         tid = http.post("/threads", json={}).json()["thread_id"]
         beats = 0
@@ -130,10 +131,14 @@ def test_issue14_idle_thread_stream_heartbeats(follow_cluster: Cluster) -> None:
                 if beats == 2:
                     break
         assert time.monotonic() - started < 4 * HEARTBEAT_S
+        doc = http.get("/openapi.json").json()
+        op = doc["paths"]["/threads/{thread_id}/stream"]["get"]
+        assert "text/event-stream" in op["responses"]["200"]["content"]
+        assert {p["name"] for p in op["parameters"]} >= {"thread_id", "stream_mode"}
 
 
-def test_issue14_another_users_thread_and_bad_ids_are_refused(follow_cluster: Cluster) -> None:
-    """issue 14 / A4 / B4: another user's thread answers 404 like a missing one; a
+def test_a4_thread_stream_another_users_thread_and_bad_ids_are_refused(follow_cluster: Cluster) -> None:
+    """A1 thread stream / A4 / B4: another user's thread answers 404 like a missing one; a
     malformed Last-Event-ID, or one beyond its run's last event, is a 400 naming it; an
     unknown stream mode is a 422 naming stream_mode."""
 

@@ -1,4 +1,4 @@
-"""Issue 14, the thread stream's walk on real Redis (the runs' own streams, the hub, the
+"""The thread stream (A1), the thread stream's walk on real Redis (the runs' own streams, the hub, the
 admission notices) with the runs table stood in by a list: consecutive runs in order with
 thread ids, exact resume across the run boundary, a new run waking an idle follower at
 once, heartbeats, and the gap rules (a gap only when events the client needs are gone).
@@ -146,8 +146,8 @@ def expected(w: World, ref: RunRef, ids: list[str]) -> list[str]:
     return [event_id(ref.run_id, i) for i in ids[:-1]] + [event_id(ref.run_id, DONE)]
 
 
-def test_issue14_two_runs_in_order_with_thread_ids(world: World) -> None:
-    """issue 14: every run of the thread in admission order, each event with `<run>:<id>`
+def test_a1_thread_two_runs_in_order_with_thread_ids(world: World) -> None:
+    """A1 thread stream: every run of the thread in admission order, each event with `<run>:<id>`
     and the run stream's payload, each run closed by `run_done` with its status."""
     r1, r2 = world.admit(), world.admit()
     ids1 = world.execute(r1, 3)
@@ -162,8 +162,8 @@ def test_issue14_two_runs_in_order_with_thread_ids(world: World) -> None:
     assert not any(isinstance(i, Gap) for i in got)
 
 
-def test_issue14_resume_mid_run_crosses_the_boundary_exactly(world: World) -> None:
-    """issue 14: Last-Event-ID in the first run gets the rest of it, then the second run:
+def test_b4_thread_resume_mid_run_crosses_the_boundary_exactly(world: World) -> None:
+    """A1 thread stream: Last-Event-ID in the first run gets the rest of it, then the second run:
     no duplicate, no loss; `<run>:done` resumes with the next run."""
     r1, r2 = world.admit(), world.admit()
     ids1, ids2 = world.execute(r1, 4), world.execute(r2, 2)
@@ -174,8 +174,8 @@ def test_issue14_resume_mid_run_crosses_the_boundary_exactly(world: World) -> No
     assert len(full) == len(ids1) + len(ids2)
 
 
-def test_issue14_live_follower_is_woken_by_the_next_run(world: World) -> None:
-    """issue 14: without Last-Event-ID a follower waits (heartbeats) for the next run and
+def test_a1_thread_live_follower_is_woken_by_the_next_run(world: World) -> None:
+    """A1 thread stream: without Last-Event-ID a follower waits (heartbeats) for the next run and
     gets it at once from the admission notice (the fallback poll is 60 s here), then the
     one after; an already finished run is not replayed."""
     old = world.admit()
@@ -202,8 +202,8 @@ def test_issue14_live_follower_is_woken_by_the_next_run(world: World) -> None:
     assert [e.id for e in events(got)] == expected(world, r1, ids1) + expected(world, r2, ids2)
 
 
-def test_issue14_joins_the_run_in_progress_from_its_start(world: World) -> None:
-    """issue 14: without Last-Event-ID and with a run in progress, that run from the start
+def test_a1_thread_joins_the_run_in_progress_from_its_start(world: World) -> None:
+    """A1 thread stream: without Last-Event-ID and with a run in progress, that run from the start
     of what its stream retains (as a run join without a cursor), then the following runs."""
     r1 = world.admit()
     world.runs.set(r1.run_id, RunStatus.RUNNING)
@@ -222,8 +222,8 @@ def test_issue14_joins_the_run_in_progress_from_its_start(world: World) -> None:
     assert [e.id for e in events(got)] == expected(world, r1, first + rest + end)
 
 
-def test_issue14_a_run_cancelled_before_it_started_is_done_not_a_gap(world: World) -> None:
-    """issue 14: a run that never ran had no events: its `run_done` (interrupted), no gap;
+def test_b5_thread_run_cancelled_before_it_started_is_done_not_a_gap(world: World) -> None:
+    """A1 thread stream: a run that never ran had no events: its `run_done` (interrupted), no gap;
     a started run whose stream expired had events the client needed: a gap, then its
     `run_done` with the durable status, and the walk goes on."""
     r0 = world.admit()
@@ -246,8 +246,8 @@ def test_issue14_a_run_cancelled_before_it_started_is_done_not_a_gap(world: Worl
     assert not any(isinstance(i, Gap) for i in lenient) and dones(lenient) == 4
 
 
-def test_issue14_resume_in_an_expired_run_is_a_gap_then_the_next_runs(world: World) -> None:
-    """issue 14: the client's run lost the events after its cursor: a gap (thread ids),
+def test_b5_thread_resume_in_an_expired_run_is_a_gap_then_the_next_runs(world: World) -> None:
+    """A1 thread stream: the client's run lost the events after its cursor: a gap (thread ids),
     its `run_done`, then the next run in full; the client's cursor was the run's `end`
     itself: nothing of it is missing, so no gap."""
     r1, r2 = world.admit(), world.admit()
@@ -263,16 +263,16 @@ def test_issue14_resume_in_an_expired_run_is_a_gap_then_the_next_runs(world: Wor
     assert [e.id for e in events(got)] == [event_id(r1.run_id, DONE)] + expected(world, r2, ids2)
 
 
-def test_issue14_unknown_run_in_the_cursor_is_a_gap_then_live(world: World) -> None:
-    """issue 14: a cursor naming a run the thread no longer has (deleted): the position is
+def test_b5_thread_unknown_run_in_the_cursor_is_a_gap_then_live(world: World) -> None:
+    """A1 thread stream: a cursor naming a run the thread no longer has (deleted): the position is
     lost, a gap says so, then the follower goes on as without a cursor."""
     cursor = ThreadCursor(str(uuid.uuid4()), "1-1")
     got = world.read(cursor, idle)
     assert isinstance(got[0], Gap) and got[0].requested_event_id == cursor.encode()
 
 
-def test_issue14_cursor_beyond_the_run_is_a_400(world: World) -> None:
-    """issue 14: a well-formed id beyond its run's last event is refused before streaming."""
+def test_b4_thread_cursor_beyond_the_run_is_a_400(world: World) -> None:
+    """A1 thread stream: a well-formed id beyond its run's last event is refused before streaming."""
     r1 = world.admit()
     ids = world.execute(r1, 1)
     ms = int(ids[-1].split("-")[0]) + 1000
@@ -284,8 +284,8 @@ def test_issue14_cursor_beyond_the_run_is_a_400(world: World) -> None:
     )
 
 
-def test_issue14_a_deleted_thread_ends_the_stream(settings: Settings, rclient: redis.Redis) -> None:
-    """issue 14: the follower re-reads the runs table every poll interval; once the thread
+def test_a1_thread_a_deleted_thread_ends_the_stream(settings: Settings, rclient: redis.Redis) -> None:
+    """A1 thread stream: the follower re-reads the runs table every poll interval; once the thread
     is gone the stream ends."""
     bridge = make_bridge(settings, rclient)
     runs = FakeRuns(str(uuid.uuid4()))
@@ -299,8 +299,8 @@ def test_issue14_a_deleted_thread_ends_the_stream(settings: Settings, rclient: r
     assert all(b == [Heartbeat()] for b in rest) and len(rest) <= 4
 
 
-def test_issue14_runs_table_queries(store: RunStore) -> None:
-    """issue 14: the runs table in admission order: the oldest inflight and the newest
+def test_a1_thread_runs_table_queries(store: RunStore) -> None:
+    """A1 thread stream: the runs table in admission order: the oldest inflight and the newest
     run, the runs after a position, one run of the thread (not another's), and None once
     the thread is deleted."""
     tid = new_thread(store)

@@ -1,4 +1,4 @@
-"""Thread stream ids (issue 14, GET /threads/{id}/stream): `<run_id>:<stream id>` and
+"""Thread stream ids (A1, GET /threads/{id}/stream): `<run_id>:<stream id>` and
 `<run_id>:done` round-trip; anything else is a 400 naming Last-Event-ID; the official
 thread stream modes filter as the official server does."""
 
@@ -27,22 +27,22 @@ entries = st.one_of(ids, st.just(DONE))
 
 
 @given(st.uuids(), entries)
-def test_issue14_ids_round_trip(run: uuid.UUID, entry: str) -> None:
-    """issue 14: every id the thread stream sends parses back to its run and entry."""
+def test_a1_thread_ids_round_trip(run: uuid.UUID, entry: str) -> None:
+    """A1 thread stream: every id the thread stream sends parses back to its run and entry."""
     sent = event_id(str(run), entry)
     assert parse_thread_cursor(sent) == ThreadCursor(str(run), entry)
     assert parse_thread_cursor(sent).encode() == sent  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("value", [None, "", "  "])
-def test_issue14_no_cursor_follows_live(value: str | None) -> None:
-    """issue 14: no Last-Event-ID: the run in progress, then new runs."""
+def test_a1_thread_no_cursor_follows_live(value: str | None) -> None:
+    """A1 thread stream: no Last-Event-ID: the run in progress, then new runs."""
     assert parse_thread_cursor(value) is StartAt.LIVE
 
 
 @pytest.mark.parametrize("value", ["-1", "0", "-"])
-def test_issue14_start_cursors_walk_every_run(value: str) -> None:
-    """issue 14: the SDKs' "from the start" cursors walk the thread from its first run."""
+def test_a1_thread_start_cursors_walk_every_run(value: str) -> None:
+    """A1 thread stream: the SDKs' "from the start" cursors walk the thread from its first run."""
     assert parse_thread_cursor(value) is StartAt.FIRST
 
 
@@ -61,16 +61,16 @@ BAD = [
 
 
 @pytest.mark.parametrize("value", BAD)
-def test_issue14_bad_ids_are_a_400_naming_last_event_id(value: str) -> None:
-    """issue 14: a malformed Last-Event-ID is a client error naming the header."""
+def test_b4_thread_bad_ids_are_a_400_naming_last_event_id(value: str) -> None:
+    """A1 thread stream: a malformed Last-Event-ID is a client error naming the header."""
     with pytest.raises(StreamCursorInvalid) as err:
         parse_thread_cursor(value)
     assert err.value.status == 400 and err.value.field == "Last-Event-ID"
 
 
 @given(st.text(max_size=80))
-def test_issue14_any_text_parses_or_is_a_400(value: str) -> None:
-    """issue 14: whatever a client sends, the answer is a cursor or a 400, never a crash."""
+def test_a1_thread_any_text_parses_or_is_a_400(value: str) -> None:
+    """A1 thread stream: whatever a client sends, the answer is a cursor or a 400, never a crash."""
     try:
         parse_thread_cursor(value)
     except StreamCursorInvalid as exc:
@@ -81,8 +81,8 @@ def meta(data: dict[str, object]) -> Event:
     return Event("x", "metadata", serde.dumps_str(data))
 
 
-def test_issue14_thread_stream_modes_filter_like_the_official_server() -> None:
-    """issue 14: run_modes keeps every run event; lifecycle only starts and run_done;
+def test_a1_thread_stream_modes_filter_like_the_official_server() -> None:
+    """A1 thread stream: run_modes keeps every run event; lifecycle only starts and run_done;
     state_update only state updates (none published here)."""
     start = meta({"run_id": "r", "attempt": 1})
     done = meta({"status": "run_done", "run_id": "r", "run_status": "success"})
