@@ -50,5 +50,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.api import crons
 
     app.register_blueprint(crons.bp)  # crons; the scheduler process fires them
+    from app.api import thread_stream
+
+    app.register_blueprint(thread_stream.bp)  # GET /threads/{id}/stream: follow a thread
     logging.getLogger(__name__).info("threadrun web ready")
     return app

@@ -60,6 +60,7 @@ STREAM_ENDPOINTS = frozenset(
         "runs.join",
         "runs.create_stateless_stream",
         "runs.create_stateless_wait",
+        "thread_stream.join",
     }
 )
 """Long-held responses that count as open connections: SSE streams, and /wait and /join,

@@ -384,6 +384,13 @@ class JoinStreamQuery(Strict):
         return {"1": True, "0": False, "true": True, "false": False}.get(str(v).lower(), v)
 
 
+class ThreadStreamQuery(Strict):
+    """GET /threads/{thread_id}/stream query string (the SDK's `threads.join_stream`)."""
+
+    stream_mode: list[Literal["run_modes", "lifecycle", "state_update"]] | None = None
+    last_event_id: str | None = None
+
+
 def _flag(v: Any) -> Any:
     """A query-string boolean: `true`/`false`/`1`/`0` in any case."""
     return {"1": True, "0": False, "true": True, "false": False}.get(str(v).lower(), v)

@@ -12,6 +12,7 @@ from shared.assistants.manager import AssistantManager
 from shared.assistants.store import AssistantStore
 from shared.bridge.hub import SubscriptionHub
 from shared.bridge.subscriber import StreamSubscriber
+from shared.bridge.thread_follow import ThreadFollower
 from shared.crons.manager import CronManager
 from shared.crons.store import CronStore
 from shared.db import make_pool
@@ -43,6 +44,7 @@ class Services:
     items: UserStores  # the store's items (/store/...), per user
     audit: OpsStore  # the audit trail (`ops_audit`): ops actions and thread deletions
     crons: CronManager  # crons; fired by the scheduler (workers/cron_beat.py)
+    follower: ThreadFollower  # thread streams (GET /threads/{id}/stream)
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -79,13 +81,14 @@ class Services:
             default_strategy=settings.default_multitask_strategy,
             max_after_s=settings.run_after_seconds_max,
         )
+        subscriber = StreamSubscriber(client, keys, settings, hub=SubscriptionHub(client))
         return cls(
             settings=settings,
             registry=registry,
             assistants=assistants,
             runs=manager,
             store=store,
-            subscriber=StreamSubscriber(client, keys, settings, hub=SubscriptionHub(client)),
+            subscriber=subscriber,
             state=CheckpointStateAccessor.for_pool(
                 pool,
                 registry,
@@ -107,6 +110,14 @@ class Services:
                 max_per_user=settings.cron_max_per_user,
                 min_interval_s=settings.cron_min_interval_s,
                 batch_size=settings.cron_batch_size,
+            ),
+            follower=ThreadFollower(
+                subscriber,
+                store,
+                client,
+                keys,
+                heartbeat_s=settings.stream_heartbeat_s,
+                poll_s=settings.thread_stream_poll_s,
             ),
         )
 

@@ -39,6 +39,11 @@ class Keys:
         (JSON, written before its `end`, kept as long as its stream)."""
         return f"{self.prefix}run:{{{run_id}}}:result"
 
+    def thread_runs(self, thread_id: str) -> str:
+        """A short stream of the runs admitted on a thread (`r`: run id), newest last: what
+        wakes thread followers (GET /threads/{id}/stream) when a run starts; never events."""
+        return f"{self.prefix}thread:{{{thread_id}}}:runs"
+
     def reaper_leader(self) -> str:
         """The reaper's leader lock (one active reaper, any worker may take over)."""
         return f"{self.prefix}reaper:leader"
@@ -156,6 +161,13 @@ CANCEL_TTL_S = 3600
 
 STREAM_TTL_RUNNING_S = 86_400
 """A stream's TTL while its run is live, refreshed on every publish (bounds orphans)."""
+
+THREAD_RUNS_MAXLEN = 16
+"""Entries a thread's admission stream keeps: followers read only what came after their
+cursor, and the runs table has the order (a trimmed notice costs nothing but a wake-up)."""
+
+THREAD_RUNS_TTL_S = 86_400
+"""A thread's admission stream expires a day after its last admission."""
 
 ACTIVE_SET_TTL_MS = 86_400_000
 """The active-run set of an idle user expires after a day (its runs are long over)."""

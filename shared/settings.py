@@ -254,6 +254,13 @@ class Settings(BaseSettings):
     stream_maxlen: int = Field(default=1024, ge=1)
     stream_ttl_after_end_s: int = Field(default=3600, ge=1)
     stream_heartbeat_s: float = Field(default=5.0, gt=0)
+    thread_stream_poll_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A thread stream between runs re-reads the runs table this often "
+        "(a new run wakes it at once through Redis; this covers a lost notice and a "
+        "deleted thread).",
+    )
 
     # --- operations: ops view, metrics, logs, Flower ----------------------------------
     log_format: Literal["text", "json"] = Field(

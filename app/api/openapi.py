@@ -69,6 +69,7 @@ QUERIES: dict[str, type[BaseModel]] = {
     "runs.cancel": schemas.CancelQuery,
     "runs.cancel_many": schemas.CancelManyQuery,
     "runs.join_stream": schemas.JoinStreamQuery,
+    "thread_stream.join": schemas.ThreadStreamQuery,
     "events.run_events": events_api.RunEventsQuery,
     "events.thread_events": events_api.ThreadEventsQuery,
     "events.message_page": events_api.ThreadEventsQuery,
@@ -84,7 +85,12 @@ REQUIRED_BODIES = {
     schemas.RunsCancel,
     schemas.CronCreate,
 }
-STREAMING = {"runs.create_stream", "runs.create_stateless_stream", "runs.join_stream"}
+STREAMING = {
+    "runs.create_stream",
+    "runs.create_stateless_stream",
+    "runs.join_stream",
+    "thread_stream.join",
+}
 PLAIN_TEXT = {"ops.metrics_endpoint"}  # Prometheus exposition format
 FILES = {"artifacts.download"}  # an artifact's own bytes, whatever its type
 OTHER_SUCCESS: dict[str, dict[str, Any]] = {

@@ -250,7 +250,7 @@ class StreamSubscriber:
                         yield [ending]
                         return
                     # Not started yet: wait for the stream to appear.
-                    if not self._wait_for_stream(key):
+                    if not self.wait_for_entries(key):
                         yield [Heartbeat()]
                     continue
                 if snap.kind is ReadKind.BEYOND:
@@ -283,16 +283,17 @@ class StreamSubscriber:
                 return
             cursor = state.cursor  # detached (a slow reader): catch up from where it is
 
-    def _wait_for_stream(self, key: str) -> bool:
-        """Wait up to one heartbeat interval for `key` to get entries; True if it did.
+    def wait_for_entries(self, key: str, after: str = "0-0") -> bool:
+        """Wait up to one heartbeat interval for `key` to get entries after `after`; True if
+        it did (or may have: a detached hub subscriber answers True, the caller re-reads).
 
         Through the hub when there is one, so a client waiting for a queued run holds no
         Redis connection of its own (a blocked XREAD each would cap a gevent web process
         at the Redis connection count, not at its sockets).
         """
         if self._hub is None:
-            return bool(self._client.xread({key: "0-0"}, count=1, block=self._heartbeat_ms))
-        sub = self._hub.attach(key, "0-0")
+            return bool(self._client.xread({key: after}, count=1, block=self._heartbeat_ms))
+        sub = self._hub.attach(key, after)
         try:
             sub.take(self._heartbeat_s)  # entries, or None when detached: either way, re-read
             return True

@@ -13,7 +13,7 @@ from psycopg.rows import DictRow
 
 from shared.assistants.model import Assistant
 from shared.errors import AssistantNotFound, RunNotFound, ThreadBusy, ValidationFailed
-from shared.redis_keys import CANCEL_TTL_S, Keys, LimitKeys
+from shared.redis_keys import CANCEL_TTL_S, THREAD_RUNS_MAXLEN, THREAD_RUNS_TTL_S, Keys, LimitKeys
 from shared.runs.admission import AdmissionOutcome, CancelOutcome
 from shared.runs.model import (
     INFLIGHT_STATUSES,
@@ -140,6 +140,7 @@ class RunManager:
             self._dispatcher.dispatch_quietly(run_id)
         run = admission.run
         assert run is not None  # created: every outcome but REJECTED
+        self._announce(run)
         log.info(
             "run admitted",
             extra={
@@ -149,6 +150,22 @@ class RunManager:
             },
         )
         return run
+
+    def _announce(self, run: Run) -> None:
+        """Wake the thread's followers (GET /threads/{id}/stream): one entry on the thread's
+        admission stream, after the commit, so a follower that wakes finds the row.
+
+        Best effort: a follower also polls the runs table every `thread_stream_poll_s`, so a
+        notice lost to a Redis error delays it, never loses a run.
+        """
+        key = self._keys.thread_runs(run.thread_id)
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.xadd(key, {"r": run.run_id}, maxlen=THREAD_RUNS_MAXLEN, approximate=True)
+            pipe.expire(key, THREAD_RUNS_TTL_S)
+            pipe.execute()
+        except redis.RedisError:
+            log.warning("could not announce the run to thread followers", exc_info=True)
 
     def cancel(
         self, *, owner: str, thread_id: str, run_id: str, action: CancelAction

@@ -250,3 +250,19 @@ class Thread:
             updated_at=row["updated_at"],
             metadata=row.get("metadata") or {},
         )
+
+
+@dataclass(frozen=True, slots=True)
+class RunRef:
+    """Where a run stands in its thread's order (`seq`: admission order), as a thread
+    follower walks it (GET /threads/{id}/stream)."""
+
+    run_id: str
+    seq: int
+    status: RunStatus
+    started: bool  # claimed at least once: it may have published events
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> RunRef:
+        """The reference of a row with run_id, seq, status and started."""
+        return cls(str(row["run_id"]), int(row["seq"]), RunStatus(row["status"]), row["started"])

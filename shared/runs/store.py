@@ -29,6 +29,7 @@ from shared.runs.model import (
     JSONObject,
     MultitaskStrategy,
     Run,
+    RunRef,
     RunRequest,
     RunStatus,
     Thread,
@@ -155,6 +156,26 @@ LIMIT %(limit)s
 INFLIGHT_AMONG_SQL = """
 SELECT run_id::text FROM runs
 WHERE run_id = ANY(%(run_ids)s::uuid[]) AND status IN ('pending', 'running')
+"""
+# --- thread followers (GET /threads/{id}/stream): the thread's runs in admission order ---
+# `seq` is taken under the thread lock (admission), so on one thread it is commit order.
+FOLLOW_START_SQL = """
+SELECT (SELECT min(seq) FROM runs WHERE thread_id = %(thread_id)s
+          AND status IN ('pending', 'running')) AS inflight,
+       (SELECT max(seq) FROM runs WHERE thread_id = %(thread_id)s) AS newest
+"""
+RUNS_AFTER_SQL = """
+SELECT r.run_id, r.seq, r.status, r.started
+FROM threads t
+LEFT JOIN LATERAL (
+    SELECT run_id::text, seq, status, attempt > 0 AS started FROM runs
+    WHERE thread_id = t.thread_id AND seq > %(seq)s ORDER BY seq LIMIT %(limit)s
+) r ON true
+WHERE t.thread_id = %(thread_id)s
+"""
+RUN_REF_SQL = """
+SELECT run_id::text, seq, status, attempt > 0 AS started FROM runs
+WHERE run_id = %(run_id)s AND thread_id = %(thread_id)s
 """
 LIST_RUNS_SQL = """
 SELECT r.* FROM runs r JOIN threads t USING (thread_id)
@@ -651,6 +672,30 @@ class RunStore:
         with self._pool.connection() as conn:
             rows = conn.execute(INFLIGHT_AMONG_SQL, {"run_ids": valid}).fetchall()
         return set(run_ids) - {r["run_id"] for r in rows}
+
+    def follow_start(self, thread_id: str) -> tuple[int | None, int | None]:
+        """(seq of the oldest pending or running run, seq of the newest run) of a thread."""
+        with self._pool.connection() as conn:
+            row = conn.execute(FOLLOW_START_SQL, {"thread_id": thread_id}).fetchone()
+        assert row is not None  # an aggregate answers one row
+        return row["inflight"], row["newest"]
+
+    def runs_after(self, thread_id: str, seq: int, limit: int = 1) -> list[RunRef] | None:
+        """The thread's runs admitted after `seq`, in admission order; None once the thread
+        is gone (deleted while followed)."""
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                RUNS_AFTER_SQL, {"thread_id": thread_id, "seq": seq, "limit": limit}
+            ).fetchall()
+        if not rows:
+            return None
+        return [RunRef.from_row(r) for r in rows if r["run_id"] is not None]
+
+    def run_ref(self, thread_id: str, run_id: str) -> RunRef | None:
+        """One run of the thread as a follower sees it (None: not this thread's, or gone)."""
+        with self._pool.connection() as conn:
+            row = conn.execute(RUN_REF_SQL, {"thread_id": thread_id, "run_id": run_id}).fetchone()
+        return RunRef.from_row(row) if row else None
 
     def list_runs(
         self, thread_id: str, owner: str, *, limit: int, offset: int, status: RunStatus | None
