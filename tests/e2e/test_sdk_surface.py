@@ -103,12 +103,12 @@ def test_threads_surface(sdk: SyncLangGraphClient) -> None:
     assert called("threads.count", t.count(metadata={"k": "surface"})) == 1
     copy = called("threads.copy", t.copy(tid))
     assert copy["thread_id"] != tid
-    run = sdk.runs.create(tid, "lead_agent", input=human("followed"), config=KNOBS)
+    sdk.runs.create(tid, "lead_agent", input=human("followed"), config=KNOBS)
     events = []
-    for part in called("threads.join_stream", t.join_stream(tid, last_event_id="-1")):
+    for part in called("threads.join_stream", t.join_stream(tid)):
         events.append(part.event)
-        if part.event == "values" and sdk.runs.get(tid, run["run_id"])["status"] == "success":
-            break
+        if part.event == "metadata" and part.data.get("status") == "run_done":
+            break  # a thread stream follows until the client leaves; one run is enough here
     assert "values" in events
     pruned = called("threads.prune", t.prune([copy["thread_id"]]))
     assert pruned["pruned_count"] == 1
