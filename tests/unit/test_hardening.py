@@ -1,0 +1,140 @@
+"""Issue 16 ("Hardening, round two"): regressions for the defects an adversarial review found,
+the parts that need no server (parsers of user text, redaction, the gunicorn settings).
+
+The timing tests compare a crafted input with a plain one of the same size as a ratio, never
+against an absolute time, so that a slow or busy machine does not fail them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Callable
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from langchain_core.messages import HumanMessage
+
+from shared.agent.middleware.summarization import summary_prompt
+from shared.agent.model import BuiltinChatModel, builtin_summary, said_sentences
+from shared.journal.payload import drop_nul
+from shared.memory.extraction import ExtractionFailed, parse_facts, unfence
+
+# --- item 1: linear parsers of user text ------------------------------------------------------
+
+CRAFTED_BYTES = 120 * 1024
+MAX_RATIO = 5.0
+_OLD_SAID = re.compile(r'The user said "(.*?)"\.')
+_OLD_NUL = re.compile(r"(\\+)u0000")
+_OLD_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
+
+
+def _best_of(fn: Callable[[], object], rounds: int = 3) -> float:
+    """The fastest of a few timings (the least disturbed by other processes)."""
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _ratio(crafted: Callable[[], object], plain: Callable[[], object]) -> float:
+    plain()  # warm up (imports, caches)
+    return _best_of(crafted) / max(_best_of(plain), 1e-4)
+
+
+def _message(body: str) -> str:
+    """A user message whose second line is a `Previous summary:` line (issue 16 item 1)."""
+    return "hello\nPrevious summary: " + body
+
+
+def _summarize(text: str) -> str:
+    """The worker's summary path: the summary prompt of one message through the built-in model."""
+    return BuiltinChatModel(tokens=1).invoke(summary_prompt(None, [HumanMessage(text)])).text
+
+
+def test_issue16_item1_crafted_summary_input_costs_like_a_plain_one() -> None:
+    """issue 16 item 1: 120 KB of repeated `The user said "` after a `Previous summary:` line
+    made the summary parser quadratic (~5-11 s of worker CPU); it must cost about what a plain
+    message of the same size costs."""
+    unit = 'The user said "'
+    crafted = _message(unit * (CRAFTED_BYTES // len(unit)))
+    plain = _message(("lorem ipsum dolor sit amet " * (CRAFTED_BYTES // 27))[: len(crafted) - 25])
+    assert abs(len(crafted) - len(plain)) < 64
+    ratio = _ratio(lambda: _summarize(crafted), lambda: _summarize(plain))
+    assert ratio < MAX_RATIO, f"crafted/plain = {ratio:.1f}"
+
+
+_SAID_PIECES = st.sampled_from(['The user said "', '".', '"', ".", "\n", "x", " ", "The user", "é"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_SAID_PIECES, max_size=40).map("".join))
+def test_issue16_item1_said_scan_equals_the_old_regex(text: str) -> None:
+    """issue 16 item 1: the linear scan finds exactly what `r'The user said "(.*?)"\\.'` found
+    (on bounded inputs, where the regex's cost does not matter)."""
+    assert said_sentences(text) == _OLD_SAID.findall(text)
+
+
+def test_issue16_item1_summary_of_normal_input_is_unchanged() -> None:
+    """issue 16 item 1: a previous summary's sentences are carried over as before."""
+    previous = 'The user said "hello there". The user said "a "quoted" word".'
+    messages = summary_prompt(previous, [HumanMessage("next one")])
+    assert builtin_summary(messages) == (
+        'The user said "hello there". The user said "a "quoted" word". The user said "next one".'
+    )
+
+
+def test_issue16_item1_nul_escape_scan_is_linear() -> None:
+    """issue 16 item 1: `(\\\\+)u0000` over a long run of backslashes (a user message's JSON)
+    backtracked quadratically; the scan costs about what plain text of the same size costs."""
+    crafted = "\\" * CRAFTED_BYTES + "x u0000"
+    plain = "y" * CRAFTED_BYTES + "x u0000"
+    ratio = _ratio(lambda: drop_nul(crafted), lambda: drop_nul(plain))
+    assert ratio < MAX_RATIO, f"crafted/plain = {ratio:.1f}"
+
+
+_NUL_PIECES = st.sampled_from(["\\", "\\\\", "u0000", "u000", "u", "0", "x", '"'])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_NUL_PIECES, max_size=30).map("".join))
+def test_issue16_item1_nul_scan_equals_the_old_regex(text: str) -> None:
+    """issue 16 item 1: `drop_nul` replaces exactly the escapes the old regex replaced."""
+
+    def old(m: re.Match[str]) -> str:
+        slashes = m.group(1)
+        return m.group(0) if len(slashes) % 2 == 0 else slashes[:-1] + "\\ufffd"
+
+    assert drop_nul(text) == _OLD_NUL.sub(old, text)
+
+
+def test_issue16_item1_extraction_fence_strip_is_linear() -> None:
+    """issue 16 item 1: `\\s*```$` over a long whitespace run in a model's answer (which can
+    echo user text) backtracked quadratically."""
+    crafted = "x" + " " * CRAFTED_BYTES + "x"
+    plain = "x" + "y" * CRAFTED_BYTES + "x"
+
+    def parse(text: str) -> Callable[[], object]:
+        def go() -> None:
+            with contextlib.suppress(ExtractionFailed):  # not JSON: only the time matters
+                parse_facts(text)
+
+        return go
+
+    ratio = _ratio(parse(crafted), parse(plain))
+    assert ratio < MAX_RATIO, f"crafted/plain = {ratio:.1f}"
+
+
+_FENCE_PIECES = st.sampled_from(["```", "json", " ", "\n", "`", "{}", "x", "\u00a0"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_FENCE_PIECES, max_size=20).map("".join))
+def test_issue16_item1_unfence_equals_the_old_regex(text: str) -> None:
+    """issue 16 item 1: the fence strip removes exactly what the old regex removed."""
+
+    stripped = text.strip()
+    assert unfence(stripped) == _OLD_FENCE.sub("", stripped)
