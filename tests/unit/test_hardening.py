@@ -11,15 +11,20 @@ import contextlib
 import re
 import time
 from collections.abc import Callable
+from urllib.parse import quote
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import HumanMessage
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from redis.connection import parse_url as parse_redis_url
 
 from shared.agent.middleware.summarization import summary_prompt
 from shared.agent.model import BuiltinChatModel, builtin_summary, said_sentences
+from shared.devservices import redact
 from shared.journal.payload import drop_nul
 from shared.memory.extraction import ExtractionFailed, parse_facts, unfence
+from shared.settings import Settings
 
 # --- item 1: linear parsers of user text ------------------------------------------------------
 
@@ -138,3 +143,84 @@ def test_issue16_item1_unfence_equals_the_old_regex(text: str) -> None:
 
     stripped = text.strip()
     assert unfence(stripped) == _OLD_FENCE.sub("", stripped)
+
+
+# --- item 12: redaction through the drivers' own parsers --------------------------------------
+
+_SECRET = st.text(
+    alphabet=st.characters(codec="ascii", exclude_characters="\x00"), min_size=1, max_size=12
+).map(lambda s: "Zq9" + s)
+"""Passwords with a prefix no host, user or database name below contains."""
+_NAMES = st.text(alphabet="abcdefghij", min_size=1, max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=_SECRET, user=_NAMES, db=_NAMES, in_query=st.booleans())
+def test_issue16_item12_postgres_urls_lose_their_password(
+    secret: str, user: str, db: str, in_query: bool
+) -> None:
+    """issue 16 item 12: a password in a PostgreSQL URL, in its userinfo or as `?password=`,
+    is gone after redact(); everything else libpq reads from it is unchanged."""
+    q = quote(secret, safe="")
+    url = (
+        f"postgresql://{user}@db.example:5432/{db}?password={q}&sslmode=disable"
+        if in_query
+        else f"postgresql://{user}:{q}@db.example:5432/{db}?sslmode=disable"
+    )
+    out = redact(url)
+    assert "Zq9" not in out
+    before, after = conninfo_to_dict(url), conninfo_to_dict(out)
+    assert before.pop("password") == secret
+    assert after.pop("password") == "***"
+    assert before == after
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=_SECRET, user=_NAMES, db=_NAMES)
+def test_issue16_item12_libpq_conninfo_loses_its_password(secret: str, user: str, db: str) -> None:
+    """issue 16 item 12: `password=` in a libpq key=value string is gone after redact()."""
+    dsn = make_conninfo(host="db.example", user=user, dbname=db, password=secret)
+    out = redact(dsn)
+    assert "Zq9" not in out
+    before, after = conninfo_to_dict(dsn), conninfo_to_dict(out)
+    assert before.pop("password") == secret
+    assert after.pop("password") == "***"
+    assert before == after
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=_SECRET, in_query=st.booleans(), user=st.sampled_from(["", "app"]))
+def test_issue16_item12_redis_urls_lose_their_password(
+    secret: str, in_query: bool, user: str
+) -> None:
+    """issue 16 item 12: redis-py reads a password from the userinfo or `?password=`; neither
+    survives redact(), and the rest of what redis-py reads is unchanged."""
+    q = quote(secret, safe="")
+    url = (
+        f"redis://{user + '@' if user else ''}cache.example:6379/3?password={q}"
+        if in_query
+        else f"redis://{user}:{q}@cache.example:6379/3"
+    )
+    out = redact(url)
+    assert "Zq9" not in out
+    before, after = parse_redis_url(url), parse_redis_url(out)
+    assert before.pop("password") == secret
+    assert after.pop("password") == "***"
+    assert before == after
+
+
+def test_issue16_item12_what_has_no_password_is_unchanged() -> None:
+    """issue 16 item 12: URLs and conninfo strings without a password come back as they were."""
+    for text in (
+        "postgresql://u@h:5/db?sslmode=require",
+        "redis://127.0.0.1:6379/15",
+        "host=h dbname=d user=u",
+        "postgresql://u@h:5/db?passfile=/x",
+    ):
+        assert redact(text) == text
+
+
+def test_issue16_item12_settings_repr_hides_a_query_password() -> None:
+    """issue 16 item 12: the settings' repr hides a Redis `?password=` too."""
+    s = Settings(redis_url="redis://cache:6379/0?password=Zq9hidden")
+    assert "Zq9hidden" not in repr(s) and "Zq9hidden" not in str(s)
