@@ -8,9 +8,15 @@ against an absolute time, so that a slow or busy machine does not fail them.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import quote
 
 from hypothesis import given, settings
@@ -224,3 +230,54 @@ def test_issue16_item12_settings_repr_hides_a_query_password() -> None:
     """issue 16 item 12: the settings' repr hides a Redis `?password=` too."""
     s = Settings(redis_url="redis://cache:6379/0?password=Zq9hidden")
     assert "Zq9hidden" not in repr(s) and "Zq9hidden" not in str(s)
+
+
+# --- item 13: no shared gunicorn control socket -----------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_issue16_item13_gunicorn_opens_no_control_socket_in_home(tmp_path: Path) -> None:
+    """issue 16 item 13: every gunicorn instance on a host shared `~/.gunicorn/gunicorn.ctl`,
+    so one instance's control socket answered for another. A real gunicorn started with our
+    settings (and a stdlib demo app) must not create it."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "THREADRUN_WEB_WORKER_CLASS": "gthread",
+        "THREADRUN_WEB_WORKERS": "1",
+    }
+    argv = [sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf"]
+    argv += ["--bind", f"127.0.0.1:{port}", "wsgiref.simple_server:demo_app"]
+    proc = subprocess.Popen(argv, env=env, cwd=Path(__file__).parents[2])
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, "gunicorn exited"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1) as reply:
+                    assert reply.status == 200
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "gunicorn did not answer"
+                time.sleep(0.1)
+        time.sleep(1.0)  # the control socket, if any, is up by now
+        assert not (tmp_path / ".gunicorn").exists()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def test_issue16_item13_the_config_disables_the_control_socket() -> None:
+    """issue 16 item 13: the setting gunicorn (>= 25) reads is set in app/gunicorn_conf.py."""
+    import gunicorn.config
+
+    import app.gunicorn_conf as conf
+
+    assert "control_socket_disable" in gunicorn.config.Config().settings
+    assert conf.control_socket_disable is True
