@@ -14,6 +14,7 @@ import redis
 from cachetools import TTLCache
 
 from shared.bridge.base import (
+    BEFORE_FIRST,
     END_EVENT,
     Event,
     Gap,
@@ -197,7 +198,9 @@ class StreamSubscriber:
             while True:
                 snap = self.snapshot(run_id, cursor)
                 if snap.kind is ReadKind.MISSING:
-                    if cursor or is_terminal():
+                    # 0-0 ("before the first event") waits like -1: no stream yet means
+                    # nothing was published, so nothing it asks for can be gone (issue 16 #10).
+                    if (cursor and cursor != BEFORE_FIRST) or is_terminal():
                         yield [Gap(run_id, requested or None, None, None)]
                         return
                     # Not started yet: wait for the stream to appear.
