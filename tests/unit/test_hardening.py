@@ -281,3 +281,21 @@ def test_issue16_item13_the_config_disables_the_control_socket() -> None:
 
     assert "control_socket_disable" in gunicorn.config.Config().settings
     assert conf.control_socket_disable is True
+
+
+# --- item 7: LangGraph's reserved config keys ------------------------------------------------
+
+
+def test_issue16_item7_every_langgraph_config_key_but_thread_id_is_reserved() -> None:
+    """issue 16 item 7: the refused keys cover every `CONFIG_KEY_*` of the installed
+    LangGraph (thread_id excepted: the server's value replaces a client's)."""
+    from langgraph._internal import _constants
+
+    from shared.runs.reserved import is_reserved, without_reserved
+
+    names = {getattr(_constants, n) for n in dir(_constants) if n.startswith("CONFIG_KEY_")} - {
+        "thread_id"
+    }
+    assert names and all(is_reserved(k) for k in names)
+    assert not is_reserved("thread_id") and not is_reserved("tokens")
+    assert without_reserved({"__pregel_checkpointer": 1, "tokens": 3}) == {"tokens": 3}
