@@ -38,7 +38,7 @@ timeout = _settings.web_timeout_s
 graceful_timeout = _settings.web_graceful_timeout_s
 # gunicorn >= 25 opens a control socket (`gunicornc`) at ~/.gunicorn/gunicorn.ctl by default:
 # one path for every instance of the user on the host, so one instance's socket answered for
-# another's (issue 16 item 13). We use no runtime control (signals do it), so none is opened.
+# another's. We use no runtime control (signals do it), so none is opened.
 control_socket_disable = True
 
 FD_HEADROOM = 1024

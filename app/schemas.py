@@ -168,7 +168,7 @@ class RunConfig(BaseModel):
     @field_validator("configurable")
     @classmethod
     def _no_reserved_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
-        check_no_reserved(v)  # issue 16 item 7: LangGraph's runtime keys are not a client's
+        check_no_reserved(v)  # LangGraph's runtime keys are not a client's
         return v
 
     def given(self) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Parsed with the same parsers the drivers use (`urllib.parse` as redis-py's `parse_url` and
 libpq's URI form read them, `psycopg.conninfo` for libpq's key=value form), not with a
 regex: the regex that was here found `user:password@` only, and missed `?password=` in a
-URL and `password=` in a conninfo string (issue 16 item 12).
+URL and `password=` in a conninfo string.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ UNPARSEABLE = "<connection string hidden: not parseable>"
 
 def redact(dsn: str) -> str:
     """`dsn` (a URL or a libpq key=value string) with every password replaced by `***`."""
-    if "://" in dsn:
+    scheme = urlsplit(dsn).scheme
+    if scheme and dsn.startswith(f"{scheme}://"):  # a URL (libpq: only its own schemes)
         return _redact_url(dsn)
     if "=" not in dsn:
         return dsn  # not a conninfo string either (a bare host, a path): nothing to hide

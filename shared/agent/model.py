@@ -208,7 +208,7 @@ def said_sentences(text: str) -> list[str]:
 
     Why not that regex: the text is a user's (a message can carry a `Previous summary:`
     line), and the lazy `.*?` rescans the rest of the line from every `The user said "`
-    that has no `".` after it: 120 KB of them took ~5 s of CPU (issue 16 item 1). Here each
+    that has no `".` after it: 120 KB of them took ~5 s of CPU. Here each
     part of the text is searched at most twice: a sentence ends at the first `".` after its
     opening, never past a newline (the regex's `.`), and an opening with no `".` before the
     next newline lets the search go on after that newline.

@@ -199,7 +199,7 @@ class StreamSubscriber:
                 snap = self.snapshot(run_id, cursor)
                 if snap.kind is ReadKind.MISSING:
                     # 0-0 ("before the first event") waits like -1: no stream yet means
-                    # nothing was published, so nothing it asks for can be gone (issue 16 #10).
+                    # nothing was published, so nothing it asks for can be gone.
                     if (cursor and cursor != BEFORE_FIRST) or is_terminal():
                         yield [Gap(run_id, requested or None, None, None)]
                         return

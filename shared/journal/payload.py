@@ -19,7 +19,7 @@ def drop_nul(text: str) -> str:
     An escape is `u0000` after an odd run of backslashes (an even run is escaped
     backslashes followed by the text "u0000"). A linear scan, not `(\\+)u0000`: that
     regex rescans a run of backslashes from each of its positions, and the text holds
-    user messages (120 KB of backslashes took seconds; issue 16 item 1).
+    user messages (120 KB of backslashes took seconds).
     """
     if _NUL not in text:
         return text

@@ -32,7 +32,7 @@ def unfence(text: str) -> str:
 
     What `re.sub(r"^```(?:json)?\\s*|\\s*```$", "", text)` did, in linear time: that
     regex tries `\\s*```$` from every position of a whitespace run, and the model's
-    answer can echo user text (issue 16 item 1).
+    answer can echo user text.
     """
     if text.startswith(_FENCE):
         text = text[len(_FENCE) :]

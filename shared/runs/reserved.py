@@ -1,4 +1,4 @@
-"""Config keys a client may not set: LangGraph's own (issue 16 item 7).
+"""Config keys a client may not set: LangGraph's own.
 
 LangGraph passes its runtime through `config["configurable"]`: `__pregel_checkpointer`,
 `__pregel_send`, `__pregel_read`, ... (every `CONFIG_KEY_*` of `langgraph._internal._constants`

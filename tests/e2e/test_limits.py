@@ -331,7 +331,7 @@ def test_a4_websocket_origin_allow_list(lim: Cluster) -> None:
             ws.close()
 
 
-# --- issue 16: hostile bodies that were accepted or answered 500 ------------------------------
+# --- A3: hostile bodies that were accepted or answered 500 ---------------------------------------
 
 
 def assert_invalid(r: httpx.Response, field: str, *words: str) -> None:
@@ -346,8 +346,8 @@ def assert_invalid(r: httpx.Response, field: str, *words: str) -> None:
 RESERVED_KEYS = ("__pregel_checkpointer", "__pregel_send", "__anything", "checkpoint_ns")
 
 
-def test_issue16_item7_reserved_config_keys_are_refused_everywhere(lim: Cluster) -> None:
-    """issue 16 item 7: `config.configurable.__pregel_checkpointer` (and LangGraph's other
+def test_a3_reserved_config_keys_are_refused_everywhere(lim: Cluster) -> None:
+    """A3: `config.configurable.__pregel_checkpointer` (and LangGraph's other
     reserved keys) switched checkpointing off or crashed the run; every path that takes a
     config answers 422 naming the key, and creates nothing."""
     tid = new_thread(lim, "reserved")

@@ -392,7 +392,7 @@ def test_b5_before_first_cursor_reports_a_trimmed_start(
 
 
 def test_b4_before_first_cursor_waits_for_a_pending_run(bridge: Bridge) -> None:
-    """issue 16 item 10: `Last-Event-ID: 0-0` on a run that has not started (no stream yet,
+    """B4: `Last-Event-ID: 0-0` on a run that has not started (no stream yet,
     not terminal) answered an immediate gap with null bounds; it waits like `-1`, then gets
     every event and `end`."""
     run = str(uuid.uuid4())

@@ -1,5 +1,5 @@
-"""Issue 16 ("Hardening, round two"): regressions for the defects an adversarial review found,
-the parts that need no server (parsers of user text, redaction, the gunicorn settings).
+"""Regressions for defects an adversarial review found (A3 hostile input, G4 secrets and
+the host's shared resources), the parts that need no server (parsers of user text, redaction, the gunicorn settings).
 
 The timing tests compare a crafted input with a plain one of the same size as a ratio, never
 against an absolute time, so that a slow or busy machine does not fail them.
@@ -32,7 +32,7 @@ from shared.journal.payload import drop_nul
 from shared.memory.extraction import ExtractionFailed, parse_facts, unfence
 from shared.settings import Settings
 
-# --- item 1: linear parsers of user text ------------------------------------------------------
+# --- linear parsers of user text ------------------------------------------------------
 
 CRAFTED_BYTES = 120 * 1024
 MAX_RATIO = 5.0
@@ -57,7 +57,7 @@ def _ratio(crafted: Callable[[], object], plain: Callable[[], object]) -> float:
 
 
 def _message(body: str) -> str:
-    """A user message whose second line is a `Previous summary:` line (issue 16 item 1)."""
+    """A user message whose second line is a `Previous summary:` line."""
     return "hello\nPrevious summary: " + body
 
 
@@ -66,8 +66,8 @@ def _summarize(text: str) -> str:
     return BuiltinChatModel(tokens=1).invoke(summary_prompt(None, [HumanMessage(text)])).text
 
 
-def test_issue16_item1_crafted_summary_input_costs_like_a_plain_one() -> None:
-    """issue 16 item 1: 120 KB of repeated `The user said "` after a `Previous summary:` line
+def test_a3_crafted_summary_input_costs_like_a_plain_one() -> None:
+    """A3: 120 KB of repeated `The user said "` after a `Previous summary:` line
     made the summary parser quadratic (~5-11 s of worker CPU); it must cost about what a plain
     message of the same size costs."""
     unit = 'The user said "'
@@ -83,14 +83,14 @@ _SAID_PIECES = st.sampled_from(['The user said "', '".', '"', ".", "\n", "x", " 
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(_SAID_PIECES, max_size=40).map("".join))
-def test_issue16_item1_said_scan_equals_the_old_regex(text: str) -> None:
-    """issue 16 item 1: the linear scan finds exactly what `r'The user said "(.*?)"\\.'` found
+def test_a3_said_scan_equals_the_old_regex(text: str) -> None:
+    """A3: the linear scan finds exactly what `r'The user said "(.*?)"\\.'` found
     (on bounded inputs, where the regex's cost does not matter)."""
     assert said_sentences(text) == _OLD_SAID.findall(text)
 
 
-def test_issue16_item1_summary_of_normal_input_is_unchanged() -> None:
-    """issue 16 item 1: a previous summary's sentences are carried over as before."""
+def test_a3_summary_of_normal_input_is_unchanged() -> None:
+    """A3: a previous summary's sentences are carried over as before."""
     previous = 'The user said "hello there". The user said "a "quoted" word".'
     messages = summary_prompt(previous, [HumanMessage("next one")])
     assert builtin_summary(messages) == (
@@ -98,8 +98,8 @@ def test_issue16_item1_summary_of_normal_input_is_unchanged() -> None:
     )
 
 
-def test_issue16_item1_nul_escape_scan_is_linear() -> None:
-    """issue 16 item 1: `(\\\\+)u0000` over a long run of backslashes (a user message's JSON)
+def test_a3_nul_escape_scan_is_linear() -> None:
+    """A3: `(\\\\+)u0000` over a long run of backslashes (a user message's JSON)
     backtracked quadratically; the scan costs about what plain text of the same size costs."""
     crafted = "\\" * CRAFTED_BYTES + "x u0000"
     plain = "y" * CRAFTED_BYTES + "x u0000"
@@ -112,8 +112,8 @@ _NUL_PIECES = st.sampled_from(["\\", "\\\\", "u0000", "u000", "u", "0", "x", '"'
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(_NUL_PIECES, max_size=30).map("".join))
-def test_issue16_item1_nul_scan_equals_the_old_regex(text: str) -> None:
-    """issue 16 item 1: `drop_nul` replaces exactly the escapes the old regex replaced."""
+def test_a3_nul_scan_equals_the_old_regex(text: str) -> None:
+    """A3: `drop_nul` replaces exactly the escapes the old regex replaced."""
 
     def old(m: re.Match[str]) -> str:
         slashes = m.group(1)
@@ -122,8 +122,8 @@ def test_issue16_item1_nul_scan_equals_the_old_regex(text: str) -> None:
     assert drop_nul(text) == _OLD_NUL.sub(old, text)
 
 
-def test_issue16_item1_extraction_fence_strip_is_linear() -> None:
-    """issue 16 item 1: `\\s*```$` over a long whitespace run in a model's answer (which can
+def test_a3_extraction_fence_strip_is_linear() -> None:
+    """A3: `\\s*```$` over a long whitespace run in a model's answer (which can
     echo user text) backtracked quadratically."""
     crafted = "x" + " " * CRAFTED_BYTES + "x"
     plain = "x" + "y" * CRAFTED_BYTES + "x"
@@ -144,14 +144,14 @@ _FENCE_PIECES = st.sampled_from(["```", "json", " ", "\n", "`", "{}", "x", "\u00
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(_FENCE_PIECES, max_size=20).map("".join))
-def test_issue16_item1_unfence_equals_the_old_regex(text: str) -> None:
-    """issue 16 item 1: the fence strip removes exactly what the old regex removed."""
+def test_a3_unfence_equals_the_old_regex(text: str) -> None:
+    """A3: the fence strip removes exactly what the old regex removed."""
 
     stripped = text.strip()
     assert unfence(stripped) == _OLD_FENCE.sub("", stripped)
 
 
-# --- item 12: redaction through the drivers' own parsers --------------------------------------
+# --- redaction through the drivers' own parsers --------------------------------------
 
 _SECRET = st.text(
     alphabet=st.characters(codec="ascii", exclude_characters="\x00"), min_size=1, max_size=12
@@ -162,10 +162,10 @@ _NAMES = st.text(alphabet="abcdefghij", min_size=1, max_size=8)
 
 @settings(max_examples=200, deadline=None)
 @given(secret=_SECRET, user=_NAMES, db=_NAMES, in_query=st.booleans())
-def test_issue16_item12_postgres_urls_lose_their_password(
+def test_g4_postgres_urls_lose_their_password(
     secret: str, user: str, db: str, in_query: bool
 ) -> None:
-    """issue 16 item 12: a password in a PostgreSQL URL, in its userinfo or as `?password=`,
+    """G4: a password in a PostgreSQL URL, in its userinfo or as `?password=`,
     is gone after redact(); everything else libpq reads from it is unchanged."""
     q = quote(secret, safe="")
     url = (
@@ -183,8 +183,8 @@ def test_issue16_item12_postgres_urls_lose_their_password(
 
 @settings(max_examples=200, deadline=None)
 @given(secret=_SECRET, user=_NAMES, db=_NAMES)
-def test_issue16_item12_libpq_conninfo_loses_its_password(secret: str, user: str, db: str) -> None:
-    """issue 16 item 12: `password=` in a libpq key=value string is gone after redact()."""
+def test_g4_libpq_conninfo_loses_its_password(secret: str, user: str, db: str) -> None:
+    """G4: `password=` in a libpq key=value string is gone after redact()."""
     dsn = make_conninfo(host="db.example", user=user, dbname=db, password=secret)
     out = redact(dsn)
     assert "Zq9" not in out
@@ -196,10 +196,8 @@ def test_issue16_item12_libpq_conninfo_loses_its_password(secret: str, user: str
 
 @settings(max_examples=200, deadline=None)
 @given(secret=_SECRET, in_query=st.booleans(), user=st.sampled_from(["", "app"]))
-def test_issue16_item12_redis_urls_lose_their_password(
-    secret: str, in_query: bool, user: str
-) -> None:
-    """issue 16 item 12: redis-py reads a password from the userinfo or `?password=`; neither
+def test_g4_redis_urls_lose_their_password(secret: str, in_query: bool, user: str) -> None:
+    """G4: redis-py reads a password from the userinfo or `?password=`; neither
     survives redact(), and the rest of what redis-py reads is unchanged."""
     q = quote(secret, safe="")
     url = (
@@ -215,8 +213,8 @@ def test_issue16_item12_redis_urls_lose_their_password(
     assert before == after
 
 
-def test_issue16_item12_what_has_no_password_is_unchanged() -> None:
-    """issue 16 item 12: URLs and conninfo strings without a password come back as they were."""
+def test_g4_what_has_no_password_is_unchanged() -> None:
+    """G4: URLs and conninfo strings without a password come back as they were."""
     for text in (
         "postgresql://u@h:5/db?sslmode=require",
         "redis://127.0.0.1:6379/15",
@@ -226,13 +224,13 @@ def test_issue16_item12_what_has_no_password_is_unchanged() -> None:
         assert redact(text) == text
 
 
-def test_issue16_item12_settings_repr_hides_a_query_password() -> None:
-    """issue 16 item 12: the settings' repr hides a Redis `?password=` too."""
+def test_g4_settings_repr_hides_a_query_password() -> None:
+    """G4: the settings' repr hides a Redis `?password=` too."""
     s = Settings(redis_url="redis://cache:6379/0?password=Zq9hidden")
     assert "Zq9hidden" not in repr(s) and "Zq9hidden" not in str(s)
 
 
-# --- item 13: no shared gunicorn control socket -----------------------------------------------
+# --- no shared gunicorn control socket -----------------------------------------------
 
 
 def _free_port() -> int:
@@ -241,8 +239,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_issue16_item13_gunicorn_opens_no_control_socket_in_home(tmp_path: Path) -> None:
-    """issue 16 item 13: every gunicorn instance on a host shared `~/.gunicorn/gunicorn.ctl`,
+def test_g4_gunicorn_opens_no_control_socket_in_home(tmp_path: Path) -> None:
+    """G4: every gunicorn instance on a host shared `~/.gunicorn/gunicorn.ctl`,
     so one instance's control socket answered for another. A real gunicorn started with our
     settings (and a stdlib demo app) must not create it."""
     port = _free_port()
@@ -273,8 +271,8 @@ def test_issue16_item13_gunicorn_opens_no_control_socket_in_home(tmp_path: Path)
         proc.wait(timeout=15)
 
 
-def test_issue16_item13_the_config_disables_the_control_socket() -> None:
-    """issue 16 item 13: the setting gunicorn (>= 25) reads is set in app/gunicorn_conf.py."""
+def test_g4_the_config_disables_the_control_socket() -> None:
+    """G4: the setting gunicorn (>= 25) reads is set in app/gunicorn_conf.py."""
     import gunicorn.config
 
     import app.gunicorn_conf as conf
@@ -283,11 +281,11 @@ def test_issue16_item13_the_config_disables_the_control_socket() -> None:
     assert conf.control_socket_disable is True
 
 
-# --- item 7: LangGraph's reserved config keys ------------------------------------------------
+# --- LangGraph's reserved config keys ------------------------------------------------
 
 
-def test_issue16_item7_every_langgraph_config_key_but_thread_id_is_reserved() -> None:
-    """issue 16 item 7: the refused keys cover every `CONFIG_KEY_*` of the installed
+def test_a3_every_langgraph_config_key_but_thread_id_is_reserved() -> None:
+    """A3: the refused keys cover every `CONFIG_KEY_*` of the installed
     LangGraph (thread_id excepted: the server's value replaces a client's)."""
     from langgraph._internal import _constants
 
