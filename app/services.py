@@ -65,12 +65,14 @@ class Services:
         assistants = AssistantManager(AssistantStore(pool), registry)
         assistants.ensure_system()  # each graph's system assistant (idempotent, race-safe)
         store = RunStore(pool)
+        state = CheckpointStateAccessor.for_pool(pool, registry, mode=settings.checkpoint_mode)
         manager = RunManager(
             store,
             Dispatcher(make_celery(settings)),
             client,
             keys,
             assistants=assistants,
+            checkpoints=state,  # a run from an unknown checkpoint is a 404
             default_strategy=settings.default_multitask_strategy,
             max_after_s=settings.run_after_seconds_max,
         )
@@ -81,7 +83,7 @@ class Services:
             runs=manager,
             store=store,
             subscriber=StreamSubscriber(client, keys, settings, hub=SubscriptionHub(client)),
-            state=CheckpointStateAccessor.for_pool(pool, registry, mode=settings.checkpoint_mode),
+            state=state,
             redis=client,
             events=RunEventStore(
                 pool,

@@ -23,7 +23,7 @@ from tests.e2e.conftest import ClusterFactory
 
 pytestmark = pytest.mark.e2e
 
-USERS = ("rate", "active", "conn", "size", "ws", "fps", "cors", "reserved")
+USERS = ("rate", "active", "conn", "size", "ws", "fps", "cors", "reserved", "ckpt")
 KEYS = {u: f"key-{u}" for u in USERS}
 LIMITS = {
     "THREADRUN_API_KEYS": ",".join(f"{k}:{u}" for u, k in KEYS.items()),
@@ -388,4 +388,48 @@ def test_a3_reserved_config_keys_are_refused_everywhere(lim: Cluster) -> None:
     # The server's own keys a client commonly repeats stay accepted (the server's value wins).
     ok = run_body(config={"configurable": {"thread_id": tid, "tokens": 3}})
     r = httpx.post(f"{lim.url}/threads/{tid}/runs/wait", json=ok, headers=hdr, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def test_a3_unknown_checkpoint_is_404(lim: Cluster) -> None:
+    """A3: a run from an unknown `checkpoint_id` silently started a new
+    conversation, and the state at an unknown checkpoint answered 200 with empty values;
+    both are 404 (and no run is created)."""
+    tid = new_thread(lim, "ckpt")
+    hdr = h("ckpt")
+    body = run_body(config={"configurable": {"tokens": 3}})
+    r = httpx.post(f"{lim.url}/threads/{tid}/runs/wait", json=body, headers=hdr, timeout=60)
+    assert r.status_code == 200, r.text
+    known = httpx.get(f"{lim.url}/threads/{tid}/state", headers=hdr).json()["checkpoint_id"]
+    assert known
+    unknown = "1f0c0000-0000-6000-8000-000000000000"
+    for extra in ({"checkpoint_id": unknown}, {"checkpoint": {"checkpoint_id": unknown}}):
+        r = httpx.post(
+            f"{lim.url}/threads/{tid}/runs/wait", json={**body, **extra}, headers=hdr, timeout=60
+        )
+        assert r.status_code == 404, r.text
+        assert unknown in r.json()["message"]
+    r = httpx.post(
+        f"{lim.url}/runs/batch",
+        json=[{**body, "thread_id": tid, "checkpoint_id": unknown}],
+        headers=hdr,
+    )
+    assert r.status_code == 404, r.text
+    assert len(httpx.get(f"{lim.url}/threads/{tid}/runs", headers=hdr).json()) == 1
+    assert httpx.get(f"{lim.url}/threads/{tid}/state/{unknown}", headers=hdr).status_code == 404
+    r = httpx.post(
+        f"{lim.url}/threads/{tid}/state/checkpoint",
+        json={"checkpoint": {"checkpoint_id": unknown}},
+        headers=hdr,
+    )
+    assert r.status_code == 404, r.text
+    # A known checkpoint still answers, and a run from it still starts there.
+    r = httpx.get(f"{lim.url}/threads/{tid}/state/{known}", headers=hdr)
+    assert r.status_code == 200 and r.json()["checkpoint_id"] == known
+    r = httpx.post(
+        f"{lim.url}/threads/{tid}/runs/wait",
+        json={**body, "checkpoint_id": known},
+        headers=hdr,
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
