@@ -23,7 +23,7 @@ from tests.e2e.conftest import ClusterFactory
 
 pytestmark = pytest.mark.e2e
 
-USERS = ("rate", "active", "conn", "size", "ws", "fps", "cors", "reserved", "ckpt")
+USERS = ("rate", "active", "conn", "size", "ws", "fps", "cors", "reserved", "ckpt", "msgs")
 KEYS = {u: f"key-{u}" for u in USERS}
 LIMITS = {
     "THREADRUN_API_KEYS": ",".join(f"{k}:{u}" for u, k in KEYS.items()),
@@ -432,4 +432,40 @@ def test_a3_unknown_checkpoint_is_404(lim: Cluster) -> None:
         headers=hdr,
         timeout=60,
     )
+    assert r.status_code == 200, r.text
+
+
+BAD_MESSAGES: list[Any] = [
+    5,
+    True,
+    1.5,
+    [5],
+    [[1]],
+    [["a", "b", "c"]],
+    [None],
+    [True],
+    [{"role": "assistant", "content": "", "tool_calls": 5}],
+    [{"role": "assistant", "content": "", "tool_calls": [5]}],
+    [{"role": "assistant", "content": "", "tool_calls": [{"args": {}, "id": "c1"}]}],
+    [{"type": "ai", "content": "", "tool_calls": [{"name": "f", "args": "x", "id": "c1"}]}],
+]
+
+
+def test_a3_malformed_state_messages_are_422(lim: Cluster) -> None:
+    """A3: malformed `values.messages` on POST /threads/{id}/state answered 500
+    with a traceback; each is a 422 naming the field, and the state is unchanged."""
+    tid = new_thread(lim, "msgs")
+    hdr = h("msgs")
+    body = run_body(config={"configurable": {"tokens": 3}})
+    r = httpx.post(f"{lim.url}/threads/{tid}/runs/wait", json=body, headers=hdr, timeout=60)
+    assert r.status_code == 200, r.text
+    before = httpx.get(f"{lim.url}/threads/{tid}/state", headers=hdr).json()
+    for bad in BAD_MESSAGES:
+        r = httpx.post(
+            f"{lim.url}/threads/{tid}/state", json={"values": {"messages": bad}}, headers=hdr
+        )
+        assert_invalid(r, "values.messages")
+    assert httpx.get(f"{lim.url}/threads/{tid}/state", headers=hdr).json() == before
+    good = {"values": {"messages": [{"role": "user", "content": "still fine"}]}}
+    r = httpx.post(f"{lim.url}/threads/{tid}/state", json=good, headers=hdr)
     assert r.status_code == 200, r.text
