@@ -36,6 +36,10 @@ threads = _settings.web_threads  # gthread only
 worker_connections = _settings.web_worker_connections  # gevent only
 timeout = _settings.web_timeout_s
 graceful_timeout = _settings.web_graceful_timeout_s
+# gunicorn >= 25 opens a control socket (`gunicornc`) at ~/.gunicorn/gunicorn.ctl by default:
+# one path for every instance of the user on the host, so one instance's socket answered for
+# another's. We use no runtime control (signals do it), so none is opened.
+control_socket_disable = True
 
 FD_HEADROOM = 1024
 """File descriptors beyond the connections: Redis and PostgreSQL pools, logs, the hub."""

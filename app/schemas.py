@@ -22,6 +22,7 @@ from shared.runs.model import (
     RunStatus,
     ThreadStatus,
 )
+from shared.runs.reserved import check_no_reserved
 
 # SDK fields we know but do not implement yet: refused with a clear message (A1).
 UNSUPPORTED_RUN_FIELDS = {
@@ -164,6 +165,12 @@ class RunConfig(BaseModel):
     recursion_limit: int | None = Field(default=None, ge=1, le=10_000)
     max_concurrency: int | None = Field(default=None, ge=1)
     run_name: str | None = None
+
+    @field_validator("configurable")
+    @classmethod
+    def _no_reserved_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        check_no_reserved(v)  # LangGraph's runtime keys are not a client's
+        return v
 
     def given(self) -> dict[str, Any]:
         """Only the keys the client gave (no empty defaults), so that an assistant's values
@@ -428,6 +435,12 @@ class AssistantCreate(Strict):
     name: str | None = Field(default=None, max_length=NAME_MAX)
     description: str | None = Field(default=None, max_length=DESCRIPTION_MAX)
 
+    @field_validator("context")
+    @classmethod
+    def _no_reserved_context_keys(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        check_no_reserved(v)  # an assistant's context becomes its config.configurable
+        return v
+
     def to_spec(self) -> AssistantSpec:
         """The typed request `AssistantManager.create` takes."""
         return AssistantSpec(
@@ -451,6 +464,12 @@ class AssistantUpdate(Strict):
     metadata: dict[str, Any] | None = None
     name: str | None = Field(default=None, max_length=NAME_MAX)
     description: str | None = Field(default=None, max_length=DESCRIPTION_MAX)
+
+    @field_validator("context")
+    @classmethod
+    def _no_reserved_context_keys(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        check_no_reserved(v)  # an assistant's context becomes its config.configurable
+        return v
 
     def to_patch(self) -> AssistantPatch:
         """The typed patch `AssistantManager.patch` takes."""

@@ -72,12 +72,19 @@ class Services:
         assistants = AssistantManager(AssistantStore(pool), registry)
         assistants.ensure_system()  # each graph's system assistant (idempotent, race-safe)
         store = RunStore(pool)
+        state = CheckpointStateAccessor.for_pool(
+            pool,
+            registry,
+            mode=settings.checkpoint_mode,
+            values_max_bytes=settings.thread_values_max_bytes,
+        )
         manager = RunManager(
             store,
             Dispatcher(make_celery(settings)),
             client,
             keys,
             assistants=assistants,
+            checkpoints=state,  # a run from an unknown checkpoint is a 404
             default_strategy=settings.default_multitask_strategy,
             max_after_s=settings.run_after_seconds_max,
         )
@@ -89,12 +96,7 @@ class Services:
             runs=manager,
             store=store,
             subscriber=subscriber,
-            state=CheckpointStateAccessor.for_pool(
-                pool,
-                registry,
-                mode=settings.checkpoint_mode,
-                values_max_bytes=settings.thread_values_max_bytes,
-            ),
+            state=state,
             redis=client,
             events=RunEventStore(
                 pool,

@@ -41,6 +41,7 @@ from typing import IO, Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 from shared.errors import ConfigError
+from shared.redaction import redact as redact  # re-exported: the supervisor prints URLs
 from shared.settings import Settings
 
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379"
@@ -62,20 +63,6 @@ class DevServicesError(ConfigError, RuntimeError):
 # --------------------------------------------------------------------------------------
 # URLs
 # --------------------------------------------------------------------------------------
-
-
-def redact(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe to print)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{parts.username or ''}:***@{host}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _is_pg_uri(url: str) -> bool:

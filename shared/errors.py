@@ -52,6 +52,10 @@ class AssistantNotFound(NotFound):
     """No assistant (or graph) with this id for this user (another user's looks the same)."""
 
 
+class CheckpointNotFound(NotFound):
+    """No checkpoint with this id in the caller's thread."""
+
+
 class PermissionDenied(ThreadrunError):
     """The caller may see this resource but not change it (403)."""
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -10,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.redaction import redact
 from shared.runs.model import MultitaskStrategy
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -449,10 +449,10 @@ class Settings(BaseSettings):
         return v if v.endswith(":") else v + ":"
 
     def __repr_args__(self) -> Any:
-        """repr() without the password a Redis URL may carry (`redis://:pw@host`)."""
+        """repr() without the password a Redis URL may carry (`redis://:pw@host`, `?password=`)."""
         for name, value in super().__repr_args__():
             if name == "redis_url" and isinstance(value, str):
-                value = re.sub(r"//([^/@]*)@", "//**@", value)
+                value = redact(value)
             yield name, value
 
     @property

@@ -34,6 +34,7 @@ from shared.leases import RenewOutcome, lease_value
 from shared.redis_keys import LimitKeys
 from shared.runs import temporary
 from shared.runs.model import CancelAction, JSONObject, Run, RunStatus, Sink, ThreadStatus
+from shared.runs.reserved import without_reserved
 from shared.runs.result import final_result
 from shared.runs.store import ClaimOutcome
 from shared.state import head_copies
@@ -300,7 +301,9 @@ def run_config(run: Run) -> dict[str, Any]:
         "graph_id": run.graph_id,
         "user_id": run.user_id,
     }
-    configurable = {**(requested.get("configurable") or {}), **identities, "checkpoint_ns": ""}
+    # Reserved keys are refused at the API; an assistant stored before that still has them.
+    own = without_reserved(requested.get("configurable"))
+    configurable = {**own, **identities, "checkpoint_ns": ""}
     if run.kwargs.get("checkpoint_id") and run.attempt == 1:
         configurable["checkpoint_id"] = run.kwargs["checkpoint_id"]
     metadata = {**(requested.get("metadata") or {}), **run.metadata, **identities}

@@ -14,6 +14,7 @@ from app.schemas import CheckpointRef, HistoryRequest, StateAtCheckpoint, StateU
 from app.services import current_services
 from shared.errors import Conflict, ValidationFailed
 from shared.runs.model import ThreadStatus
+from shared.state.message_values import check_messages
 
 bp = Blueprint("state", __name__)
 
@@ -61,6 +62,7 @@ def update_state(thread_id: str) -> Response:
         raise Conflict("the thread has no graph yet: start a run on it before updating its state")
     if thread.status is ThreadStatus.BUSY:
         raise Conflict("the thread has a run in progress; update its state when it is idle")
+    check_messages(body.values)  # a malformed message is a 422 naming it, not a 500
     checkpoint = body.checkpoint.as_dict() if body.checkpoint else None
     if body.checkpoint_id:
         checkpoint = {"checkpoint_ns": "", "checkpoint_id": body.checkpoint_id}

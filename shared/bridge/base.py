@@ -127,7 +127,8 @@ class StreamBridge(BridgePublisher, BridgeSubscriber, Protocol):
     A subscriber of `subscribe(run_id, last_event_id, is_terminal=...)` gets (B4-B7):
     - cursor None, '', '-1', '0' or '-': everything retained, never a gap for what was
       trimmed before it; '0-0': from the first event ever published (a gap if anything was
-      trimmed); another id: the events after it. A malformed id, or one beyond the last id
+      trimmed; a stream not created yet is waited for, as with '-1'); another id: the
+      events after it. A malformed id, or one beyond the last id
       issued, raises `StreamCursorInvalid` (`check_cursor` says so before any byte is sent);
     - the events after the cursor in order, each once, then the live ones as they come;
     - a `Heartbeat` after every heartbeat interval without an event (B6);
@@ -139,8 +140,8 @@ class StreamBridge(BridgePublisher, BridgeSubscriber, Protocol):
     - an entry after the cursor was trimmed, or the cursor is older than the stream itself
       (the stream was lost and re-created), or '0-0' was asked and something was trimmed;
     - while following live, the next entry's count is not the last one's plus one;
-    - the stream does not exist and a cursor was given or the run is terminal (expired or
-      lost), or the run is terminal and the stream has stayed silent for two heartbeat
+    - the stream does not exist and a cursor other than '0-0' was given or the run is
+      terminal (expired or lost), or the run is terminal and the stream has stayed silent for two heartbeat
       intervals without its `end` (lost with a publisher that gave up).
     Its `requested_event_id` is the cursor the gap is relative to (the client's cursor on
     replay, the last delivered id when following; None for "from the start"); the

@@ -15,6 +15,7 @@ from cachetools import TTLCache
 
 from shared import serde
 from shared.bridge.base import (
+    BEFORE_FIRST,
     END_EVENT,
     Event,
     Gap,
@@ -243,7 +244,9 @@ class StreamSubscriber:
             while True:
                 snap = self.snapshot(run_id, cursor)
                 if snap.kind is ReadKind.MISSING:
-                    if cursor or is_terminal():
+                    # 0-0 ("before the first event") waits like -1: no stream yet means
+                    # nothing was published, so nothing it asks for can be gone.
+                    if (cursor and cursor != BEFORE_FIRST) or is_terminal():
                         ending = self._missing_stream(run_id, requested, unstarted_end)
                         if ending is None:
                             continue  # it appeared meanwhile: a fast run

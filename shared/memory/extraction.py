@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -25,7 +24,22 @@ id in its "replaces". Answer with JSON only:
 Answer {{"facts": []}} when there is nothing durable."""
 KNOWN_FACTS = "Known facts:"
 
-_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
+_FENCE = "```"
+
+
+def unfence(text: str) -> str:
+    """`text` (already stripped) without a Markdown code fence around it.
+
+    What `re.sub(r"^```(?:json)?\\s*|\\s*```$", "", text)` did, in linear time: that
+    regex tries `\\s*```$` from every position of a whitespace run, and the model's
+    answer can echo user text.
+    """
+    if text.startswith(_FENCE):
+        text = text[len(_FENCE) :]
+        text = text.removeprefix("json").lstrip()
+    if text.endswith(_FENCE):
+        text = text[: -len(_FENCE)].rstrip()
+    return text
 
 
 class ExtractionFailed(UpstreamFailed):
@@ -54,7 +68,7 @@ def parse_facts(text: str, known_ids: Iterable[str] = ()) -> list[NewFact]:
     """
     allowed = set(known_ids)
     try:
-        raw: Any = json.loads(_FENCE.sub("", text.strip()))
+        raw: Any = json.loads(unfence(text.strip()))
         items = raw["facts"]
         if not isinstance(items, list):
             raise TypeError("facts is not a list")

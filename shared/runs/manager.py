@@ -12,7 +12,14 @@ import redis
 from psycopg.rows import DictRow
 
 from shared.assistants.model import Assistant
-from shared.errors import AssistantNotFound, RunNotFound, ThreadBusy, ValidationFailed
+from shared.errors import (
+    AssistantNotFound,
+    CheckpointNotFound,
+    RunNotFound,
+    ThreadBusy,
+    ThreadNotFound,
+    ValidationFailed,
+)
 from shared.redis_keys import CANCEL_TTL_S, THREAD_RUNS_MAXLEN, THREAD_RUNS_TTL_S, Keys, LimitKeys
 from shared.runs.admission import AdmissionOutcome, CancelOutcome
 from shared.runs.model import (
@@ -38,6 +45,14 @@ class AssistantResolver(Protocol):
         ...
 
 
+class CheckpointLookup(Protocol):
+    """Whether a thread has a checkpoint (`shared.state.accessor.CheckpointStateAccessor`)."""
+
+    def has_checkpoint(self, thread_id: str, checkpoint_id: str) -> bool:
+        """Whether the thread (root namespace) has this checkpoint."""
+        ...
+
+
 class RunManager:
     """Decisions about runs; the edges (HTTP, WebSocket) call this, never the store."""
 
@@ -49,6 +64,7 @@ class RunManager:
         keys: Keys,
         *,
         assistants: AssistantResolver | None = None,
+        checkpoints: CheckpointLookup | None = None,
         default_strategy: MultitaskStrategy = MultitaskStrategy.ENQUEUE,
         max_after_s: float = 30 * 86_400,
     ) -> None:
@@ -57,6 +73,7 @@ class RunManager:
         self._redis = client
         self._keys = keys
         self._assistants = assistants
+        self._checkpoints = checkpoints
         self._default_strategy = default_strategy
         self._max_after_s = max_after_s
 
@@ -90,6 +107,7 @@ class RunManager:
         """What admitting `request` writes: checked, on its assistant (404 for one the owner
         cannot see), with a new run id and the strategy in force."""
         self._check(request)
+        self._check_checkpoint(owner, request)
         strategy = request.multitask_strategy or self._default_strategy
         request, graph_id = self.resolve_assistant(owner, request)
         return AdmitItem(request, str(uuid.uuid4()), graph_id, strategy)
@@ -115,6 +133,26 @@ class RunManager:
                 f"after_seconds: at most {self._max_after_s:g} seconds", field="after_seconds"
             )
 
+    def _check_checkpoint(self, owner: str, request: RunRequest) -> None:
+        """A run from a checkpoint the thread does not have is a 404, not
+        a new conversation. Checked on the caller's own thread only: another user's thread
+        answers like a missing one (ThreadNotFound, or with if_not_exists=create a new
+        thread, which has no checkpoint either)."""
+        checkpoint_id = request.kwargs.get("checkpoint_id")
+        if not checkpoint_id or self._checkpoints is None:
+            return
+        missing = CheckpointNotFound(
+            f"checkpoint {checkpoint_id} not found in thread {request.thread_id}"
+        )
+        try:
+            self.store.get_thread(request.thread_id, owner)
+        except ThreadNotFound:
+            if not request.create_thread:
+                raise
+            raise missing from None
+        if not self._checkpoints.has_checkpoint(request.thread_id, str(checkpoint_id)):
+            raise missing
+
     def admit_batch(self, owner: str, requests: Sequence[RunRequest]) -> list[Run]:
         """Create several runs all or nothing (one transaction), then dispatch them.
 
@@ -125,6 +163,10 @@ class RunManager:
         for index, request in enumerate(requests):
             self._check(request)
             strategy = request.multitask_strategy or self._default_strategy
+            try:
+                self._check_checkpoint(owner, request)
+            except CheckpointNotFound as exc:
+                raise CheckpointNotFound(f"item {index}: {exc}") from exc
             try:
                 request, graph_id = self.resolve_assistant(owner, request)
             except AssistantNotFound as exc:

@@ -48,7 +48,7 @@ from psycopg.rows import DictRow
 
 from shared import serde
 from shared.db import DictPool
-from shared.errors import Conflict, NotFound, ValidationFailed
+from shared.errors import CheckpointNotFound, Conflict, NotFound, ValidationFailed
 from shared.state.modes import CheckpointMode
 from shared.state.savers import HeadsSaver, StatePostgresSaver
 from shared.state.upstream import delta_snapshot
@@ -189,6 +189,11 @@ def empty_state(thread_id: str) -> dict[str, Any]:
     }
 
 
+def checkpoint_not_found(thread_id: str, checkpoint_id: str) -> CheckpointNotFound:
+    """The 404 for a checkpoint the thread does not have."""
+    return CheckpointNotFound(f"checkpoint {checkpoint_id} not found in thread {thread_id}")
+
+
 def delete_checkpoints_in(conn: Connection[DictRow], thread_id: str) -> None:
     """Drop every checkpoint of the thread on the caller's connection, inside its
     transaction (a temporary thread goes with its row, or not at all)."""
@@ -274,12 +279,24 @@ class CheckpointStateAccessor:
         self, thread_id: str, graph_id: str | None, checkpoint: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """The thread's current (or a given checkpoint's) state."""
+        wanted = (checkpoint or {}).get("checkpoint_id")
         if graph_id is None:
+            if wanted:
+                raise checkpoint_not_found(thread_id, wanted)
             return empty_state(thread_id)
         snap = self._graph(graph_id).get_state(self._config(thread_id, checkpoint))
+        if wanted and snap.created_at is None:
+            # LangGraph answers an unknown checkpoint with an empty snapshot carrying the
+            # requested config: a 404 here, not the empty state.
+            raise checkpoint_not_found(thread_id, wanted)
         if snap.config is None or not snap.config.get("configurable", {}).get("checkpoint_id"):
             return empty_state(thread_id)
         return snapshot_to_json(snap)
+
+    def has_checkpoint(self, thread_id: str, checkpoint_id: str) -> bool:
+        """Whether the thread (root namespace) has this checkpoint."""
+        config = self._config(thread_id, {"checkpoint_id": checkpoint_id})
+        return self._saver.get_tuple(config) is not None
 
     def history(
         self,

@@ -23,7 +23,7 @@ from tests.e2e.conftest import ClusterFactory
 
 pytestmark = pytest.mark.e2e
 
-USERS = ("rate", "active", "conn", "size", "ws", "fps", "cors")
+USERS = ("rate", "active", "conn", "size", "ws", "fps", "cors", "reserved", "ckpt", "msgs")
 KEYS = {u: f"key-{u}" for u in USERS}
 LIMITS = {
     "THREADRUN_API_KEYS": ",".join(f"{k}:{u}" for u, k in KEYS.items()),
@@ -329,3 +329,143 @@ def test_a4_websocket_origin_allow_list(lim: Cluster) -> None:
             assert json.loads(ws.receive(timeout=10))["type"] == "pong"
         finally:
             ws.close()
+
+
+# --- A3: hostile bodies that were accepted or answered 500 ---------------------------------------
+
+
+def assert_invalid(r: httpx.Response, field: str, *words: str) -> None:
+    """A 422 naming the field (and `words`, e.g. the offending key) in its message."""
+    assert r.status_code == 422, (r.status_code, r.text)
+    body = r.json()
+    assert body["field"] == field or body["field"].startswith(field), body
+    for word in words:
+        assert word in body["message"], body
+
+
+RESERVED_KEYS = ("__pregel_checkpointer", "__pregel_send", "__anything", "checkpoint_ns")
+
+
+def test_a3_reserved_config_keys_are_refused_everywhere(lim: Cluster) -> None:
+    """A3: `config.configurable.__pregel_checkpointer` (and LangGraph's other
+    reserved keys) switched checkpointing off or crashed the run; every path that takes a
+    config answers 422 naming the key, and creates nothing."""
+    tid = new_thread(lim, "reserved")
+    hdr = h("reserved")
+    for key in RESERVED_KEYS:
+        config = {"configurable": {key: "x", "tokens": 3}}
+        for path in (
+            f"/threads/{tid}/runs",
+            f"/threads/{tid}/runs/stream",
+            f"/threads/{tid}/runs/wait",
+            "/runs",
+            "/runs/stream",
+            "/runs/wait",
+        ):
+            r = httpx.post(
+                f"{lim.url}{path}", json=run_body(config=config), headers=hdr, timeout=30
+            )
+            assert_invalid(r, "config.configurable", key)
+        batch = [run_body(), run_body(config=config)]
+        r = httpx.post(f"{lim.url}/runs/batch", json=batch, headers=hdr, timeout=30)
+        assert_invalid(r, "[1].config.configurable", key)
+        for body in ({"config": config}, {"context": {key: "x"}}):
+            r = httpx.post(
+                f"{lim.url}/assistants", json={"graph_id": "lead_agent", **body}, headers=hdr
+            )
+            assert_invalid(r, next(iter(body)), key)
+    r = httpx.post(f"{lim.url}/assistants", json={"graph_id": "lead_agent"}, headers=hdr)
+    assert r.status_code == 200, r.text
+    aid = r.json()["assistant_id"]
+    r = httpx.patch(
+        f"{lim.url}/assistants/{aid}",
+        json={"config": {"configurable": {"__pregel_checkpointer": None}}},
+        headers=hdr,
+    )
+    assert_invalid(r, "config.configurable", "__pregel_checkpointer")
+    runs = httpx.get(f"{lim.url}/threads/{tid}/runs", headers=hdr, timeout=30).json()
+    assert runs == []
+    # The server's own keys a client commonly repeats stay accepted (the server's value wins).
+    ok = run_body(config={"configurable": {"thread_id": tid, "tokens": 3}})
+    r = httpx.post(f"{lim.url}/threads/{tid}/runs/wait", json=ok, headers=hdr, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def test_a3_unknown_checkpoint_is_404(lim: Cluster) -> None:
+    """A3: a run from an unknown `checkpoint_id` silently started a new
+    conversation, and the state at an unknown checkpoint answered 200 with empty values;
+    both are 404 (and no run is created)."""
+    tid = new_thread(lim, "ckpt")
+    hdr = h("ckpt")
+    body = run_body(config={"configurable": {"tokens": 3}})
+    r = httpx.post(f"{lim.url}/threads/{tid}/runs/wait", json=body, headers=hdr, timeout=60)
+    assert r.status_code == 200, r.text
+    known = httpx.get(f"{lim.url}/threads/{tid}/state", headers=hdr).json()["checkpoint_id"]
+    assert known
+    unknown = "1f0c0000-0000-6000-8000-000000000000"
+    for extra in ({"checkpoint_id": unknown}, {"checkpoint": {"checkpoint_id": unknown}}):
+        r = httpx.post(
+            f"{lim.url}/threads/{tid}/runs/wait", json={**body, **extra}, headers=hdr, timeout=60
+        )
+        assert r.status_code == 404, r.text
+        assert unknown in r.json()["message"]
+    r = httpx.post(
+        f"{lim.url}/runs/batch",
+        json=[{**body, "thread_id": tid, "checkpoint_id": unknown}],
+        headers=hdr,
+    )
+    assert r.status_code == 404, r.text
+    assert len(httpx.get(f"{lim.url}/threads/{tid}/runs", headers=hdr).json()) == 1
+    assert httpx.get(f"{lim.url}/threads/{tid}/state/{unknown}", headers=hdr).status_code == 404
+    r = httpx.post(
+        f"{lim.url}/threads/{tid}/state/checkpoint",
+        json={"checkpoint": {"checkpoint_id": unknown}},
+        headers=hdr,
+    )
+    assert r.status_code == 404, r.text
+    # A known checkpoint still answers, and a run from it still starts there.
+    r = httpx.get(f"{lim.url}/threads/{tid}/state/{known}", headers=hdr)
+    assert r.status_code == 200 and r.json()["checkpoint_id"] == known
+    r = httpx.post(
+        f"{lim.url}/threads/{tid}/runs/wait",
+        json={**body, "checkpoint_id": known},
+        headers=hdr,
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+
+
+BAD_MESSAGES: list[Any] = [
+    5,
+    True,
+    1.5,
+    [5],
+    [[1]],
+    [["a", "b", "c"]],
+    [None],
+    [True],
+    [{"role": "assistant", "content": "", "tool_calls": 5}],
+    [{"role": "assistant", "content": "", "tool_calls": [5]}],
+    [{"role": "assistant", "content": "", "tool_calls": [{"args": {}, "id": "c1"}]}],
+    [{"type": "ai", "content": "", "tool_calls": [{"name": "f", "args": "x", "id": "c1"}]}],
+]
+
+
+def test_a3_malformed_state_messages_are_422(lim: Cluster) -> None:
+    """A3: malformed `values.messages` on POST /threads/{id}/state answered 500
+    with a traceback; each is a 422 naming the field, and the state is unchanged."""
+    tid = new_thread(lim, "msgs")
+    hdr = h("msgs")
+    body = run_body(config={"configurable": {"tokens": 3}})
+    r = httpx.post(f"{lim.url}/threads/{tid}/runs/wait", json=body, headers=hdr, timeout=60)
+    assert r.status_code == 200, r.text
+    before = httpx.get(f"{lim.url}/threads/{tid}/state", headers=hdr).json()
+    for bad in BAD_MESSAGES:
+        r = httpx.post(
+            f"{lim.url}/threads/{tid}/state", json={"values": {"messages": bad}}, headers=hdr
+        )
+        assert_invalid(r, "values.messages")
+    assert httpx.get(f"{lim.url}/threads/{tid}/state", headers=hdr).json() == before
+    good = {"values": {"messages": [{"role": "user", "content": "still fine"}]}}
+    r = httpx.post(f"{lim.url}/threads/{tid}/state", json=good, headers=hdr)
+    assert r.status_code == 200, r.text

@@ -429,6 +429,24 @@ def test_b5_before_first_cursor_reports_a_trimmed_start(
     assert len(got) == 1 and isinstance(got[0], Gap)
 
 
+def test_b4_before_first_cursor_waits_for_a_pending_run(bridge: Bridge) -> None:
+    """B4: `Last-Event-ID: 0-0` on a run that has not started (no stream yet,
+    not terminal) answered an immediate gap with null bounds; it waits like `-1`, then gets
+    every event and `end`."""
+    run = str(uuid.uuid4())
+    it = bridge.subscriber().subscribe(run, "0-0", is_terminal=lambda: False)
+    assert isinstance(next(it), Heartbeat)
+    value = bridge.lease(run, 1)
+    ids = bridge.publish(run, value, [ev(i) for i in range(3)])
+    bridge.publish(run, value, [(END_EVENT, b"{}")], end=True)
+    got = [item for item in it if not isinstance(item, Heartbeat)]
+    assert [g.id for g in got[:3]] == ids  # type: ignore[attr-defined]
+    assert isinstance(got[-1], Event) and got[-1].event == END_EVENT and len(got) == 4
+    # A run that ended without a stream is still a gap, whatever the cursor.
+    gone = str(uuid.uuid4())
+    assert bridge.read_all(gone, "0-0", terminal=True) == [Gap(gone, "0-0", None, None)]
+
+
 def test_b5_hub_rewind_during_a_read_never_makes_a_false_gap(rclient: redis.Redis) -> None:
     """B5: a subscriber attaching behind the hub while a read is in flight gets neither a
     batch that starts after a hole (a false gap) nor a position that skips its entries."""
