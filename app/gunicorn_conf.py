@@ -59,3 +59,12 @@ def _raise_nofile_limit(wanted: int) -> None:
 
 if worker_class == "gevent":
     _raise_nofile_limit(worker_connections + FD_HEADROOM)
+
+
+def worker_exit(server: object, worker: object) -> None:
+    """Close the worker's PostgreSQL pools before the interpreter does: under gevent a pool
+    closed by its finalizer prints a `greenlet is being finalized` traceback (Ctrl-C on
+    `make run` printed one per pool)."""
+    from shared.db import close_pools
+
+    close_pools()

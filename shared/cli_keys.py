@@ -66,13 +66,38 @@ def _row(key: ApiKey) -> str:
 def cmd_create(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Create a key and print it (the only time it is shown)."""
     out = out or sys.stdout
-    key, secret = key_store().create(args.user, args.role, args.name)
+    settings = Settings()
+    store = key_store(settings)
+    ends_local_mode = (
+        not store.any_active()
+        and not settings.api_key_map
+        and settings.jwt_secret is None
+        and settings.jwt_public_key_file is None
+    )
+    key, secret = store.create(args.user, args.role, args.name)
     out.write(f"{secret}\n")
     sys.stderr.write(
         f"created key {key.prefix} (id {key.key_id}) for {key.user_id} ({key.role});"
         " store it now, it is not shown again\n"
     )
+    if ends_local_mode:
+        sys.stderr.write(local_mode_ended(settings.local_user, key.user_id))
     return EXIT_OK
+
+
+def local_mode_ended(local_user: str, new_user: str) -> str:
+    """The warning of the first key: local single-user mode is over, and where the threads
+    made in it went (they belong to the local user, whom only a key of that user reaches)."""
+    reach = (
+        "this key reaches them"
+        if new_user == local_user
+        else f"create a key for that user to reach them: `threadrun keys create --user {local_user}`"
+    )
+    return (
+        "warning: this is the first credential, so local single-user mode is over: every"
+        " request now needs a key (the chat page asks for one).\n"
+        f"  Threads made in local mode belong to the user {local_user!r}; {reach}.\n"
+    )
 
 
 def cmd_list(args: argparse.Namespace, out: TextIO | None = None) -> int:

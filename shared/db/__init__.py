@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from typing import Any, cast
 
 from psycopg import AsyncConnection, Connection
@@ -32,7 +34,21 @@ def make_pool(settings: Settings, *, name: str, max_size: int | None = None) -> 
         check=ConnectionPool.check_connection,
     )
     pool.open(wait=True, timeout=30)
+    _OPEN_POOLS.add(pool)
     return cast(DictPool, pool)
+
+
+_OPEN_POOLS: weakref.WeakSet[ConnectionPool[Any]] = weakref.WeakSet()
+"""The sync pools this process opened, so that its exit can close them (`close_pools`)."""
+
+
+def close_pools(timeout_s: float = 2.0) -> None:
+    """Close every sync pool this process opened. A gevent web worker calls it on its way
+    out: a pool left to the interpreter's teardown joins its worker threads from a
+    finalizer, which gevent refuses (a `greenlet is being finalized` traceback per pool)."""
+    for pool in list(_OPEN_POOLS):
+        with contextlib.suppress(Exception):
+            pool.close(timeout=timeout_s)
 
 
 async def make_async_pool(

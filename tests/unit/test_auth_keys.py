@@ -93,6 +93,24 @@ def test_a4_cli_create_list_revoke(
     assert cli_main(["keys", "revoke", "trk_missing0"]) == 1
 
 
+def test_a4_the_first_key_says_that_local_mode_ends(
+    settings: Settings,
+    store: ApiKeyStore,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A4: creating the first credential ends local single-user mode: `keys create` says so
+    and how to reach the local user's threads; a second key says nothing more."""
+    monkeypatch.setenv("THREADRUN_DATABASE_URL", settings.dsn)
+    monkeypatch.delenv("THREADRUN_API_KEYS", raising=False)
+    assert cli_main(["keys", "create", "--user", "dana"]) == 0
+    err = capsys.readouterr().err
+    assert "local single-user mode is over" in err
+    assert "threadrun keys create --user local" in err
+    assert cli_main(["keys", "create", "--user", "local"]) == 0
+    assert "local single-user mode" not in capsys.readouterr().err
+
+
 @pytest.fixture
 def app(settings: Settings) -> Flask:
     return create_app(_settings(settings, api_keys=f"{ENV_KEY}:alice", api_key_cache_ttl_s=0.2))

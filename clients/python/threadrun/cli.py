@@ -11,8 +11,9 @@ the durable state was reloaded, B9; the full reply is printed again at the end),
 Exit status: 0 success; 1 the run failed or the server refused; 2 usage; 3 the live
 stream was lost (the run keeps going on the server); 130 interrupted by Ctrl-C.
 
-Defaults: THREADRUN_URL (else http://127.0.0.1:8000), THREADRUN_API_KEY,
-THREADRUN_TRANSPORT (else ws).
+Defaults: THREADRUN_URL (else http://THREADRUN_HOST:THREADRUN_PORT, as `make run` serves;
+else http://127.0.0.1:8000), THREADRUN_API_KEY, THREADRUN_TRANSPORT (else ws); `chat` uses
+the only assistant the server has, else lead_agent.
 
 Subcommands that need the server's code (`threadrun keys`, `threadrun migrate`: they talk to
 PostgreSQL directly) are not part of this package. The server distribution registers them in
@@ -92,7 +93,10 @@ def add_chat(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Send messages to an assistant and print its reply as it streams.",
     )
     p.add_argument("--thread", help="continue this thread (default: create one)")
-    p.add_argument("--assistant", default="lead_agent", help="assistant id (default %(default)s)")
+    p.add_argument(
+        "--assistant",
+        help="assistant id or graph name (default: the only assistant, else lead_agent)",
+    )
     p.add_argument("--message", "-m", help="send this one message and exit")
     p.add_argument(
         "--config",
@@ -228,6 +232,7 @@ def chat_once(
 def cmd_chat(args: argparse.Namespace) -> int:
     """One message (--message) or an interactive loop over stdin lines."""
     with make_client(args) as client:
+        assistant = args.assistant or pick_assistant(client.search_assistants())
         thread_id = args.thread or client.create_thread()["thread_id"]
         sys.stderr.write(f"thread {thread_id}\n")
         messages: Iterable[str]
@@ -238,11 +243,28 @@ def cmd_chat(args: argparse.Namespace) -> int:
         code = EXIT_OK
         for text in messages:
             code = chat_once(
-                client, thread_id, args.assistant, text, args.config, sys.stdout, sys.stderr
+                client, thread_id, assistant, text, args.config, sys.stdout, sys.stderr
             )
             if code == EXIT_STREAM_LOST or (args.message is not None and code != EXIT_OK):
                 break
         return code
+
+
+DEFAULT_ASSISTANT = "lead_agent"
+
+
+def pick_assistant(assistants: list[dict[str, Any]]) -> str:
+    """The assistant `chat` uses without --assistant: the only one there is, else the
+    `lead_agent` graph's; with several and no lead_agent, a usage error naming them."""
+    if len(assistants) == 1:
+        return str(assistants[0]["assistant_id"])
+    if not assistants or any(a.get("graph_id") == DEFAULT_ASSISTANT for a in assistants):
+        return DEFAULT_ASSISTANT
+    names = ", ".join(sorted({str(a.get("graph_id")) for a in assistants}))
+    raise ThreadrunClientError(
+        f"this server has several assistants ({names}) and no {DEFAULT_ASSISTANT}: pass"
+        " --assistant <id or graph name>"
+    )
 
 
 def _prompt_lines(stdin: TextIO, err: TextIO) -> Iterable[str]:

@@ -27,7 +27,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from threadrun.client import DEFAULT_URL, ThreadrunClientError
+from threadrun.client import ServerUnreachableError, ThreadrunClientError, default_url
 
 EXIT_OK, EXIT_FAILED = 0, 1
 TIMEOUT_S = 30.0
@@ -45,8 +45,9 @@ def server_options(api_key_help: str = "API key") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument(
         "--url",
-        default=os.environ.get("THREADRUN_URL", DEFAULT_URL),
-        help="server base URL (env THREADRUN_URL; default %(default)s)",
+        default=default_url(),
+        help="server base URL (env THREADRUN_URL, else THREADRUN_HOST/THREADRUN_PORT;"
+        " default %(default)s)",
     )
     p.add_argument(
         "--api-key",
@@ -69,7 +70,9 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
             method, args.url.rstrip("/") + path, json=body, headers=headers, timeout=TIMEOUT_S
         )
     except httpx.HTTPError as exc:
-        raise OpsError(f"cannot reach {args.url}: {exc}") from exc
+        raise OpsError(
+            str(ServerUnreachableError(args.url, f"{type(exc).__name__}: {exc}"))
+        ) from exc
     try:
         doc = res.json()
     except ValueError:

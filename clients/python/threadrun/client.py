@@ -31,6 +31,7 @@ an in-memory fake in the unit tests).
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import time
@@ -47,6 +48,23 @@ START_CURSOR = "-1"
 """`Last-Event-ID` meaning "from the start of what is retained" (B4)."""
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def default_url(env: Mapping[str, str] | None = None) -> str:
+    """The server to talk to: THREADRUN_URL, else the address `make run` serves on
+    (THREADRUN_HOST and THREADRUN_PORT, as the server reads them; a wildcard bind address
+    is reached on 127.0.0.1), else DEFAULT_URL."""
+    env = os.environ if env is None else env
+    if env.get("THREADRUN_URL"):
+        return env["THREADRUN_URL"]
+    host = env.get("THREADRUN_HOST") or "127.0.0.1"
+    if host in ("0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{env.get('THREADRUN_PORT') or 8000}"
+
+
 DEFAULT_STREAM_MODE: tuple[str, ...] = ("messages-tuple", "values")
 
 
@@ -130,6 +148,17 @@ class ThreadrunAPIError(ThreadrunClientError):
         super().__init__(message)
         self.status = status
         self.code = code
+
+
+class ServerUnreachableError(ThreadrunClientError):
+    """No answer from the server at all (refused, unknown host, timed out)."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(
+            f"cannot reach the threadrun server at {url} ({reason}). Is it running? `make run`"
+            " starts one and prints its URL; --url or THREADRUN_URL point elsewhere."
+        )
+        self.url = url
 
 
 class StreamDisconnectedError(ThreadrunClientError):
@@ -1047,7 +1076,16 @@ class ThreadrunClient:
         try:
             return self._request(method, path, **kw)
         except ConnectionDropped as exc:
+            if isinstance(exc.__cause__, httpx.TransportError):
+                raise ServerUnreachableError(str(self._http.base_url), str(exc)) from exc
             raise ThreadrunClientError(f"{method} {path} failed: {exc}") from exc
+
+    def search_assistants(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """POST /assistants/search: the assistants the caller can run."""
+        result: list[dict[str, Any]] = self._call(
+            "POST", "/assistants/search", json={"limit": limit}
+        )
+        return result
 
     def create_thread(
         self, *, metadata: dict[str, Any] | None = None, thread_id: str | None = None
