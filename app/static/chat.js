@@ -91,6 +91,7 @@
     gaps: 0,
     holdRejoinMs: 0,
     skipSizeCheck: false,
+    liveRenders: 0,
   };
 
   const $ = (id) => document.getElementById(id);
@@ -562,6 +563,7 @@
         keep(key, sig, () => {
           const shown = part.afterGap ? { ...part, text: part.text.trimStart() } : part;
           const li = messageNode({ id, type: "ai", ...shown }, { live: true });
+          T.liveRenders += 1; // a streaming message re-rendered (Markdown and all)
           if (part.afterGap) li.classList.add("after-gap"); // its beginning was missed
           return li;
         })
@@ -754,7 +756,10 @@
   function threadTitle(t) {
     const title = t.metadata && t.metadata.title;
     if (typeof title === "string" && title.trim()) return title.trim();
-    const msgs = t.values && Array.isArray(t.values.messages) ? t.values.messages : [];
+    let msgs = t.values && Array.isArray(t.values.messages) ? t.values.messages : [];
+    if (!msgs.length && t.thread_id === S.threadId) {
+      msgs = S.optimistic ? [...S.durable, S.optimistic] : S.durable; // not saved yet
+    }
     const first = msgs.find((m) => msgType(m) === "human" && isShown(m));
     const line = first ? firstLine(textOf(first.content)) : "";
     return line || "New chat";
@@ -1073,7 +1078,9 @@
       const t = S.threads.find((x) => x.thread_id === threadId);
       if (t && !(t.metadata && t.metadata.title)) t.metadata = { ...(t.metadata || {}), title };
       renderThreads();
-      api("PATCH", `/threads/${threadId}`, { metadata: { title } }).catch(() => {});
+      api("PATCH", `/threads/${threadId}`, { metadata: { title } })
+        .then(loadThreads)
+        .catch(() => {});
     }
   }
 
@@ -1689,6 +1696,7 @@
       opens: T.opens,
       gaps: T.gaps,
       chunks: T.chunks.length,
+      liveRenders: T.liveRenders,
     }),
   };
 

@@ -91,13 +91,29 @@ def tiny(private_cluster: ClusterFactory) -> Iterator[Cluster]:
 class Page:
     """One chat page in a fresh browser context (its own localStorage)."""
 
-    def __init__(self, browser: Any, base: str, **params: Any) -> None:
+    def __init__(
+        self,
+        browser: Any,
+        base: str,
+        *,
+        key: str = ALICE,
+        phone: bool = False,
+        **params: Any,
+    ) -> None:
         self.base = base
-        self.context = browser.new_context(viewport={"width": 1280, "height": 860})
+        if phone:  # a phone's width (390x844 CSS pixels), touch, 2x pixels
+            self.context = browser.new_context(
+                viewport={"width": 390, "height": 844},
+                device_scale_factor=2,
+                is_mobile=True,
+                has_touch=True,
+            )
+        else:
+            self.context = browser.new_context(viewport={"width": 1280, "height": 860})
         self.page = self.context.new_page()
         self.errors: list[str] = []
         self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
-        query = urlencode({"api_key": ALICE, **params})
+        query = urlencode({"api_key": key, **params})
         self.page.goto(f"{base}/?{query}")  # / redirects to /ui, keeping the query
         self.wait("window.threadrunTest && window.threadrunTest.ready()", what="the page to load")
 
@@ -141,9 +157,9 @@ class Page:
     def transcript(self) -> list[dict[str, Any]]:
         return list(self.js("window.threadrunTest.transcript()"))
 
-    def screenshot(self, name: str) -> Path:
+    def screenshot(self, name: str, prefix: str = "browser") -> Path:
         OUTPUT.mkdir(parents=True, exist_ok=True)
-        path = OUTPUT / f"browser-{name}.png"
+        path = OUTPUT / f"{prefix}-{name}.png"
         self.page.screenshot(path=str(path), full_page=True)
         return path
 
