@@ -16,7 +16,16 @@ from werkzeug.exceptions import NotFound
 
 bp = Blueprint("ui", __name__)
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
-_STATIC_FILES = frozenset({"index.html", "chat.js", "chat.css"})
+_STATIC_FILES = frozenset(
+    {
+        "index.html",
+        "chat.js",
+        "chat.css",
+        # Vendored, unmodified builds (app/static/vendor/README.md has versions and licences).
+        "vendor/marked.umd.js",
+        "vendor/purify.min.js",
+    }
+)
 
 
 def _csp(*, websockets: bool) -> str:
@@ -76,5 +85,5 @@ def page() -> Response:
 
 @bp.get("/ui/static/<path:filename>")
 def static_file(filename: str) -> Response:
-    """chat.js, chat.css (only the page's own files; anything else is 404)."""
+    """chat.js, chat.css, the vendored Markdown parser and sanitizer (only the page's own files; anything else is 404)."""
     return static_response(filename, _STATIC_FILES)

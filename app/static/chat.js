@@ -61,6 +61,7 @@
   if (params.get("tokens")) configurable.tokens = Number(params.get("tokens"));
   if (params.get("delay")) configurable.token_delay_ms = Number(params.get("delay"));
   let transport = params.get("transport") === "sse" ? "sse" : "ws";
+  const debug = params.get("debug") === "1"; // the developer footer
 
   // ---------------------------------------------------------------- page state ----------
   const S = {
@@ -73,6 +74,11 @@
     run: null, // the run this page follows (see newRun)
     status: "idle",
     detail: "",
+    notice: null, // {kind, title, detail, retry}: an error shown in the transcript
+    limits: null, // GET /info `limits` (max_input_bytes, ws_max_frame_bytes, …)
+    oversize: null, // why the composer's text cannot be sent
+    preview: null, // the artifact open in the preview panel
+    threadUi: { renaming: null, draft: "", confirming: null },
   };
   // What the browser test reads (window.threadrunTest).
   const T = {
@@ -84,6 +90,8 @@
     opens: 0,
     gaps: 0,
     holdRejoinMs: 0,
+    skipSizeCheck: false,
+    liveRenders: 0,
   };
 
   const $ = (id) => document.getElementById(id);
@@ -202,21 +210,84 @@
   function updateControls() {
     const r = S.run;
     const busy = Boolean(r && !r.ended && !r.abandoned);
-    el.send.disabled = busy || !S.threadId;
-    el.input.disabled = !S.threadId;
+    el.send.disabled = busy || Boolean(S.oversize);
     el.stop.hidden = !busy;
     el.stop.disabled = Boolean(r && r.stopping) || !(r && r.runId);
     el.stop.textContent = r && r.stopping ? "Stopping…" : "Stop";
+    if (!debug) return;
     const parts = [`transport: ${transport === "ws" ? "WebSocket" : "SSE"}`];
-    if (r && r.runId) parts.push(`run ${shortId(r.runId)}`);
+    if (S.threadId) parts.push(`thread ${S.threadId}`);
+    if (r && r.runId) parts.push(`run ${r.runId}`);
     if (r && r.lastEventId) parts.push(`last event ${r.lastEventId}`);
     if (r && r.attempt > 1) parts.push(`attempt ${r.attempt}`);
     if (Object.keys(configurable).length) parts.push(`debug ${JSON.stringify(configurable)}`);
     el.footer.textContent = parts.join(" · ");
   }
 
+  // ---------------------------------------------------------------- size limits ---------
+  // GET /info names the server's limits; a message above them is refused here, naming the
+  // limit, instead of being sent and refused (or the socket closed) by the server.
+  function requestBody(text) {
+    const body = {
+      assistant_id: el.assistant.value || "lead_agent",
+      input: { messages: [{ role: "user", content: text }] },
+      stream_mode: STREAM_MODES,
+      on_disconnect: "continue",
+    };
+    if (Object.keys(configurable).length) body.config = { configurable: { ...configurable } };
+    return body;
+  }
+
+  function byteLength(s) {
+    return new TextEncoder().encode(s).length;
+  }
+
+  /** Why this text cannot be sent (null when it can). */
+  function sizeProblem(text) {
+    if (T.skipSizeCheck) return null;
+    const lim = S.limits || {};
+    const body = requestBody(text);
+    const inputBytes = byteLength(JSON.stringify(body.input));
+    if (lim.max_input_bytes && inputBytes > lim.max_input_bytes) {
+      return (
+        `This message is ${humanSize(inputBytes)}; the server accepts at most ` +
+        `${humanSize(lim.max_input_bytes)} per message (max_input_bytes).`
+      );
+    }
+    if (transport === "ws" && lim.ws_max_frame_bytes) {
+      const frame = { type: "run.create", thread_id: "0".repeat(36), request_id: "r000000", ...body };
+      const frameBytes = byteLength(JSON.stringify(frame));
+      if (frameBytes > lim.ws_max_frame_bytes) {
+        return (
+          `This message is ${humanSize(inputBytes)}; the server accepts at most ` +
+          `${humanSize(lim.ws_max_frame_bytes)} per WebSocket frame (ws_max_frame_bytes).`
+        );
+      }
+    }
+    return null;
+  }
+
+  const HINT = "Enter to send · Shift+Enter for a new line";
+
+  function checkComposer() {
+    const problem = el.input.value ? sizeProblem(el.input.value) : null;
+    S.oversize = problem;
+    el.hint.textContent = problem || HINT;
+    el.hint.classList.toggle("over", Boolean(problem));
+    el.composer.classList.toggle("over", Boolean(problem));
+    updateControls();
+    // Grow with the text, up to the CSS max-height.
+    el.input.style.height = "auto";
+    el.input.style.height = `${Math.min(el.input.scrollHeight, 220)}px`;
+  }
+
   // ---------------------------------------------------------------- transcript ----------
+  //
+  // Rendering is keyed: each message keeps its <li> while it is unchanged (a durable message
+  // by object identity, a streaming one by its length), so a token batch re-renders only the
+  // message it extends, and an expanded tool result stays expanded while the run streams.
   let renderQueued = false;
+  const rendered = new Map(); // key -> {sig, li}
 
   function scheduleRender() {
     if (renderQueued) return;
@@ -228,10 +299,102 @@
     setTimeout(flush, 60); // also when the tab is hidden (no animation frames)
   }
 
-  function toolCallLabel(tc) {
+  // Markdown: a maintained parser (marked) and sanitizer (DOMPurify), vendored under
+  // /ui/static/vendor/. Nothing the model writes reaches the DOM unsanitized; without the
+  // libraries (a blocked file) the text is shown as plain text.
+  const PURIFY = {
+    FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select", "iframe"],
+    FORBID_ATTR: ["style"],
+    RETURN_DOM_FRAGMENT: true,
+  };
+  let mdReady = false;
+
+  function setupMarkdown() {
+    if (mdReady || !window.marked || !window.DOMPurify) return mdReady;
+    window.DOMPurify.addHook("afterSanitizeAttributes", (n) => {
+      if (n.tagName === "A" && n.getAttribute("href")) {
+        n.setAttribute("target", "_blank");
+        n.setAttribute("rel", "noopener noreferrer");
+      }
+    });
+    mdReady = true;
+    return mdReady;
+  }
+
+  function markdown(text) {
+    const box = node("div", "body md");
+    if (!text) return box;
+    if (!setupMarkdown()) {
+      box.append(node("p", "plain", text));
+      return box;
+    }
+    const html = window.marked.parse(text, { gfm: true, breaks: false, async: false });
+    box.append(window.DOMPurify.sanitize(html, PURIFY));
+    for (const pre of box.querySelectorAll("pre")) {
+      const code = pre.querySelector("code");
+      const lang = code && /language-([\w+#.-]+)/.exec(code.className);
+      const wrap = node("div", "code");
+      const head = node("div", "code-head");
+      head.append(node("span", "code-lang", lang ? lang[1] : "text"));
+      const copy = node("button", "copy-code", "Copy");
+      copy.type = "button";
+      head.append(copy);
+      pre.replaceWith(wrap);
+      wrap.append(head, pre);
+    }
+    return box;
+  }
+
+  function prettyValue(v) {
+    if (typeof v === "string") return v;
+    try {
+      return JSON.stringify(v, null, 2);
+    } catch (_e) {
+      return String(v);
+    }
+  }
+
+  function humanSize(n) {
+    if (!Number.isFinite(n)) return "";
+    if (n < 1024) return `${n} bytes`;
+    if (n < 1024 * 1024) return `${(n / 1024).toFixed(n < 10240 ? 1 : 0).replace(/\.0$/, "")} KB`;
+    return `${(n / 1048576).toFixed(1).replace(/\.0$/, "")} MB`;
+  }
+
+  function toolHint(args) {
+    const hint = args.filename || args.path || args.query || args.url || "";
+    return typeof hint === "string" ? hint : "";
+  }
+
+  /** A tool call as a card: its name, a one-line hint, and its arguments one per row. */
+  function toolCallCard(tc) {
     const args = tc.args && typeof tc.args === "object" ? tc.args : {};
-    const hint = args.filename || args.path || args.query || "";
-    return `calls ${tc.name}${hint ? ` · ${hint}` : ""}`;
+    const card = node("div", "tool-card tool-call");
+    const head = node("div", "tc-head");
+    head.append(node("span", "tc-icon", "⚙"), node("span", "tc-name", tc.name || "tool"));
+    const hint = toolHint(args);
+    if (hint) head.append(node("span", "tc-summary", hint));
+    card.append(head);
+    const keys = Object.keys(args);
+    if (keys.length) {
+      const dl = node("dl", "tc-args");
+      for (const k of keys) {
+        const text = prettyValue(args[k]);
+        const long = text.length > 160 || text.includes("\n");
+        const dd = node("dd");
+        if (long) {
+          const det = node("details");
+          det.append(node("summary", "muted", `${humanSize(new TextEncoder().encode(text).length)} · show`));
+          det.append(node("pre", "long", text));
+          dd.append(det);
+        } else {
+          dd.append(node("pre", "", text));
+        }
+        dl.append(node("dt", "", k), dd);
+      }
+      card.append(dl);
+    }
+    return card;
   }
 
   function artifactOf(m) {
@@ -245,54 +408,172 @@
     return null;
   }
 
+  function artifactCard(path, size) {
+    const card = node("div", "artifact-card");
+    card.dataset.path = path;
+    const ext = (/\.(\w{1,4})$/.exec(path) || [])[1] || "file";
+    card.append(node("span", "a-icon", ext.toUpperCase()), node("span", "a-name", path));
+    if (Number.isFinite(size)) card.append(node("span", "a-size", humanSize(size)));
+    const actions = node("span", "a-actions");
+    const open = node("button", "small-btn primary-soft open-artifact", "Open");
+    open.type = "button";
+    const dl = node("button", "small-btn ghost download-artifact", "Download");
+    dl.type = "button";
+    actions.append(open, dl);
+    card.append(actions);
+    return card;
+  }
+
+  /** A tool result: a card whose full result is collapsed; an artifact gets Open/Download. */
+  function toolResultCard(m) {
+    const text = textOf(m.content);
+    const failed = m.status === "error";
+    const card = node("div", `tool-card ${failed ? "tool-failed" : "tool-ok"}`);
+    const det = node("details");
+    const sum = node("summary");
+    const art = artifactOf(m);
+    let summary = failed ? "failed" : "returned";
+    if (art) summary = `saved ${art.path}`;
+    else if (text.length <= 80 && !text.includes("\n")) summary = `${summary}: ${text}`;
+    sum.append(
+      node("span", "tc-icon", failed ? "!" : "✓"),
+      node("span", "tc-name", m.name || "tool"),
+      node("span", "tc-summary", summary)
+    );
+    det.append(sum);
+    let pretty = text;
+    try {
+      pretty = JSON.stringify(JSON.parse(text), null, 2);
+    } catch (_e) {
+      /* plain text */
+    }
+    const body = node("div", "tc-result");
+    body.append(node("pre", "", pretty));
+    det.append(body);
+    card.append(det);
+    if (art) card.append(artifactCard(art.path, art.size));
+    return card;
+  }
+
+  function isStopped(m) {
+    const rm = m.response_metadata || {};
+    const ak = m.additional_kwargs || {};
+    return Boolean(rm.stopped || ak.stopped || rm.status === "stopped" || ak.status === "stopped");
+  }
+
   function messageNode(m, { live = false, optimistic = false } = {}) {
     const type = msgType(m);
+    const text = live ? m.text : textOf(m.content);
     const li = node("li", `msg msg-${type}`);
+    li._raw = text; // what the test hook compares with the durable state
     if (live) li.classList.add("live");
     if (optimistic) li.classList.add("optimistic");
     li.dataset.id = m.id || "";
     li.dataset.type = type;
     if (live) li.dataset.live = "1";
-    const role = type === "human" ? "You" : type === "ai" ? "Assistant" : `tool · ${m.name || "?"}`;
-    li.append(node("div", "role", role));
-    li.append(node("div", "body", live ? m.text : textOf(m.content)));
-    const calls = (live ? m.toolCalls : m.tool_calls) || [];
-    if (calls.length) {
-      const box = node("div", "tool-calls");
-      for (const tc of calls) box.append(node("span", "tool-call", toolCallLabel(tc)));
-      li.append(box);
-    }
-    if (type === "tool") {
-      if (m.status === "error") li.classList.add("tool-error");
-      const art = artifactOf(m);
-      if (art) {
-        const size = Number.isFinite(art.size) ? ` (${art.size} bytes)` : "";
-        li.append(node("div", "artifact-card", `artifact saved: ${art.path}${size}`));
+    const role = node("div", "role", type === "human" ? "You" : type === "ai" ? "Assistant" : `tool · ${m.name || "?"}`);
+    li.append(role);
+    if (type === "human") {
+      li.append(node("div", "body", text));
+    } else if (type === "ai") {
+      li.append(markdown(text));
+      if (!live && isStopped(m)) {
+        li.classList.add("stopped");
+        role.append(node("span", "badge", "stopped"));
       }
+      const calls = (live ? m.toolCalls : m.tool_calls) || [];
+      if (calls.length) {
+        const box = node("div", "tool-calls");
+        for (const tc of calls) box.append(toolCallCard(tc));
+        li.append(box);
+      }
+    } else {
+      if (m.status === "error") li.classList.add("tool-error");
+      li.append(toolResultCard(m));
     }
+    return li;
+  }
+
+  function noticeNode(n) {
+    const li = node("li", "notice");
+    li.dataset.kind = n.kind || "error";
+    li.append(node("span", "n-icon", "!"));
+    const box = node("div", "n-text");
+    box.append(node("div", "n-title", n.title));
+    if (n.detail) box.append(node("div", "n-detail", n.detail));
+    li.append(box);
+    if (n.retry) {
+      const b = node("button", "n-retry", "Retry");
+      b.type = "button";
+      b.id = "retry";
+      li.append(b);
+    }
+    return li;
+  }
+
+  function place(parent, nodes) {
+    let i = 0;
+    for (const n of nodes) {
+      if (parent.children[i] !== n) parent.insertBefore(n, parent.children[i] || null);
+      i += 1;
+    }
+    while (parent.children.length > nodes.length) parent.lastElementChild.remove();
+  }
+
+  function keep(key, sig, make) {
+    const old = rendered.get(key);
+    if (old && old.sig === sig) return old.li;
+    const li = make();
+    if (old) {
+      // Keep what the reader expanded.
+      const was = old.li.querySelectorAll("details");
+      li.querySelectorAll("details").forEach((d, i) => {
+        if (was[i] && was[i].open) d.open = true;
+      });
+    }
+    rendered.set(key, { sig, li });
     return li;
   }
 
   function render() {
     renderQueued = false;
-    const atBottom =
-      el.transcript.scrollHeight - el.transcript.scrollTop - el.transcript.clientHeight < 80;
-    const frag = document.createDocumentFragment();
+    const sc = el.scroller;
+    const atBottom = sc.scrollHeight - sc.scrollTop - sc.clientHeight < 120;
+    const nodes = [];
+    const keys = new Set();
     const known = new Set();
-    for (const m of S.durable) {
+    S.durable.forEach((m, i) => {
       if (m.id) known.add(m.id);
-      if (isShown(m)) frag.append(messageNode(m, { optimistic: Boolean(m._optimistic) }));
+      if (!isShown(m)) return;
+      const key = m.id ? `m:${m.id}` : `i:${i}`;
+      keys.add(key);
+      nodes.push(keep(key, m, () => messageNode(m, { optimistic: Boolean(m._optimistic) })));
+    });
+    if (S.optimistic) {
+      const o = S.optimistic;
+      keys.add("optimistic");
+      nodes.push(keep("optimistic", o, () => messageNode(o, { optimistic: true })));
     }
-    if (S.optimistic) frag.append(messageNode(S.optimistic, { optimistic: true }));
     for (const [id, part] of S.live) {
       if (known.has(id)) continue;
-      const shown = part.afterGap ? { ...part, text: part.text.trimStart() } : part;
-      const li = messageNode({ id, type: "ai", ...shown }, { live: true });
-      if (part.afterGap) li.classList.add("after-gap"); // its beginning was missed
-      frag.append(li);
+      const key = `live:${id}`;
+      keys.add(key);
+      const sig = `${part.text.length}|${part.toolCalls.length}|${part.afterGap}`;
+      nodes.push(
+        keep(key, sig, () => {
+          const shown = part.afterGap ? { ...part, text: part.text.trimStart() } : part;
+          const li = messageNode({ id, type: "ai", ...shown }, { live: true });
+          T.liveRenders += 1; // a streaming message re-rendered (Markdown and all)
+          if (part.afterGap) li.classList.add("after-gap"); // its beginning was missed
+          return li;
+        })
+      );
     }
-    el.transcript.replaceChildren(frag);
-    if (atBottom) el.transcript.scrollTop = el.transcript.scrollHeight;
+    for (const k of rendered.keys()) if (!keys.has(k)) rendered.delete(k);
+    place(el.transcript, nodes);
+    place(el.notices, S.notice ? [noticeNode(S.notice)] : []);
+    el.welcome.hidden = nodes.length > 0 || Boolean(S.notice);
+    if (atBottom) sc.scrollTop = sc.scrollHeight;
     renderArtifacts();
     updateControls();
   }
@@ -300,18 +581,112 @@
   function renderArtifacts() {
     const items = [];
     const seen = new Set();
-    const add = (path, extra) => {
+    const add = (path) => {
       if (!path || seen.has(path)) return;
       seen.add(path);
-      items.push(extra ? `${path} ${extra}` : path);
+      items.push(path);
     };
     for (const a of S.artifacts) add(typeof a === "string" ? a : a && (a.path || a.filename));
     for (const m of S.durable) {
       const art = artifactOf(m);
-      if (art) add(art.path, Number.isFinite(art.size) ? `(${art.size} bytes)` : "");
+      if (art) add(art.path);
     }
-    el.artifactList.replaceChildren(...items.map((t) => node("li", "", t)));
+    const sig = items.join("\n");
+    if (el.artifactList.dataset.sig === sig) return;
+    el.artifactList.dataset.sig = sig;
+    el.artifactList.replaceChildren(
+      ...items.map((p) => {
+        const li = node("li");
+        const b = node("button", "open-artifact", p.split("/").pop());
+        b.type = "button";
+        b.dataset.path = p;
+        b.title = `open ${p}`;
+        li.append(b);
+        return li;
+      })
+    );
     el.artifacts.hidden = items.length === 0;
+  }
+
+  // --- artifacts: preview and download (GET /threads/{id}/artifacts/outputs/{name}) -----
+  const TEXT_EXT = /\.(md|markdown|txt|json|csv|py|html|log|ya?ml|toml)$/i;
+
+  async function fetchArtifact(threadId, path) {
+    const name = path.split("/").pop();
+    const resp = await fetch(`/threads/${threadId}/artifacts/outputs/${encodeURIComponent(name)}`, {
+      headers: authHeaders(),
+    });
+    if (!resp.ok) {
+      let msg = `${resp.status} ${resp.statusText}`;
+      try {
+        msg = (await resp.json()).message || msg;
+      } catch (_e) {
+        /* keep the status */
+      }
+      throw new Error(msg);
+    }
+    return { name, blob: await resp.blob() };
+  }
+
+  async function openArtifact(path) {
+    const threadId = S.threadId;
+    S.preview = { path, loading: true };
+    el.previewName.textContent = path;
+    el.previewBody.replaceChildren(node("p", "muted", "Loading…"));
+    el.preview.hidden = false;
+    try {
+      const { name, blob } = await fetchArtifact(threadId, path);
+      if (!S.preview || S.preview.path !== path) return;
+      S.preview = { path, name, blob };
+      if (!TEXT_EXT.test(name) || blob.size > 2 * 1024 * 1024) {
+        el.previewBody.replaceChildren(node("p", "muted", `${humanSize(blob.size)} · no preview for this kind of file; use Download.`));
+        return;
+      }
+      let text = await blob.text();
+      if (/\.(md|markdown)$/i.test(name)) {
+        el.previewBody.replaceChildren(markdown(text));
+      } else {
+        if (/\.json$/i.test(name)) {
+          try {
+            text = JSON.stringify(JSON.parse(text), null, 2);
+          } catch (_e) {
+            /* show as is */
+          }
+        }
+        el.previewBody.replaceChildren(node("pre", "plain", text));
+      }
+    } catch (e) {
+      el.previewBody.replaceChildren(node("p", "banner", `Could not open ${path}: ${e.message}`));
+    }
+  }
+
+  function saveBlob(name, blob) {
+    const url = URL.createObjectURL(blob);
+    const a = node("a");
+    a.href = url;
+    a.download = name;
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  }
+
+  async function downloadArtifact(path) {
+    try {
+      if (S.preview && S.preview.path === path && S.preview.blob) {
+        saveBlob(S.preview.name, S.preview.blob);
+        return;
+      }
+      const { name, blob } = await fetchArtifact(S.threadId, path);
+      saveBlob(name, blob);
+    } catch (e) {
+      showBanner(`Could not download ${path}: ${e.message}`);
+    }
+  }
+
+  function closePreview() {
+    S.preview = null;
+    el.preview.hidden = true;
   }
 
   function setDurable(values) {
@@ -360,7 +735,7 @@
   async function loadThreads() {
     try {
       S.threads = await api("POST", "/threads/search", {
-        limit: 50,
+        limit: 100,
         sort_by: "updated_at",
         sort_order: "desc",
       });
@@ -372,38 +747,164 @@
     renderThreads();
   }
 
+  function firstLine(text) {
+    const line = String(text || "").trim().split("\n")[0].trim();
+    return line.length > 60 ? `${line.slice(0, 57).trimEnd()}…` : line;
+  }
+
+  /** metadata.title, else the first user message (threads made by the SDK or CLI too). */
   function threadTitle(t) {
     const title = t.metadata && t.metadata.title;
-    return typeof title === "string" && title ? title : `Thread ${shortId(t.thread_id)}`;
+    if (typeof title === "string" && title.trim()) return title.trim();
+    let msgs = t.values && Array.isArray(t.values.messages) ? t.values.messages : [];
+    if (!msgs.length && t.thread_id === S.threadId) {
+      msgs = S.optimistic ? [...S.durable, S.optimistic] : S.durable; // not saved yet
+    }
+    const first = msgs.find((m) => msgType(m) === "human" && isShown(m));
+    const line = first ? firstLine(textOf(first.content)) : "";
+    return line || "New chat";
+  }
+
+  function threadItem(t) {
+    const ui = S.threadUi;
+    const li = node("li");
+    li.dataset.threadId = t.thread_id;
+    li.tabIndex = 0;
+    if (t.thread_id === S.threadId) li.classList.add("active");
+    if (ui.renaming === t.thread_id) {
+      const input = node("input", "t-rename");
+      input.value = ui.draft;
+      input.setAttribute("aria-label", "new title");
+      input.maxLength = 200;
+      li.append(input);
+      return li;
+    }
+    li.append(node("span", "t-title", threadTitle(t)));
+    const meta = node("span", "t-meta");
+    if (t.status === "busy") meta.append(node("span", "t-busy", "answering…"));
+    else if (t.status && t.status !== "idle") meta.append(node("span", "", t.status));
+    meta.append(node("span", "", ago(t.updated_at)));
+    li.append(meta);
+    const actions = node("span", "t-actions");
+    meta.append(actions);
+    const rename = node("button", "t-rename-btn", "Rename");
+    rename.type = "button";
+    rename.title = "rename";
+    const del = node("button", "t-delete", "Delete");
+    del.type = "button";
+    del.title = "delete";
+    actions.append(rename, del);
+    if (ui.confirming === t.thread_id) {
+      const box = node("div", "t-confirm");
+      box.append(node("span", "", "Delete this chat?"));
+      const yes = node("button", "t-confirm-yes", "Delete");
+      yes.type = "button";
+      const no = node("button", "t-confirm-no", "Cancel");
+      no.type = "button";
+      box.append(yes, no);
+      li.append(box);
+    }
+    return li;
   }
 
   function renderThreads() {
-    const items = S.threads.map((t) => {
-      const li = node("li");
-      li.dataset.threadId = t.thread_id;
-      if (t.thread_id === S.threadId) li.classList.add("active");
-      li.append(node("span", "t-title", threadTitle(t)));
-      const meta = node("span", "t-meta");
-      meta.append(node("span", t.status === "busy" ? "t-busy" : "", t.status));
-      meta.append(node("span", "", ago(t.updated_at)));
-      li.append(meta);
-      li.addEventListener("click", () => selectThread(t.thread_id));
-      return li;
-    });
-    el.threadList.replaceChildren(...items);
-    el.threadEmpty.hidden = items.length > 0;
+    const q = el.search.value.trim().toLowerCase();
+    const visible = S.threads.filter((t) => !q || threadTitle(t).toLowerCase().includes(q));
+    el.threadList.replaceChildren(...visible.map(threadItem));
+    el.threadEmpty.textContent = q ? "No chat matches." : "No chats yet.";
+    el.threadEmpty.hidden = visible.length > 0;
     const current = S.threads.find((t) => t.thread_id === S.threadId);
-    el.title.textContent = current ? threadTitle(current) : S.threadId ? `Thread ${shortId(S.threadId)}` : "No thread selected";
+    el.title.textContent = current ? threadTitle(current) : "New chat";
+    document.title = current ? `${threadTitle(current)} · threadrun` : "threadrun · chat";
+    const input = el.threadList.querySelector("input.t-rename");
+    if (input && document.activeElement !== input) {
+      input.focus();
+      input.setSelectionRange(input.value.length, input.value.length);
+    }
   }
 
-  async function newThread() {
+  function startRename(threadId) {
+    const t = S.threads.find((x) => x.thread_id === threadId);
+    if (!t) return;
+    S.threadUi = { renaming: threadId, draft: threadTitle(t), confirming: null };
+    renderThreads();
+  }
+
+  async function commitRename() {
+    const { renaming, draft } = S.threadUi;
+    S.threadUi = { renaming: null, draft: "", confirming: null };
+    const t = S.threads.find((x) => x.thread_id === renaming);
+    const title = draft.trim().slice(0, 200);
+    if (!t || !title || title === threadTitle(t)) {
+      renderThreads();
+      return;
+    }
+    t.metadata = { ...(t.metadata || {}), title };
+    renderThreads();
     try {
-      const t = await api("POST", "/threads", { metadata: { source: "web-ui" } });
-      S.threads.unshift(t);
-      await selectThread(t.thread_id);
-      el.input.focus();
+      await api("PATCH", `/threads/${renaming}`, { metadata: { title } });
     } catch (e) {
-      showBanner(`Could not create a thread: ${e.message}`);
+      showBanner(`Could not rename the chat: ${e.message}`);
+      loadThreads();
+    }
+  }
+
+  async function deleteThread(threadId) {
+    S.threadUi = { renaming: null, draft: "", confirming: null };
+    try {
+      await api("DELETE", `/threads/${threadId}`);
+    } catch (e) {
+      if (e.status !== 404) {
+        showBanner(`Could not delete the chat: ${e.message}`);
+        renderThreads();
+        return;
+      }
+    }
+    S.threads = S.threads.filter((t) => t.thread_id !== threadId);
+    if (S.threadId === threadId) clearThread();
+    renderThreads();
+  }
+
+  /** No thread selected: the welcome screen and a composer that creates one on send. */
+  function clearThread() {
+    stopFollowing();
+    S.threadId = null;
+    S.durable = [];
+    S.live.clear();
+    S.optimistic = null;
+    S.artifacts = [];
+    S.notice = null;
+    closePreview();
+    history.replaceState(null, "", `${location.pathname}${location.search}`);
+    setStatus("idle");
+    renderThreads();
+    render();
+  }
+
+  function newThread() {
+    // A chat exists once its first message is sent (send() creates the thread), so an
+    // abandoned "New chat" leaves no empty thread behind.
+    clearThread();
+    closeDrawer();
+    el.input.focus();
+  }
+
+  function onThreadListClick(ev) {
+    const li = ev.target.closest("li[data-thread-id]");
+    if (!li) return;
+    const tid = li.dataset.threadId;
+    const b = ev.target.closest("button");
+    if (b && b.classList.contains("t-rename-btn")) startRename(tid);
+    else if (b && b.classList.contains("t-delete")) {
+      S.threadUi = { renaming: null, draft: "", confirming: tid };
+      renderThreads();
+    } else if (b && b.classList.contains("t-confirm-yes")) deleteThread(tid);
+    else if (b && b.classList.contains("t-confirm-no")) {
+      S.threadUi.confirming = null;
+      renderThreads();
+    } else if (!ev.target.closest("input")) {
+      closeDrawer();
+      selectThread(tid);
     }
   }
 
@@ -416,6 +917,8 @@
     S.live.clear();
     S.optimistic = null;
     S.artifacts = [];
+    S.notice = null;
+    closePreview();
     renderThreads();
     render();
     setStatus("idle");
@@ -428,10 +931,32 @@
         const r = inflight.find((x) => x.status === "running") || inflight[inflight.length - 1];
         S.run = newRun(r.run_id, threadId);
         join(null); // from the start of what is retained: rebuilds the partial message
+      } else if (S.threadId === threadId && !S.run) {
+        // The last run failed and nothing answered the last message: say so, with a retry.
+        const last = (runs || []).slice().sort((a, b) => (a.created_at < b.created_at ? 1 : -1))[0];
+        const shown = S.durable.filter(isShown);
+        const tail = shown[shown.length - 1];
+        if (last && last.status === "error" && tail && msgType(tail) === "human") {
+          S.notice = modelErrorNotice(errorText(last.error), textOf(tail.content));
+          render();
+        }
       }
     } catch (e) {
       if (S.threadId === threadId) setStatus("error", `Could not load the thread: ${e.message}`);
     }
+  }
+
+  // ---------------------------------------------------------------- drawer (phones) -----
+  function openDrawer() {
+    document.body.classList.add("drawer-open");
+    el.backdrop.hidden = false;
+    el.menu.setAttribute("aria-expanded", "true");
+  }
+
+  function closeDrawer() {
+    document.body.classList.remove("drawer-open");
+    el.backdrop.hidden = true;
+    el.menu.setAttribute("aria-expanded", "false");
   }
 
   // ---------------------------------------------------------------- runs ----------------
@@ -458,27 +983,67 @@
     return S.run === run && !run.ended && !run.abandoned;
   }
 
+  function errorText(err) {
+    if (!err) return "";
+    if (typeof err === "string") return err;
+    if (typeof err === "object") {
+      const parts = [err.error || err.type || err.code, err.message || err.detail].filter(Boolean);
+      return parts.join(": ") || JSON.stringify(err);
+    }
+    return String(err);
+  }
+
+  function modelErrorNotice(detail, retryText) {
+    return {
+      kind: "model",
+      title: "The assistant could not answer",
+      detail: detail || "The run ended with an error.",
+      retry: retryText || null,
+    };
+  }
+
+  function lastUserText() {
+    for (let i = S.durable.length - 1; i >= 0; i -= 1) {
+      if (msgType(S.durable[i]) === "human" && isShown(S.durable[i])) return textOf(S.durable[i].content);
+    }
+    return "";
+  }
+
   async function send(text) {
-    if (!S.threadId || (S.run && !S.run.ended && !S.run.abandoned)) return;
-    const threadId = S.threadId;
-    const firstMessage = !S.durable.some((m) => msgType(m) === "human");
+    if (S.run && !S.run.ended && !S.run.abandoned) return;
+    const problem = sizeProblem(text);
+    if (problem) {
+      el.input.value = el.input.value || text;
+      checkComposer();
+      return;
+    }
+    S.notice = null;
     S.optimistic = { id: "optimistic", type: "human", content: text };
     S.live.clear();
     showBanner("");
     render();
-    const body = {
-      assistant_id: el.assistant.value || "lead_agent",
-      input: { messages: [{ role: "user", content: text }] },
-      stream_mode: STREAM_MODES,
-      on_disconnect: "continue",
-    };
-    if (Object.keys(configurable).length) body.config = { configurable };
-    if (firstMessage) {
-      api("PATCH", `/threads/${threadId}`, { metadata: { title: text.slice(0, 60) } })
-        .then(loadThreads)
-        .catch(() => {});
+    if (!S.threadId) {
+      // First message of a new chat: the thread is created now.
+      try {
+        const t = await api("POST", "/threads", { metadata: { source: "web-ui" } });
+        S.threads.unshift(t);
+        S.threadId = t.thread_id;
+        history.replaceState(null, "", `${location.pathname}${location.search}#thread=${t.thread_id}`);
+        renderThreads();
+      } catch (e) {
+        S.optimistic = null;
+        el.input.value = el.input.value || text;
+        S.notice = { kind: "send", title: "Message not sent", detail: `Could not create the chat: ${e.message}`, retry: text };
+        render();
+        checkComposer();
+        return;
+      }
     }
+    const threadId = S.threadId;
+    const firstMessage = !S.durable.some((m) => msgType(m) === "human");
+    const body = requestBody(text);
     S.run = newRun(null, threadId);
+    S.run.text = text;
     setStatus("streaming");
     try {
       if (transport === "ws") await wsCreate(S.run, body);
@@ -495,9 +1060,35 @@
       }
       S.optimistic = null;
       el.input.value = el.input.value || text;
+      checkComposer();
+      const refused = e.code === "limit_exceeded" || (e.status >= 400 && e.status < 500);
+      S.notice = {
+        kind: "send",
+        title: refused ? "The server refused this message" : "Message not sent",
+        detail: e.message,
+        retry: refused && /bytes/.test(e.message) ? null : text,
+      };
       render();
-      setStatus("error", `Could not start the run: ${e.message}`);
+      setStatus("idle");
+      return;
     }
+    if (firstMessage && S.run && S.run.runId) {
+      // The chat is titled by its first message once the server accepted it.
+      const title = firstLine(text);
+      const t = S.threads.find((x) => x.thread_id === threadId);
+      if (t && !(t.metadata && t.metadata.title)) t.metadata = { ...(t.metadata || {}), title };
+      renderThreads();
+      api("PATCH", `/threads/${threadId}`, { metadata: { title } })
+        .then(loadThreads)
+        .catch(() => {});
+    }
+  }
+
+  function retry() {
+    const n = S.notice;
+    if (!n || !n.retry || (S.run && !S.run.ended && !S.run.abandoned)) return;
+    if (el.input.value === n.retry) el.input.value = "";
+    send(n.retry);
   }
 
   function stop() {
@@ -560,7 +1151,7 @@
     } else if (base === "metadata") {
       if (data && data.attempt) run.attempt = data.attempt;
     } else if (base === "error") {
-      run.error = (data && (data.message || data.error)) || "the run failed";
+      run.error = errorText(data) || "the run failed";
     }
     scheduleRender();
   }
@@ -588,7 +1179,12 @@
     else if (status === "interrupted") {
       setStatus("cancelled", "The run was stopped. The transcript shows what it had saved before that.");
     }
-    else setStatus("error", run.error || `The run ended with status ${status}.`);
+    else {
+      // A model or tool failure: in the transcript, with a retry of the last user input.
+      setStatus("idle"); // the status pill is about the page's connection; this is not
+      S.notice = modelErrorNotice(run.error || `The run ended with status ${status}.`, run.text || lastUserText());
+      render();
+    }
     loadThreads();
   }
 
@@ -751,9 +1347,16 @@
         } catch (_e) {
           return;
         }
+        if (frame.type === "error" && frame.limit === "ws_max_frame_bytes") {
+          s._closeError = frame.message; // the close that follows is this one
+          return;
+        }
         onFrame(frame);
       };
-      s.onclose = () => {
+      s.onclose = (ev) => {
+        if (ev && ev.code === 1009 && !s._closeError) {
+          s._closeError = `the message is larger than the server accepts (${ev.reason || "close 1009"})`;
+        }
         if (!opened) {
           sockOpening = null;
           openFailures += 1;
@@ -774,10 +1377,14 @@
   }
 
   function rejectPending(s) {
+    // A socket the server closed for a frame above ws_max_frame_bytes said why (an `error`
+    // frame, then close 1009): the pending request fails with that reason, not a bare
+    // "the connection closed".
+    const why = s && s._closeError;
     for (const [rid, p] of pending) {
       if (p.sock === s) {
         pending.delete(rid);
-        p.reject(new Error("the connection closed"));
+        p.reject(why ? new ApiError(0, "limit_exceeded", why) : new Error("the connection closed"));
       }
     }
   }
@@ -1028,9 +1635,9 @@
     return Array.from(el.transcript.querySelectorAll("li.msg")).map((li) => ({
       id: li.dataset.id,
       type: li.dataset.type,
-      content: li.querySelector(".body").textContent,
+      content: li._raw,
       live: li.dataset.live === "1",
-      toolCalls: Array.from(li.querySelectorAll(".tool-call")).map((x) => x.textContent),
+      toolCalls: Array.from(li.querySelectorAll(".tool-call .tc-name")).map((x) => x.textContent),
     }));
   }
 
@@ -1063,6 +1670,18 @@
     transport: () => transport,
     status: () => ({ state: S.status, label: el.status.textContent, detail: S.detail }),
     transcript,
+    /** The error shown in the transcript, if any. */
+    notice: () => (S.notice ? { ...S.notice } : null),
+    /** Replace the model knobs sent as config.configurable (e.g. to make a retry succeed). */
+    setConfigurable(obj) {
+      for (const k of Object.keys(configurable)) delete configurable[k];
+      Object.assign(configurable, obj || {});
+    },
+    /** Send even above the server's limits (to see how the server refuses it). */
+    skipSizeCheck(on) {
+      T.skipSizeCheck = Boolean(on);
+    },
+    limits: () => S.limits,
     /** Raw concatenation of the AIMessageChunk contents applied, per message id. */
     streamed() {
       const out = {};
@@ -1077,6 +1696,7 @@
       opens: T.opens,
       gaps: T.gaps,
       chunks: T.chunks.length,
+      liveRenders: T.liveRenders,
     }),
   };
 
@@ -1125,6 +1745,17 @@
       assistant: $("assistant"),
       footer: $("footer"),
       apiKey: $("api-key"),
+      scroller: $("scroller"),
+      welcome: $("welcome"),
+      notices: $("notices"),
+      hint: $("composer-hint"),
+      composer: $("composer"),
+      search: $("thread-search"),
+      menu: $("menu"),
+      backdrop: $("backdrop"),
+      preview: $("preview"),
+      previewName: $("preview-name"),
+      previewBody: $("preview-body"),
     });
     el.apiKey.value = apiKey;
     $("key-form").addEventListener("submit", (ev) => {
@@ -1140,10 +1771,86 @@
     $("composer").addEventListener("submit", (ev) => {
       ev.preventDefault();
       const text = el.input.value.trim();
-      if (!text || el.send.disabled) return;
+      if (!text) return;
+      if (sizeProblem(text)) {
+        checkComposer(); // refused before sending, naming the limit
+        return;
+      }
+      if (el.send.disabled) return;
       el.input.value = "";
+      checkComposer();
       send(text);
     });
+    let checkQueued = false;
+    el.input.addEventListener("input", () => {
+      if (checkQueued) return;
+      checkQueued = true;
+      requestAnimationFrame(() => {
+        checkQueued = false;
+        checkComposer();
+      });
+    });
+    el.footer.hidden = !debug;
+    el.search.addEventListener("input", renderThreads);
+    el.threadList.addEventListener("click", onThreadListClick);
+    el.threadList.addEventListener("keydown", (ev) => {
+      const input = ev.target.closest("input.t-rename");
+      if (input) {
+        if (ev.key === "Enter") {
+          ev.preventDefault();
+          commitRename();
+        } else if (ev.key === "Escape") {
+          S.threadUi = { renaming: null, draft: "", confirming: null };
+          renderThreads();
+        }
+        return;
+      }
+      const li = ev.target.closest("li[data-thread-id]");
+      if (li && ev.target === li && ev.key === "Enter") selectThread(li.dataset.threadId);
+    });
+    el.threadList.addEventListener("input", (ev) => {
+      if (ev.target.matches("input.t-rename")) S.threadUi.draft = ev.target.value;
+    });
+    el.threadList.addEventListener("focusout", (ev) => {
+      if (ev.target.matches("input.t-rename") && S.threadUi.renaming) commitRename();
+    });
+    el.menu.addEventListener("click", () =>
+      document.body.classList.contains("drawer-open") ? closeDrawer() : openDrawer()
+    );
+    el.backdrop.addEventListener("click", closeDrawer);
+    $("close-drawer").addEventListener("click", closeDrawer);
+    document.addEventListener("keydown", (ev) => {
+      if (ev.key !== "Escape") return;
+      if (!el.preview.hidden) closePreview();
+      else closeDrawer();
+    });
+    // Delegated clicks in the conversation: Retry, code Copy, artifact Open/Download.
+    const onConversationClick = (ev) => {
+      const b = ev.target.closest("button");
+      if (!b) return;
+      if (b.id === "retry") {
+        retry();
+      } else if (b.classList.contains("copy-code")) {
+        const code = b.closest(".code").querySelector("pre").textContent;
+        if (navigator.clipboard) {
+          navigator.clipboard.writeText(code).then(() => {
+            b.textContent = "Copied";
+            setTimeout(() => (b.textContent = "Copy"), 1500);
+          }, () => {});
+        }
+      } else {
+        const holder = b.closest("[data-path]");
+        const path = b.dataset.path || (holder && holder.dataset.path);
+        if (!path) return;
+        if (b.classList.contains("open-artifact")) openArtifact(path);
+        else if (b.classList.contains("download-artifact")) downloadArtifact(path);
+      }
+    };
+    el.scroller.addEventListener("click", onConversationClick);
+    el.artifacts.addEventListener("click", onConversationClick);
+    $("preview-close").addEventListener("click", closePreview);
+    $("preview-download").addEventListener("click", () => S.preview && downloadArtifact(S.preview.path));
+
     el.input.addEventListener("keydown", (ev) => {
       if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
         ev.preventDefault();
@@ -1163,7 +1870,14 @@
       }
     });
     setStatus("idle");
+    render();
     loadAssistants();
+    api("GET", "/info")
+      .then((info) => {
+        S.limits = (info && info.limits) || null;
+        checkComposer();
+      })
+      .catch(() => {});
     loadThreads()
       .then(() => {
         if (S.threadId) return null; // the user already picked or created one

@@ -10,7 +10,8 @@ own socket: runs publish to Redis independently, and a reader that falls behind 
 retained window gets a `gap` frame (B5).
 
 Malformed input never kills the handler: non-JSON or binary frames close the socket with
-1007; anything else wrong with a frame is answered with an `error` frame and the socket
+1007; a frame above `ws_max_frame_bytes` gets an `error` frame naming the limit, then close
+1009; anything else wrong with a frame is answered with an `error` frame and the socket
 keeps serving.
 """
 
@@ -31,6 +32,8 @@ from flask_sock import Sock
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 from simple_websocket import ConnectionClosed, Server
 from werkzeug.exceptions import HTTPException
+from wsproto.events import CloseConnection, Event, Message
+from wsproto.frame_protocol import CloseReason
 
 from app.api.shapes import run_json
 from app.auth import authenticate, principal
@@ -138,10 +141,46 @@ class _WholeFrames:
         return getattr(self._sock, name)
 
 
+class _ExplainTooBig:
+    """The socket's wsproto connection, with a reason before a "message too big" close.
+
+    simple-websocket answers a frame above `max_message_size` with a bare close 1009
+    "Message is too big" from its reader thread. A browser's WebSocket API hides close
+    reasons behind a generic "the connection closed", so a user who pasted a 300 KB text saw
+    no reason at all (issue 15). Here that close becomes an `error` frame naming the limit
+    (`limit_exceeded`, `ws_max_frame_bytes`, like SSE/HTTP name theirs) followed by the
+    same 1009 close with a reason that names the size.
+    """
+
+    def __init__(self, conn: Any, max_bytes: int) -> None:
+        self._conn = conn
+        self._max_bytes = max_bytes
+
+    def send(self, event: Event) -> bytes:
+        if isinstance(event, CloseConnection) and event.code == CloseReason.MESSAGE_TOO_BIG:
+            error = {
+                "type": "error",
+                "code": "limit_exceeded",
+                "limit": "ws_max_frame_bytes",
+                "max_bytes": self._max_bytes,
+                "message": f"a frame is larger than {self._max_bytes} bytes "
+                "(ws_max_frame_bytes); the socket closes",
+                "request_id": None,
+            }
+            reason = f"frame larger than {self._max_bytes} bytes (ws_max_frame_bytes)"
+            out: bytes = self._conn.send(Message(data=serde.dumps_str(error)))
+            return out + bytes(self._conn.send(CloseConnection(event.code, reason)))
+        return bytes(self._conn.send(event))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
 def _serve(ws: Server, default_thread_id: str | None) -> None:
     # Nothing may escape: after the upgrade an exception would become an HTTP 500 written
     # onto the WebSocket.
     ws.sock = _WholeFrames(ws.sock)
+    ws.ws = _ExplainTooBig(ws.ws, current_services().settings.ws_max_frame_bytes)
     session = None
     ticket = TRACKER.open("ws")  # the ops view's open connections
     try:

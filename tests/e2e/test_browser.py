@@ -17,7 +17,6 @@ The page is tested under its own Content-Security-Policy (no `bypass_csp`): wait
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -92,13 +91,29 @@ def tiny(private_cluster: ClusterFactory) -> Iterator[Cluster]:
 class Page:
     """One chat page in a fresh browser context (its own localStorage)."""
 
-    def __init__(self, browser: Any, base: str, **params: Any) -> None:
+    def __init__(
+        self,
+        browser: Any,
+        base: str,
+        *,
+        key: str = ALICE,
+        phone: bool = False,
+        **params: Any,
+    ) -> None:
         self.base = base
-        self.context = browser.new_context(viewport={"width": 1280, "height": 860})
+        if phone:  # a phone's width (390x844 CSS pixels), touch, 2x pixels
+            self.context = browser.new_context(
+                viewport={"width": 390, "height": 844},
+                device_scale_factor=2,
+                is_mobile=True,
+                has_touch=True,
+            )
+        else:
+            self.context = browser.new_context(viewport={"width": 1280, "height": 860})
         self.page = self.context.new_page()
         self.errors: list[str] = []
         self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
-        query = urlencode({"api_key": ALICE, **params})
+        query = urlencode({"api_key": key, **params})
         self.page.goto(f"{base}/?{query}")  # / redirects to /ui, keeping the query
         self.wait("window.threadrunTest && window.threadrunTest.ready()", what="the page to load")
 
@@ -123,21 +138,18 @@ class Page:
     def stats(self) -> dict[str, Any]:
         return dict(self.js("window.threadrunTest.stats()"))
 
-    def new_thread(self) -> str:
-        before = self.js("window.threadrunTest.threadId()")
+    def new_thread(self) -> None:
+        """A new chat: no thread until its first message is sent (issue 15)."""
         self.page.click("#new-thread")
-        tid = self.wait(
-            f"window.threadrunTest.threadId() !== {json.dumps(before)} && "
-            "window.threadrunTest.threadId()",
-            what="a new thread",
-        )
+        self.wait("window.threadrunTest.threadId() === null", what="a new chat")
         self.wait("!document.querySelector('#send').disabled", what="the composer")
-        return str(tid)
 
-    def send(self, text: str) -> None:
+    def send(self, text: str) -> str:
+        """Send `text`; the thread id (created by the first message of a new chat)."""
         self.page.fill("#input", text)
         self.page.keyboard.press("Enter")
         self.wait("window.threadrunTest.runId()", what="run.created")
+        return str(self.js("window.threadrunTest.threadId()"))
 
     def wait_state(self, state: str, timeout: float = 45) -> None:
         self.wait(f"window.threadrunTest.status().state === {state!r}", timeout, f"state {state}")
@@ -145,9 +157,9 @@ class Page:
     def transcript(self) -> list[dict[str, Any]]:
         return list(self.js("window.threadrunTest.transcript()"))
 
-    def screenshot(self, name: str) -> Path:
+    def screenshot(self, name: str, prefix: str = "browser") -> Path:
         OUTPUT.mkdir(parents=True, exist_ok=True)
-        path = OUTPUT / f"browser-{name}.png"
+        path = OUTPUT / f"{prefix}-{name}.png"
         self.page.screenshot(path=str(path), full_page=True)
         return path
 
@@ -239,8 +251,8 @@ def test_b4_b9_dropped_socket_resumes_with_no_duplicate_or_missing_token(
     back-off and run.join(last_event_id); every token arrives exactly once."""
     tokens = 60
     page = open_page(cluster.url, tokens=tokens, delay=25)
-    tid = page.new_thread()
-    page.send("hello from the browser")
+    page.new_thread()
+    tid = page.send("hello from the browser")
     page.wait("window.threadrunTest.stats().chunks >= 12", what="a dozen tokens")
     at_drop = page.stats()["chunks"]
     last_before = page.js("window.threadrunTest.lastEventId()")
@@ -274,8 +286,8 @@ def test_b5_b9_gap_drops_partial_text_reloads_state_and_finishes(
     "view incomplete — reloaded", rejoins after latest_available_event_id and the run ends."""
     tokens = 80
     page = open_page(tiny.url, tokens=tokens, delay=50)
-    tid = page.new_thread()
-    page.send("hello gap")
+    page.new_thread()
+    tid = page.send("hello gap")
     page.wait("window.threadrunTest.stats().chunks >= 5", what="first tokens")
     assert page.js("window.threadrunTest.dropSocket({holdMs: 1000})")
     page.wait_state("incomplete", timeout=15)
@@ -304,9 +316,9 @@ def test_b9_three_consecutive_gaps_show_an_error_and_the_page_stays_usable(
     (not "cancelled"), the run still succeeds, the transcript reloads when it ends, and the
     composer works for the next message."""
     page = open_page(tiny.url, tokens=100, delay=40)
-    tid = page.new_thread()
+    page.new_thread()
     page.js("window.threadrunTest.holdRejoins(700)")  # ~17 events per hold; 5 are kept
-    page.send("hello three gaps")
+    tid = page.send("hello three gaps")
     page.wait("window.threadrunTest.stats().chunks >= 5", what="first tokens")
     run_id = page.js("window.threadrunTest.runId()")
     assert page.js("window.threadrunTest.dropSocket({holdMs: 700})")
@@ -340,8 +352,8 @@ def test_a2_b9_final_transcript_equals_durable_state_with_tool_calls_and_artifac
     """A2, B9: tool calls and tool results show while the run streams; after `end` the page
     renders GET /threads/{id}/state, and what it shows equals the state's messages."""
     page = open_page(cluster.url, tokens=30, delay=20)
-    tid = page.new_thread()
-    page.send("please write a report")
+    page.new_thread()
+    tid = page.send("please write a report")
     # While streaming: the tool call by name, then its result with the artifact.
     page.wait(
         "window.threadrunTest.transcript().some(m => m.type === 'tool')",
@@ -358,10 +370,12 @@ def test_a2_b9_final_transcript_equals_durable_state_with_tool_calls_and_artifac
     messages = durable(cluster.url, tid)
     assert [m["type"] for m in messages] == ["human", "ai", "tool", "ai", "human", "ai"]
     assert rendered(page) == shown(messages)
-    assert page.js("document.querySelector('.artifact-card').textContent").startswith(
-        "artifact saved: outputs/report.md"
+    assert page.js("document.querySelector('.artifact-card .a-name').textContent") == (
+        "outputs/report.md"
     )
-    assert "outputs/report.md" in page.js("document.querySelector('#artifacts').textContent")
+    assert page.js("document.querySelector('#artifacts .open-artifact').dataset.path") == (
+        "outputs/report.md"
+    )
     assert_exact_stream(page)
     # The thread list shows the thread under its first message.
     assert "please write a report" in page.js(
@@ -373,8 +387,8 @@ def test_r5_stop_button_cancels_the_run(cluster: Cluster, open_page: Any) -> Non
     """R5, B9: the stop button interrupts the run; the page shows "cancelled" (a different
     state from "view incomplete") and the durable transcript."""
     page = open_page(cluster.url, tokens=400, delay=25)
-    tid = page.new_thread()
-    page.send("a long answer please")
+    page.new_thread()
+    tid = page.send("a long answer please")
     page.wait("window.threadrunTest.stats().chunks >= 5", what="first tokens")
     run_id = page.js("window.threadrunTest.runId()")
     page.page.click("#stop")
@@ -391,8 +405,8 @@ def test_b4_sse_fallback_resumes_with_last_event_id(cluster: Cluster, open_page:
     stream with Last-Event-ID, exactly."""
     tokens = 50
     page = open_page(cluster.url, tokens=tokens, delay=25, transport="sse")
-    tid = page.new_thread()
-    page.send("hello over sse")
+    page.new_thread()
+    tid = page.send("hello over sse")
     page.wait("window.threadrunTest.stats().chunks >= 10", what="first tokens")
     assert page.js("window.threadrunTest.dropSocket({holdMs: 300})")
     page.wait_state("done")

@@ -248,13 +248,20 @@ def test_a4_open_connections_per_user(lim: Cluster) -> None:
 
 
 def test_a3_websocket_frame_size(lim: Cluster) -> None:
-    """A3: a frame above ws_max_frame_bytes closes the socket with 1009; the server serves on."""
+    """A3, issue 15: a frame above ws_max_frame_bytes gets an `error` frame naming the limit,
+    then the socket closes with 1009 and a reason naming the size; the server serves on."""
     ws = simple_websocket.Client.connect(ws_url(lim), headers=h("ws"))
     ws.send(json.dumps({"type": "ping", "pad": "x" * 5000}))
+    frames = []
     with pytest.raises(ConnectionClosed) as closed:
         for _ in range(5):
-            ws.receive(timeout=10)
+            frames.append(json.loads(ws.receive(timeout=10)))
     assert closed.value.reason == 1009
+    assert "ws_max_frame_bytes" in closed.value.message
+    [error] = frames
+    assert error["type"] == "error" and error["code"] == "limit_exceeded", error
+    assert error["limit"] == "ws_max_frame_bytes" and error["max_bytes"] > 0, error
+    assert str(error["max_bytes"]) in error["message"]
     ws2 = simple_websocket.Client.connect(ws_url(lim), headers=h("ws"))
     try:
         ws2.send(json.dumps({"type": "ping", "request_id": 1}))
