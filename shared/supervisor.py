@@ -358,6 +358,14 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, early)
+    # A provider model whose package or key is missing would take every run and fail it:
+    # say what to install or set now, before services or children start.
+    from shared.agent.providers import preflight  # langchain: only when about to start
+
+    if problems := preflight(settings):
+        for problem in problems:
+            out.line("supervisor", f"error: {problem}")
+        return 1
     if port_in_use(settings.host, settings.port):
         out.line(
             "supervisor",

@@ -25,6 +25,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
 from shared import logs, metrics, serde
+from shared.agent.providers import describe_model_error
 from shared.bridge.publisher import EventSink
 from shared.errors import LeaseLost
 from shared.journal import RunJournal, settle_delivery, write_delivery_receipt
@@ -35,6 +36,7 @@ from shared.runs.result import final_result
 from shared.runs.store import ClaimOutcome
 from shared.state.savers import LEASE_KEY, RUN_KEY
 from workers.runtime import WorkerRuntime
+from workers.stopped import PartialReplies, keep_partial_reply
 from workers.stream_modes import StreamTranslator, graph_modes
 
 log = logging.getLogger(__name__)
@@ -349,6 +351,8 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
             snapshot_interval_s=rt.settings.journal_snapshot_interval_s,
         )
         config["callbacks"] = [attempt.journal]
+    partials = PartialReplies()  # what a stop keeps (workers/stopped.py)
+    config["callbacks"] = [*config.get("callbacks", []), partials]
     graph = rt.run_graph(run.graph_id, rt.next_slot(), run.user_id)
     kwargs = run.kwargs
     requested: list[str] = kwargs.get("stream_mode") or ["values"]
@@ -390,6 +394,8 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
             raise  # the whole worker is going down
         # Interrupted at a safe point; checkpoints written so far are kept (R5). For a
         # lost lease or a shutdown the caller skips this outcome (no finalization).
+        if attempt.stop_reason is StopReason.CANCEL_INTERRUPT:
+            await keep_stopped_answer(attempt, graph, config, partials)
         return INTERRUPTED
     except LeaseLost:
         metrics.fenced_write(Sink.CHECKPOINT)
@@ -407,7 +413,7 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
         log.exception(
             "run failed", extra={"run_id": attempt.run_id, "thread_id": attempt.thread_id}
         )
-        error = _error_of(exc)
+        error = _error_of(exc, rt)
         sink.emit("error", serde.dumps(error))
         return GraphOutcome(RunStatus.ERROR, error, ThreadStatus.ERROR)
     thread_status = ThreadStatus.IDLE
@@ -420,9 +426,32 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
     return GraphOutcome(RunStatus.SUCCESS, None, thread_status)
 
 
-def _error_of(exc: BaseException) -> JSONObject:
-    """The run's `error` record of an exception (its type and a bounded message)."""
+def _error_of(exc: BaseException, rt: WorkerRuntime | None = None) -> JSONObject:
+    """The run's `error` record of an exception (its type and a bounded message); a failed
+    provider call gets the typed `ModelCallError` record (shared/agent/providers.py)."""
+    if rt is not None:
+        s = rt.settings
+        described = describe_model_error(exc, max_retries=s.model_max_retries, model=s.model)
+        if described is not None:
+            return described
     return {"error": type(exc).__name__, "message": str(exc)[:2000]}
+
+
+async def keep_stopped_answer(
+    attempt: RunAttempt, graph: Any, config: dict[str, Any], partials: PartialReplies
+) -> None:
+    """A stop keeps the answer streamed so far (workers/stopped.py), fenced like every
+    checkpoint write of the attempt; a fenced write means a newer owner: lease lost."""
+    message = partials.partial()
+    if message is None or "messages" not in graph.channels:
+        return
+    try:
+        await keep_partial_reply(graph, cast(RunnableConfig, config), message)
+    except LeaseLost:
+        metrics.fenced_write(Sink.CHECKPOINT)
+        attempt.stop_reason = StopReason.LEASE_LOST
+    except Exception:  # the stop itself succeeded; only the partial answer is lost
+        log.exception("keeping the stopped answer failed", extra={"run_id": attempt.run_id})
 
 
 # --- finalize (J5) ------------------------------------------------------------------------------
