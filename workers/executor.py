@@ -36,7 +36,7 @@ from shared.runs.result import final_result
 from shared.runs.store import ClaimOutcome
 from shared.state.savers import LEASE_KEY, RUN_KEY
 from workers.runtime import WorkerRuntime
-from workers.stopped import PartialReplies, keep_partial_reply
+from workers.stopped import MODEL_NODE, PartialReplies
 from workers.stream_modes import StreamTranslator, graph_modes
 
 log = logging.getLogger(__name__)
@@ -395,7 +395,7 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
         # Interrupted at a safe point; checkpoints written so far are kept (R5). For a
         # lost lease or a shutdown the caller skips this outcome (no finalization).
         if attempt.stop_reason is StopReason.CANCEL_INTERRUPT:
-            await keep_stopped_answer(attempt, graph, config, partials)
+            await keep_stopped_answer(rt, attempt, partials)
         return INTERRUPTED
     except LeaseLost:
         metrics.fenced_write(Sink.CHECKPOINT)
@@ -438,15 +438,21 @@ def _error_of(exc: BaseException, rt: WorkerRuntime | None = None) -> JSONObject
 
 
 async def keep_stopped_answer(
-    attempt: RunAttempt, graph: Any, config: dict[str, Any], partials: PartialReplies
+    rt: WorkerRuntime, attempt: RunAttempt, partials: PartialReplies
 ) -> None:
     """A stop keeps the answer streamed so far (workers/stopped.py), fenced like every
     checkpoint write of the attempt; a fenced write means a newer owner: lease lost."""
     message = partials.partial()
-    if message is None or "messages" not in graph.channels:
+    if message is None:
         return
     try:
-        await keep_partial_reply(graph, cast(RunnableConfig, config), message)
+        await rt.state.acommit_as_node(
+            attempt.thread_id,
+            attempt.run.graph_id,
+            {"messages": [message]},
+            as_node=MODEL_NODE,
+            configurable=attempt.fence,
+        )
     except LeaseLost:
         metrics.fenced_write(Sink.CHECKPOINT)
         attempt.stop_reason = StopReason.LEASE_LOST

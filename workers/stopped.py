@@ -7,8 +7,9 @@ user's message only, and after two stops a thread held two user messages in a ro
 LangChain sends for every streamed chunk, whatever the client's stream mode); on an
 interrupt the executor commits the text streamed so far as an AIMessage marked
 `response_metadata.stopped = true`, with the streamed message's id so a client that
-showed the stream sees the same message, through the run's own fenced graph (L2: only
-the current owner writes).
+showed the stream sees the same message, through the state accessor with the run's
+fence keys (L2: only the current owner writes), as the model node's output, and
+nothing is left to run next (the after-agent hooks of a stopped turn are skipped).
 
 Only a streamed call has tokens to keep (LangChain streams a model call when a client
 asked for messages); a stop during a tool call or between calls keeps nothing new.
@@ -23,10 +24,7 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, GenerationChunk
-from langchain_core.runnables import RunnableConfig
-from langgraph.constants import END, TAG_NOSTREAM
-from langgraph.pregel import Pregel
-from langgraph.types import StateUpdate
+from langgraph.constants import TAG_NOSTREAM
 
 MODEL_NODE = "model"
 """create_agent's model node: the calls whose answer is the thread's next AI message."""
@@ -115,21 +113,3 @@ class PartialReplies(BaseCallbackHandler):
             usage_metadata=last.usage_metadata,
             **kwargs,
         )
-
-
-async def keep_partial_reply(
-    graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, message: AIMessage
-) -> None:
-    """Commit `message` as the model node's output, then clear what would run next.
-
-    Two supersteps of one fenced update: the answer as if the model node returned it
-    (the messages reducer appends it), then an END update that drops the tasks that
-    answer would trigger (the after-agent hooks), so the thread is idle with nothing
-    pending and the next user message follows the stopped answer."""
-    configurable = dict(config.get("configurable") or {})
-    configurable.pop("checkpoint_id", None)
-    cfg: RunnableConfig = {"configurable": configurable}
-    await graph.abulk_update_state(
-        cfg,
-        [[StateUpdate({"messages": [message]}, MODEL_NODE)], [StateUpdate(None, END)]],
-    )

@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from shared.errors import ConfigError
 from shared.settings import Settings
 
 BUILTIN = "builtin"
@@ -53,8 +54,9 @@ PROVIDERS: dict[str, Provider] = {
 `init_chat_model` provider works too, checked for its package only."""
 
 
-class ModelConfigError(Exception):
-    """A configured model cannot work: its package or its API key is missing."""
+class ModelConfigError(ConfigError, RuntimeError):
+    """A configured model cannot work: its package or its API key is missing (still a
+    RuntimeError, which make_model raised before)."""
 
 
 def parse_model_id(model: str) -> tuple[str | None, str]:

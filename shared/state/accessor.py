@@ -39,9 +39,9 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.postgres import PostgresSaver
-from langgraph.graph import START, StateGraph
+from langgraph.graph import END, START, StateGraph
 from langgraph.pregel import Pregel
-from langgraph.types import Interrupt, Overwrite, StateSnapshot
+from langgraph.types import Interrupt, Overwrite, StateSnapshot, StateUpdate
 from psycopg import Connection
 from psycopg.rows import DictRow
 
@@ -372,6 +372,23 @@ class CheckpointStateAccessor:
     async def aget_snapshot(self, thread_id: str, graph_id: str) -> StateSnapshot:
         """The head StateSnapshot through the agent graph (values, next, interrupts)."""
         return await self._graph(graph_id).aget_state(self._config(thread_id))
+
+    async def acommit_as_node(
+        self,
+        thread_id: str,
+        graph_id: str,
+        values: Any,
+        *,
+        as_node: str,
+        configurable: dict[str, Any],
+    ) -> None:
+        """Write `values` as if `as_node` returned them, then drop the tasks they would
+        trigger: a new head with nothing next (a stopped run's partial answer). Two
+        supersteps of one update, fenced by the run's `configurable` keys (L2)."""
+        await self._graph(graph_id).abulk_update_state(
+            self._config(thread_id, configurable=configurable),
+            [[StateUpdate(values, as_node)], [StateUpdate(None, END)]],
+        )
 
     async def arollback_point(self, thread_id: str) -> tuple[str | None, list[list[str]]]:
         """The thread's rollback point before a run (R5): the head checkpoint's id (None for

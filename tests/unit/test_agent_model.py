@@ -291,7 +291,7 @@ def test_make_model_passes_endpoint_and_key_only_when_set(monkeypatch: pytest.Mo
 
 
 def test_make_model_names_the_missing_provider_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    """issue 15: a missing provider package names the package and the one install command."""
+    """A missing provider package names the package and the one install command."""
     import langchain.chat_models
 
     def missing(model: str, **kwargs: Any) -> BuiltinChatModel:

@@ -1,4 +1,4 @@
-"""issue 15: provider models fail loudly at start and a failed call is a typed error.
+"""provider models fail loudly at start and a failed call is a typed error.
 
 `preflight` (shared/agent/providers.py) is what `make run`'s supervisor and every worker
 check before starting; `describe_model_error` is the run's `error` record of a failed
@@ -51,7 +51,7 @@ def test_parse_model_id_prefix_and_inference() -> None:
 
 
 def test_missing_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    """issue 15: the message names the package and `make install EXTRAS=...`."""
+    """the message names the package and `make install EXTRAS=...`."""
     _without(monkeypatch, "langchain_openai")
     [problem] = preflight(Settings(model="openai:gpt-4o-mini"))
     assert problem.startswith("THREADRUN_MODEL=openai:gpt-4o-mini needs the langchain-openai")
@@ -69,7 +69,7 @@ def test_missing_key_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_summary_and_memory_models_are_checked_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    """issue 15: the memory and summary models are part of the deployment's models."""
+    """the memory and summary models are part of the deployment's models."""
     _without(monkeypatch, "langchain_anthropic")
     s = Settings(summary_model="anthropic:claude-haiku-4-5", memory_model="mystery-model")
     problems = preflight(s)
@@ -92,7 +92,7 @@ def _status_error(status: int, **kw: Any) -> openai.APIStatusError:
 
 
 def test_server_error_is_typed_with_host_status_and_retries() -> None:
-    """issue 15: provider, endpoint host, HTTP status and whether it was retried."""
+    """provider, endpoint host, HTTP status and whether it was retried."""
     err = describe_model_error(_status_error(500), max_retries=2, model="openai:gpt-4o-mini")
     assert err is not None
     assert err["error"] == MODEL_ERROR and err["provider"] == "openai"
