@@ -124,3 +124,35 @@ def test_client_errors_are_not_retried_and_wrapped_errors_are_found() -> None:
 
 def test_other_errors_are_not_model_errors() -> None:
     assert describe_model_error(ValueError("tokens must be an integer")) is None
+
+
+def test_make_run_stops_before_starting_anything(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make run` (the supervisor) prints what to set and exits 1 before it looks for
+    services or starts a child."""
+    from shared import supervisor
+
+    def never(*_: object) -> None:
+        raise AssertionError("services were resolved")
+
+    monkeypatch.setattr(supervisor, "resolve_services", never)
+    monkeypatch.setenv("THREADRUN_MODEL", "openai:gpt-4o-mini")
+    assert supervisor.main([]) == 1
+    out = capsys.readouterr().out
+    assert "error: THREADRUN_MODEL=openai:gpt-4o-mini needs an API key" in out
+
+
+def test_a_worker_and_the_web_refuse_to_start_by_themselves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker or web process started on its own (compose, k8s) refuses too."""
+    from app import create_app
+    from shared.agent.providers import ModelConfigError
+    from workers import celery_app
+
+    monkeypatch.setenv("THREADRUN_MODEL", "openai:gpt-4o-mini")
+    with pytest.raises(SystemExit, match="needs an API key"):
+        celery_app._on_init()
+    with pytest.raises(ModelConfigError, match="set OPENAI_API_KEY"):
+        create_app(Settings(model="openai:gpt-4o-mini"))
