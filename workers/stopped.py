@@ -17,6 +17,7 @@ asked for messages); a stop during a tool call or between calls keeps nothing ne
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 from uuid import UUID
@@ -90,7 +91,10 @@ class PartialReplies(BaseCallbackHandler):
             self._calls.pop(run_id, None)
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        """A call cut short: keep its text when the error is the stop's cancellation."""
+        """A call cut short: keep its text only when the error is the stop's cancellation."""
+        if not isinstance(error, asyncio.CancelledError):
+            with self._lock:
+                self._calls.pop(run_id, None)
 
     def partial(self) -> AIMessage | None:
         """The text streamed by the newest unfinished call, as a stopped AIMessage."""

@@ -9,6 +9,7 @@ retries, the journal. Short settings keep it fast: one client retry, a 2 s timeo
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -298,3 +299,24 @@ def test_failing_summary_and_memory_models_never_break_a_chat_run(
         assert all(r.status == 500 for r in fresh.received("summary") + fresh.received("memory"))
         assert {r.body["model"] for r in fresh.received("summary")} == {"summarizer"}
         assert fresh.received("chat") == []  # the run model is the built-in one
+
+
+def test_stop_keeps_what_was_said_with_the_builtin_model(cluster: Cluster) -> None:
+    """The same with the default (built-in) model on the session cluster: the stopped
+    answer is the streamed prefix of the reply, and history ends with it."""
+
+    async def scenario(c: LangGraphClient) -> None:
+        tid = (await c.threads.create())["thread_id"]
+        knobs = {"configurable": {"tokens": 400, "token_delay_ms": 10}}
+        r = await c.runs.create(
+            tid, "lead_agent", input=human("long"), config=knobs, stream_mode=["messages-tuple"]
+        )
+        await asyncio.sleep(0.6)
+        await c.runs.cancel(tid, r["run_id"], wait=True, action="interrupt")
+        msgs = (await c.threads.get_state(tid))["values"]["messages"]
+        assert [m["type"] for m in msgs] == ["human", "ai"]
+        assert msgs[1]["content"].startswith("(turn 1) You said: long")
+        assert 5 < len(msgs[1]["content"].split()) < 400
+        assert msgs[1]["response_metadata"]["stopped"] is True
+
+    run_sdk(scenario, cluster.url)
