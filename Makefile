@@ -1,6 +1,7 @@
 # threadrun: the single entry point for developers and CI.
 #
 #   make run          install, then start services, migrations, web and workers (Ctrl-C stops)
+#   make install EXTRAS=openai   add a model provider's package (openai, anthropic; README)
 #   make test         install, find or start Redis/PostgreSQL, run the whole suite
 #   make help         every target
 #
@@ -21,6 +22,8 @@ LINT_PATHS := app workers shared tests bench clients deploy
 # server (`threadrun-server`, pyproject.toml) depends on it and is installed editable only.
 CLIENT := clients/python
 PYTEST_ARGS ?=
+# Model provider extras of pyproject.toml to install too (comma-separated): EXTRAS=openai
+EXTRAS ?=
 # `make test` uses its own database and Redis db so that it never touches `make run`'s data.
 TEST_DB ?= threadrun_test
 TEST_REDIS_DB ?= 1
@@ -53,7 +56,11 @@ $(STAMP): pyproject.toml $(CLIENT)/pyproject.toml | $(PY)
 
 venv: $(PY) ## create .venv (Python >= 3.11)
 
-install: $(STAMP) ## install the threadrun client, the server and the dev tools into .venv (fast when up to date)
+install: $(STAMP) ## install the threadrun client, the server and the dev tools into .venv (fast when up to date); EXTRAS=openai,anthropic adds model providers
+ifneq ($(strip $(EXTRAS)),)
+	@echo "installing the provider extras: $(EXTRAS)"
+	$(PY) -m pip install --disable-pip-version-check -q -e './$(CLIENT)' -e '.[$(EXTRAS)]'
+endif
 
 run: install ## start services, migrations, web and workers (Ctrl-C stops everything)
 	$(PY) -m shared.supervisor

@@ -6,6 +6,7 @@ import logging
 
 from flask import Flask
 
+from shared.agent.providers import require_models
 from shared.settings import Settings
 
 
@@ -17,6 +18,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.streaming import ws
 
     settings = settings or Settings()
+    # Like the workers: a provider model whose package or key is missing stops the start
+    # with what to install or set, instead of runs that can never succeed.
+    require_models(settings)
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False  # type: ignore[attr-defined]

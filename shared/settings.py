@@ -174,8 +174,24 @@ class Settings(BaseSettings):
         default="builtin",
         description="'builtin' (deterministic) or a LangChain model id, e.g. 'openai:gpt-4o-mini'.",
     )
-    model_base_url: str | None = None
-    model_api_key: SecretStr | None = None
+    model_base_url: str | None = Field(
+        default=None,
+        description="The provider endpoint, e.g. an OpenAI-compatible server's http://host/v1.",
+    )
+    model_api_key: SecretStr | None = Field(
+        default=None, description="The provider's key; unset = its own env var (OPENAI_API_KEY)."
+    )
+    model_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Per-request timeout of a provider model call (each retry gets its own).",
+    )
+    model_max_retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="Retries of a provider call on 429/5xx/timeouts, with the client's backoff.",
+    )
     builtin_tokens: int = Field(
         default=24, ge=1, description="Tokens per reply of the built-in model."
     )

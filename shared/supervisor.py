@@ -369,6 +369,15 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(s.name) for s in [*specs, migrate_spec()])
     out = Output(sys.stdout, max(width, len("supervisor")) + 1)
 
+    # A provider model whose package or key is missing would take every run and fail it:
+    # say what to install or set now, before services or children start.
+    from shared.agent.providers import preflight  # langchain: only when about to start
+
+    if problems := preflight(settings):
+        for problem in problems:
+            out.line("supervisor", f"error: {problem}")
+        return 1
+
     # Until the children run, a signal interrupts whatever blocks (service start-up).
     def early(signum: int, _frame: object) -> None:
         """Interrupt the blocking start-up."""

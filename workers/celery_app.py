@@ -8,6 +8,7 @@ import redis
 from celery import signals
 
 from shared import logs, metrics
+from shared.agent.providers import preflight
 from shared.settings import Settings
 from shared.taskqueue import drop_stale_bindings, make_celery
 
@@ -23,6 +24,12 @@ def _on_init(**_: object) -> None:
     """Multi-process metrics for this worker (shared/metrics.py); stray queue bindings of an
     older release dropped before consuming (shared/taskqueue.py)."""
     settings = Settings()
+    # A worker started by itself (compose, k8s) refuses to start, like `make run` does,
+    # when a configured provider's package or key is missing: never a silent pending run.
+    if problems := preflight(settings):
+        for problem in problems:
+            log.critical("cannot start: %s", problem)
+        raise SystemExit(f"threadrun worker: {'; '.join(problems)}")
     metrics.configure_worker(settings)
     client = redis.Redis.from_url(settings.redis_url)
     try:

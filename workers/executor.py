@@ -27,6 +27,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
 from shared import logs, metrics, serde, workspaces
+from shared.agent.providers import describe_model_error
 from shared.bridge.publisher import EventSink
 from shared.errors import LeaseLost
 from shared.journal import RunJournal, settle_delivery, write_delivery_receipt
@@ -41,6 +42,7 @@ from shared.state import head_copies
 from shared.state.accessor import ThreadHead
 from shared.state.savers import LEASE_KEY, RUN_KEY
 from workers.runtime import WorkerRuntime
+from workers.stopped import MODEL_NODE, PartialReplies
 from workers.stream_modes import StreamTranslator, graph_modes
 
 log = logging.getLogger(__name__)
@@ -392,6 +394,8 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
             snapshot_interval_s=rt.settings.journal_snapshot_interval_s,
         )
         config["callbacks"] = [attempt.journal]
+    partials = PartialReplies()  # what a stop keeps (workers/stopped.py)
+    config["callbacks"] = [*config.get("callbacks", []), partials]
     graph = rt.run_graph(run.graph_id, rt.next_slot(), run.user_id)
     kwargs = run.kwargs
     requested: list[str] = kwargs.get("stream_mode") or ["values"]
@@ -444,9 +448,12 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
                 "message": f"the run exceeded the longest run time of {limit:g} s",
             }
             sink.emit("error", serde.dumps(error))
-            return GraphOutcome(RunStatus.TIMEOUT, error, ThreadStatus.IDLE)  # progress kept
+            await keep_stopped_answer(rt, attempt, partials)  # progress kept, the answer too
+            return GraphOutcome(RunStatus.TIMEOUT, error, ThreadStatus.IDLE)
         # Interrupted at a safe point; checkpoints written so far are kept (R5). For a
         # lost lease or a shutdown the caller skips this outcome (no finalization).
+        if attempt.stop_reason is StopReason.CANCEL_INTERRUPT:
+            await keep_stopped_answer(rt, attempt, partials)
         return INTERRUPTED
     except LeaseLost:
         metrics.fenced_write(Sink.CHECKPOINT)
@@ -464,7 +471,7 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
         log.exception(
             "run failed", extra={"run_id": attempt.run_id, "thread_id": attempt.thread_id}
         )
-        error = _error_of(exc)
+        error = _error_of(exc, rt)
         sink.emit("error", serde.dumps(error))
         return GraphOutcome(RunStatus.ERROR, error, ThreadStatus.ERROR)
     thread_status = ThreadStatus.IDLE
@@ -487,9 +494,38 @@ def time_left(rt: WorkerRuntime, run: Run) -> float:
     return max(0.0, rt.settings.run_timeout_s - elapsed)
 
 
-def _error_of(exc: BaseException) -> JSONObject:
-    """The run's `error` record of an exception (its type and a bounded message)."""
+def _error_of(exc: BaseException, rt: WorkerRuntime | None = None) -> JSONObject:
+    """The run's `error` record of an exception (its type and a bounded message); a failed
+    provider call gets the typed `ModelCallError` record (shared/agent/providers.py)."""
+    if rt is not None:
+        s = rt.settings
+        described = describe_model_error(exc, max_retries=s.model_max_retries, model=s.model)
+        if described is not None:
+            return described
     return {"error": type(exc).__name__, "message": str(exc)[:2000]}
+
+
+async def keep_stopped_answer(
+    rt: WorkerRuntime, attempt: RunAttempt, partials: PartialReplies
+) -> None:
+    """A stop keeps the answer streamed so far (workers/stopped.py), fenced like every
+    checkpoint write of the attempt; a fenced write means a newer owner: lease lost."""
+    message = partials.partial()
+    if message is None:
+        return
+    try:
+        await rt.state.acommit_as_node(
+            attempt.thread_id,
+            attempt.run.graph_id,
+            {"messages": [message]},
+            as_node=MODEL_NODE,
+            configurable=attempt.fence,
+        )
+    except LeaseLost:
+        metrics.fenced_write(Sink.CHECKPOINT)
+        attempt.stop_reason = StopReason.LEASE_LOST
+    except Exception:  # the stop itself succeeded; only the partial answer is lost
+        log.exception("keeping the stopped answer failed", extra={"run_id": attempt.run_id})
 
 
 # --- finalize (J5) ------------------------------------------------------------------------------

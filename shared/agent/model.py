@@ -593,7 +593,19 @@ def make_model(settings: Settings, config: RunnableConfig | None = None) -> Base
 
     from langchain.chat_models import init_chat_model
 
-    options: dict[str, Any] = {}
+    from shared.agent.providers import ModelConfigError, check_model, parse_model_id
+
+    # The client's own bounded retries with backoff (429/5xx/timeouts, Retry-After
+    # honoured) and a per-request timeout: a failing endpoint ends the run with a typed
+    # error (shared/agent/providers.py) instead of hanging it.
+    options: dict[str, Any] = {
+        "timeout": settings.model_timeout_s,
+        "max_retries": settings.model_max_retries,
+    }
+    if parse_model_id(settings.model)[0] in ("openai", "azure_openai"):
+        # Usage in the last streamed chunk (stream_options.include_usage): ChatOpenAI
+        # turns it off by itself when a base URL is set, and the journal records it.
+        options["stream_usage"] = True
     if settings.model_base_url:
         options["base_url"] = settings.model_base_url
     if settings.model_api_key is not None and settings.model_api_key.get_secret_value():
@@ -601,18 +613,6 @@ def make_model(settings: Settings, config: RunnableConfig | None = None) -> Base
     try:
         model: BaseChatModel = init_chat_model(settings.model, **options)
     except ImportError as exc:
-        pkg = _missing_package(exc)
-        need = f"the {pkg} package (pip install {pkg})" if pkg else "its provider package"
-        raise RuntimeError(f"model {settings.model!r} needs {need}: {exc}") from exc
+        problem = check_model("THREADRUN_MODEL", settings.model, settings)
+        raise ModelConfigError(problem or f"model {settings.model!r}: {exc}") from exc
     return model
-
-
-def _missing_package(exc: BaseException) -> str | None:
-    """The pip name of the module an ImportError (or its causes) could not import."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        name = getattr(cause, "name", None)
-        if isinstance(name, str) and name:
-            return name.split(".", 1)[0].replace("_", "-")
-        cause = cause.__cause__
-    return None

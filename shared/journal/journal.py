@@ -56,6 +56,7 @@ from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
 
+from shared.agent.providers import describe_model_error
 from shared.journal.base import Category, EventStore, RunEvent, check_category
 from shared.journal.usage import (
     DEFAULT_TAG,
@@ -133,6 +134,10 @@ def _message_json(message: Any) -> dict[str, Any]:
 
 
 def _error_json(error: BaseException) -> dict[str, Any]:
+    # A failed provider call is recorded with its provider, host, status and kind.
+    described = describe_model_error(error)
+    if described is not None:
+        return described
     return {"error": type(error).__name__, "message": str(error)[:MAX_ERROR_CHARS]}
 
 

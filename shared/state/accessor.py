@@ -40,9 +40,9 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.postgres import PostgresSaver
-from langgraph.graph import START, StateGraph
+from langgraph.graph import END, START, StateGraph
 from langgraph.pregel import Pregel
-from langgraph.types import Interrupt, Overwrite, StateSnapshot
+from langgraph.types import Interrupt, Overwrite, StateSnapshot, StateUpdate
 from psycopg import Connection
 from psycopg.rows import DictRow
 
@@ -499,6 +499,23 @@ class CheckpointStateAccessor:
         snap = await self.aget_snapshot(thread_id, graph_id)
         head = ThreadHead.of(snap)
         return head if head.checkpoint_id else None
+
+    async def acommit_as_node(
+        self,
+        thread_id: str,
+        graph_id: str,
+        values: Any,
+        *,
+        as_node: str,
+        configurable: dict[str, Any],
+    ) -> None:
+        """Write `values` as if `as_node` returned them, then drop the tasks they would
+        trigger: a new head with nothing next (a stopped run's partial answer). Two
+        supersteps of one update, fenced by the run's `configurable` keys (L2)."""
+        await self._graph(graph_id).abulk_update_state(
+            self._config(thread_id, configurable=configurable),
+            [[StateUpdate(values, as_node)], [StateUpdate(None, END)]],
+        )
 
     async def arollback_point(self, thread_id: str) -> tuple[str | None, list[list[str]]]:
         """The thread's rollback point before a run (R5): the head checkpoint's id (None for

@@ -29,6 +29,7 @@ from shared.agent.model import (
     token_filler,
     wants_artifact,
 )
+from shared.agent.providers import ModelConfigError
 from shared.settings import Settings
 
 
@@ -279,16 +280,31 @@ def test_make_model_passes_endpoint_and_key_only_when_set(monkeypatch: pytest.Mo
             model_api_key=SecretStr("sk-x"),
         )
     )
+    bounded = {"timeout": 60.0, "max_retries": 2, "stream_usage": True}
     assert seen == [
-        ("openai:gpt-4o-mini", {}),
-        ("openai:gpt-4o-mini", {"base_url": "http://llm:8000/v1", "api_key": "sk-x"}),
+        ("openai:gpt-4o-mini", bounded),
+        (
+            "openai:gpt-4o-mini",
+            {**bounded, "base_url": "http://llm:8000/v1", "api_key": "sk-x"},
+        ),
     ]
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("langchain_openai") is not None,
-    reason="langchain-openai is installed, so nothing is missing",
-)
-def test_make_model_names_the_missing_provider_package() -> None:
-    with pytest.raises(RuntimeError, match="langchain-openai"):
-        make_model(Settings(model="openai:gpt-4o-mini"))
+def test_make_model_names_the_missing_provider_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing provider package names the package and the one install command."""
+    import langchain.chat_models
+
+    def missing(model: str, **kwargs: Any) -> BuiltinChatModel:
+        raise ImportError("No module named 'langchain_anthropic'", name="langchain_anthropic")
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(langchain.chat_models, "init_chat_model", missing)
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "langchain_anthropic" else real_find_spec(name, *a),
+    )
+    with pytest.raises(
+        ModelConfigError, match=r"langchain-anthropic.*make install EXTRAS=anthropic"
+    ):
+        make_model(Settings(model="anthropic:claude-sonnet-4-5"))
