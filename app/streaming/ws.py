@@ -147,7 +147,7 @@ class _ExplainTooBig:
     simple-websocket answers a frame above `max_message_size` with a bare close 1009
     "Message is too big" from its reader thread. A browser's WebSocket API hides close
     reasons behind a generic "the connection closed", so a user who pasted a 300 KB text saw
-    no reason at all (issue 15). Here that close becomes an `error` frame naming the limit
+    no reason at all. Here that close becomes an `error` frame naming the limit
     (`limit_exceeded`, `ws_max_frame_bytes`, like SSE/HTTP name theirs) followed by the
     same 1009 close with a reason that names the size.
     """

@@ -139,7 +139,7 @@ class Page:
         return dict(self.js("window.threadrunTest.stats()"))
 
     def new_thread(self) -> None:
-        """A new chat: no thread until its first message is sent (issue 15)."""
+        """A new chat: no thread until its first message is sent."""
         self.page.click("#new-thread")
         self.wait("window.threadrunTest.threadId() === null", what="a new chat")
         self.wait("!document.querySelector('#send').disabled", what="the composer")

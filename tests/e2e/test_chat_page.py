@@ -1,4 +1,4 @@
-"""The chat page as a product (issue 15), in headless Chromium against real web + worker
+"""The chat page as a product, in headless Chromium against real web + worker
 processes: Markdown with code blocks, tool cards, artifact preview and download, thread
 rename/delete/search with titles from the first message (SDK-made threads too), a composer
 that works on first visit, the phone layout with its thread drawer, model errors in the
@@ -109,7 +109,7 @@ def sdk_thread(base: str, text: str, key: str = ALICE) -> str:
 def test_first_visit_composer_streams_markdown_with_a_code_block(
     chat: Cluster, open_page: Any
 ) -> None:
-    """issue 15: a first-time user types at once (no "+ New thread"); the first message makes
+    """A1: a first-time user types at once (no "+ New thread"); the first message makes
     the thread and titles it; the answer's Markdown renders progressively while it streams,
     with a code block (language, Copy) and nothing unsafe."""
     page = open_page(chat.url, key=CAROL)
@@ -148,7 +148,7 @@ def test_first_visit_composer_streams_markdown_with_a_code_block(
 
 
 def test_tool_calls_and_results_are_cards_and_artifacts_open(chat: Cluster, open_page: Any) -> None:
-    """issue 15: a tool call shows its name and arguments (not raw JSON); its result is a
+    """A1: a tool call shows its name and arguments (not raw JSON); its result is a
     collapsed card that expands; the artifact opens in a preview (Markdown rendered) and
     downloads with its own bytes."""
     page = open_page(chat.url, tokens=12)
@@ -187,7 +187,7 @@ def test_tool_calls_and_results_are_cards_and_artifacts_open(chat: Cluster, open
 
 
 def test_threads_rename_delete_search_and_sdk_titles(chat: Cluster, open_page: Any) -> None:
-    """issue 15: threads made through the API are titled by their first message; the list
+    """A1: threads made through the API are titled by their first message; the list
     filters as you type; rename saves metadata.title; delete asks first, then removes."""
     apples = sdk_thread(chat.url, "Tell me about apples\nand pears", key=BOB)
     trains = sdk_thread(chat.url, "Timetable for night trains", key=BOB)
@@ -235,7 +235,7 @@ def test_threads_rename_delete_search_and_sdk_titles(chat: Cluster, open_page: A
 def test_model_error_is_a_bubble_in_the_transcript_with_retry(
     chat: Cluster, open_page: Any
 ) -> None:
-    """issue 15: a failed model call shows in the transcript (what failed, not a bare
+    """A1: a failed model call shows in the transcript (what failed, not a bare
     "Connection error." pill), distinct from the page's connection status; Retry re-sends the
     last user input and the answer follows."""
     for phone in (False, True):
@@ -267,7 +267,7 @@ def test_model_error_is_a_bubble_in_the_transcript_with_retry(
 def test_oversize_input_is_refused_before_sending_naming_the_limit(
     chat: Cluster, open_page: Any
 ) -> None:
-    """issue 15: a 300 KB message is refused in the composer with the server's limit named
+    """A1: a 300 KB message is refused in the composer with the server's limit named
     (from GET /info); sent anyway, the WebSocket's error frame gives the real reason, and
     the message does not become the thread's title."""
     with httpx.Client(base_url=chat.url) as c:
@@ -304,7 +304,7 @@ def test_oversize_input_is_refused_before_sending_naming_the_limit(
 
 
 def test_phone_layout_has_a_thread_drawer(chat: Cluster, open_page: Any) -> None:
-    """issue 15: below 720 px the thread list is a drawer behind a hamburger; picking a
+    """A1: below 720 px the thread list is a drawer behind a hamburger; picking a
     thread closes it; the conversation uses the full width."""
     sdk_thread(chat.url, "A thread to read on the phone", key=CAROL)
     page = open_page(chat.url, key=CAROL, phone=True)
@@ -324,7 +324,7 @@ def test_phone_layout_has_a_thread_drawer(chat: Cluster, open_page: Any) -> None
 
 
 def test_debug_footer_only_with_debug_1(chat: Cluster, open_page: Any) -> None:
-    """issue 15: the developer footer (transport, run and event ids) only with ?debug=1."""
+    """A1: the developer footer (transport, run and event ids) only with ?debug=1."""
     plain = open_page(chat.url)
     assert plain.js("document.querySelector('#footer').hidden")
     dbg = open_page(chat.url, debug=1)

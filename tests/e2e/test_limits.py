@@ -248,7 +248,7 @@ def test_a4_open_connections_per_user(lim: Cluster) -> None:
 
 
 def test_a3_websocket_frame_size(lim: Cluster) -> None:
-    """A3, issue 15: a frame above ws_max_frame_bytes gets an `error` frame naming the limit,
+    """A3: a frame above ws_max_frame_bytes gets an `error` frame naming the limit,
     then the socket closes with 1009 and a reason naming the size; the server serves on."""
     ws = simple_websocket.Client.connect(ws_url(lim), headers=h("ws"))
     ws.send(json.dumps({"type": "ping", "pad": "x" * 5000}))
