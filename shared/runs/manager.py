@@ -23,6 +23,7 @@ from shared.runs.model import (
 )
 from shared.runs.store import Admission, AdmitItem, RunStore
 from shared.taskqueue import Dispatcher
+from shared.webhooks.policy import BadWebhookUrl, EgressPolicy, admission_refusal, parse_url
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class RunManager:
         assistants: AssistantResolver | None = None,
         default_strategy: MultitaskStrategy = MultitaskStrategy.ENQUEUE,
         max_after_s: float = 30 * 86_400,
+        webhook_policy: EgressPolicy | None = None,
+        webhook_url_max: int = 2048,
     ) -> None:
         self.store = store
         self._dispatcher = dispatcher
@@ -57,6 +60,8 @@ class RunManager:
         self._assistants = assistants
         self._default_strategy = default_strategy
         self._max_after_s = max_after_s
+        self._webhook_policy = webhook_policy or EgressPolicy()
+        self._webhook_url_max = webhook_url_max
 
     def resolve_assistant(self, owner: str, request: RunRequest) -> tuple[RunRequest, str]:
         """The request on its assistant (the assistant's id, its current version's config
@@ -87,11 +92,23 @@ class RunManager:
         return self._after_commit(admission)
 
     def _check(self, request: RunRequest) -> None:
-        """Refuse what the schema cannot know: a delay beyond the deployment's limit (422)."""
+        """Refuse what the schema cannot know: a delay beyond the deployment's limit, a
+        webhook URL too long or on a literal IP the egress policy refuses (422)."""
         if request.after_seconds > self._max_after_s:
             raise ValidationFailed(
                 f"after_seconds: at most {self._max_after_s:g} seconds", field="after_seconds"
             )
+        if request.webhook is not None:
+            try:
+                url = parse_url(request.webhook, max_length=self._webhook_url_max)
+            except BadWebhookUrl as exc:
+                raise ValidationFailed(f"webhook: {exc}", field="webhook") from None
+            if (reason := admission_refusal(url, self._webhook_policy)) is not None:
+                raise ValidationFailed(
+                    f"webhook: {url.host} is a {reason} address, refused by the egress policy"
+                    " (THREADRUN_WEBHOOK_ALLOW lists the exceptions)",
+                    field="webhook",
+                )
 
     def admit_batch(self, owner: str, requests: Sequence[RunRequest]) -> list[Run]:
         """Create several runs all or nothing (one transaction), then dispatch them.
@@ -116,6 +133,8 @@ class RunManager:
             self._signal_cancel(victim, admission.cancel_action)
         for run_id in admission.dispatch:
             self._dispatcher.dispatch_quietly(run_id)
+        for run_id in admission.ended:  # pending runs it ended: their webhooks are due
+            self._dispatcher.dispatch_webhook(run_id)
         run = admission.run
         assert run is not None  # created: every outcome but REJECTED
         log.info(
@@ -135,6 +154,8 @@ class RunManager:
         outcome, next_run = self.store.request_cancel(thread_id, run_id, owner, action)
         if outcome in (CancelOutcome.REQUESTED, CancelOutcome.ALREADY_REQUESTED):
             self._signal_cancel(run_id, action)
+        elif outcome is CancelOutcome.CANCELLED:  # ended here, not by a worker: its webhook
+            self._dispatcher.dispatch_webhook(run_id)
         if next_run:
             self._dispatcher.dispatch_quietly(next_run)
         return outcome
