@@ -13,10 +13,12 @@ would lose or delay the retry. Here a lost countdown message costs at most
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
 
 from shared import metrics, serde
 from shared.runs.model import Run
@@ -52,8 +54,6 @@ class Delivered:
 def webhook_body(run: Run, values_json: bytes | None) -> bytes:
     """The POSTed body: the run as `runs.get` returns it, plus `values`, the thread's
     final values (null for a thread without a checkpoint)."""
-    import orjson
-
     values: Any = orjson.Fragment(values_json) if values_json is not None else None
     return serde.dumps({**run_json(run), "values": values})
 
@@ -171,11 +171,4 @@ class WebhookService:
 
 
 def _host_of(url: str) -> str:
-    from urllib.parse import urlsplit
-
     return urlsplit(url).hostname or ""
-
-
-def now_s() -> float:
-    """Wall clock (a seam for tests)."""
-    return time.time()
