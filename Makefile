@@ -93,11 +93,12 @@ fmt: install ## ruff format and ruff check --fix
 	$(PY) -m ruff format $(LINT_PATHS)
 	$(PY) -m ruff check --fix $(LINT_PATHS)
 
-bench: install ## the internals, checkpoint-mode, memory and store benchmarks (bench/internals.py, checkpoints.py, memory.py, store.py)
+bench: install ## the internals, checkpoint-mode, memory, store and webhook benchmarks (bench/internals.py, checkpoints.py, memory.py, store.py, webhooks.py)
 	$(PY) -m bench.internals
 	$(PY) -m bench.checkpoints
 	$(PY) -m bench.memory
 	$(PY) -m bench.store
+	$(PY) -m bench.webhooks
 
 scale-bench: install ## runs/s and events/s with 1, 2, 3 runs workers (bench/scale.py, ~2 min)
 	@envs="$$($(PY) -m shared.devservices env)" || exit 1; \
