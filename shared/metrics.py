@@ -107,7 +107,7 @@ class Instruments:
         )
         self.webhook_deliveries = Counter(
             f"{PREFIX}webhook_deliveries",
-            "Webhook delivery attempts by outcome (issue 14).",
+            "Webhook delivery attempts by outcome.",
             ["outcome"],
             registry=registry,
         )

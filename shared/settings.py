@@ -294,7 +294,7 @@ class Settings(BaseSettings):
         default=4, ge=1, description="Connections of a worker process's store (graphs' store)."
     )
 
-    # --- webhooks (issue 14; shared/webhooks/) ------------------------------------------
+    # --- webhooks (shared/webhooks/) ------------------------------------------
     webhook_secret: SecretStr | None = Field(
         default=None,
         description=(

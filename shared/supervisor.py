@@ -98,7 +98,7 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
     memory_c = _int_env(env, "THREADRUN_MEMORY_CONCURRENCY", 4)
     celery = [py, "-m", "celery", "-A", "workers.celery_app:celery", "worker", "-P", "threads"]
     tail = ["--without-gossip", "--without-mingle", "-E"]
-    # The `webhooks` queue (issue 14): by default the memory worker consumes it too (both
+    # The `webhooks` queue: by default the memory worker consumes it too (both
     # are side-effect, I/O-bound queues that never touch a run's lease); a dedicated
     # process when THREADRUN_WEBHOOK_WORKER=dedicated (slow receivers never delay memory).
     memory_q, webhooks = "memory,webhooks", []

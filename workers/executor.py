@@ -464,7 +464,7 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
     metrics.run_finished(settled.status, time.monotonic() - attempt.started, usage)
     if fin.next_run_id:
         await asyncio.to_thread(rt.dispatcher.dispatch_quietly, fin.next_run_id)
-    if attempt.run.webhook:  # issue 14: right after the terminal commit (the sweep backs it)
+    if attempt.run.webhook:  # right after the terminal commit (the sweep backs it)
         await asyncio.to_thread(rt.dispatcher.dispatch_webhook, attempt.run_id)
     if attempt.run.deletes_thread:
         await keep_result(rt, attempt, settled)

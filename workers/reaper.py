@@ -47,7 +47,7 @@ async def reap_once(rt: WorkerRuntime) -> dict[str, int]:
     for run_id in await asyncio.to_thread(rt.store.stale_pending_heads, s.dispatch_stale_s):
         if await asyncio.to_thread(rt.dispatcher.dispatch_quietly, run_id):
             counts["redispatched"] += 1
-    # Webhooks of ended runs whose dispatch was lost (issue 14, shared/webhooks/store.py).
+    # Webhooks of ended runs whose dispatch was lost (shared/webhooks/store.py).
     for run_id in await asyncio.to_thread(rt.webhooks.sweep, s.webhook_stale_s):
         if await asyncio.to_thread(rt.dispatcher.dispatch_webhook, run_id):
             counts["webhooks_redispatched"] = counts.get("webhooks_redispatched", 0) + 1

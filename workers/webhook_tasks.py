@@ -1,4 +1,4 @@
-"""The `webhooks` queue (issue 14): one task per delivery attempt of a run's webhook.
+"""The `webhooks` queue: one task per delivery attempt of a run's webhook.
 
 Whoever ends a run (a worker's finalize, the web cancelling a pending run, the reaper
 failing one) sends `threadrun.webhooks.deliver(run_id)` right after the terminal commit;

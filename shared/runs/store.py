@@ -167,7 +167,7 @@ SELECT EXISTS (SELECT 1 FROM runs WHERE thread_id = %(thread_id)s AND on_complet
 """Read after the thread row is locked, in its own statement: admissions hold that lock
 while they insert, so this sees every run that will ever be on the thread until we commit.
 A run's webhook body is read from the thread (its final values): the thread waits until
-the delivery has frozen it (issue 14; the webhook task then deletes the thread)."""
+the delivery has frozen it (the recovery pass deletes it then)."""
 DELETE_THREAD_BY_ID_SQL = "DELETE FROM threads WHERE thread_id = %(thread_id)s"
 FINISHED_TEMPORARY_THREADS_SQL = """
 SELECT DISTINCT r.thread_id::text AS thread_id FROM runs r
@@ -531,7 +531,7 @@ class RunStore:
             },
         ).fetchone()
         assert row is not None
-        if request.webhook is not None:  # the outbox row commits with the run (issue 14)
+        if request.webhook is not None:  # the outbox row commits with the run
             webhooks.insert_in(conn, run_id, thread_id, request.webhook)
         conn.execute(
             MARK_THREAD_BUSY_SQL,

@@ -199,7 +199,7 @@ class Cluster:
         return proc
 
     def start_webhooks_worker(self, concurrency: int = 4) -> Proc:
-        """A worker on the `webhooks` queue (issue 14; `make run` puts it on the memory
+        """A worker on the `webhooks` queue (`make run` puts it on the memory
         worker, `-Q memory,webhooks`): without one, webhooks stay pending in the outbox."""
         return self.start_worker("webhooks", concurrency, queues="webhooks")
 

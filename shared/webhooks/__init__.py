@@ -1,4 +1,4 @@
-"""Webhooks (issue 14): a run's end POSTed, signed, to the URL its client gave.
+"""Webhooks: a run's end POSTed, signed, to the URL its client gave.
 
 policy.py   the egress policy (SSRF) and the URL check, pure
 signing.py  X-Threadrun-Signature: HMAC-SHA256 over `<ts>.<body>`

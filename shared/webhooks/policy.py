@@ -21,6 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from shared.errors import ValidationFailed
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -166,8 +168,11 @@ class EgressPolicy:
         return None
 
 
-class BadWebhookUrl(ValueError):
-    """A webhook URL that is not an absolute http(s) URL we may send to."""
+class BadWebhookUrl(ValidationFailed):
+    """A webhook URL that is not an absolute http(s) URL we may send to (422 naming it)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="webhook")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""issue 14 (webhooks) end to end: the official langgraph-sdk against real processes (web,
+"""Webhooks end to end: the official langgraph-sdk against real processes (web,
 a runs worker, a worker on the `webhooks` queue) and a local receiver (a threaded
 http.server on 127.0.0.1, on THREADRUN_WEBHOOK_ALLOW).
 
@@ -130,7 +130,7 @@ def received(rec: Receiver, path: str, n: int = 1) -> list[Received]:
 def test_a_thread_run_delivers_the_run_and_final_values_signed(
     hooks: Cluster, receiver: Receiver
 ) -> None:
-    """issue 14: the run as runs.get returns it plus the thread's final values, with a
+    """Webhooks: the run as runs.get returns it plus the thread's final values, with a
     signature that verifies with the client helper, and one audit event per attempt."""
     path = "/hook/thread-run"
 
@@ -168,7 +168,7 @@ def test_a_thread_run_delivers_the_run_and_final_values_signed(
 
 
 def test_a_500_is_retried_with_the_same_delivery_id(hooks: Cluster, receiver: Receiver) -> None:
-    """issue 14: retries on 5xx with backoff; the same body and X-Threadrun-Delivery, the
+    """Webhooks: retries on 5xx with backoff; the same body and X-Threadrun-Delivery, the
     attempt number counting up; both attempts recorded as audit events."""
     path = "/fail-once/retry"
 
@@ -197,7 +197,7 @@ def test_a_500_is_retried_with_the_same_delivery_id(hooks: Cluster, receiver: Re
     "url", ["http://10.1.2.3/hook", "http://169.254.169.254/latest", "http://[::1]:8080/"]
 )
 def test_a_literal_private_address_is_refused_at_admission(hooks: Cluster, url: str) -> None:
-    """issue 14: an address the egress policy refuses is a 422 naming `webhook`."""
+    """Webhooks: an address the egress policy refuses is a 422 naming `webhook`."""
 
     async def go(c: LangGraphClient) -> httpx.Response:
         thread = await c.threads.create()
@@ -215,7 +215,7 @@ def test_a_literal_private_address_is_refused_at_admission(hooks: Cluster, url: 
 def test_a_name_resolving_to_a_private_address_is_refused_at_delivery(
     hooks: Cluster, receiver: Receiver
 ) -> None:
-    """issue 14: `127.2` is a host name to the URL check, and the resolver turns it into
+    """Webhooks: `127.2` is a host name to the URL check, and the resolver turns it into
     127.0.0.2 (loopback, not on the allow list, which has only 127.0.0.1): the attempt is
     recorded as refused, nothing is sent, and it is not retried."""
     port = receiver.server.server_address[1]
@@ -240,7 +240,7 @@ def test_a_name_resolving_to_a_private_address_is_refused_at_delivery(
 
 
 def test_a_run_without_a_thread_delivers(hooks: Cluster, receiver: Receiver) -> None:
-    """issue 14: a stateless run (runs.wait with no thread) delivers its final values,
+    """Webhooks: a stateless run (runs.wait with no thread) delivers its final values,
     and its temporary thread is still deleted afterwards."""
     path = "/hook/stateless"
 
@@ -267,7 +267,7 @@ def test_a_run_without_a_thread_delivers(hooks: Cluster, receiver: Receiver) -> 
 
 
 def test_a_cancelled_pending_run_delivers(hooks: Cluster, receiver: Receiver) -> None:
-    """issue 14: a pending run cancelled by the web (no worker ends it) delivers too."""
+    """Webhooks: a pending run cancelled by the web (no worker ends it) delivers too."""
     path = "/hook/cancelled"
 
     async def go(c: LangGraphClient) -> str:

@@ -1,4 +1,4 @@
-"""issue 14 (webhooks) on real PostgreSQL: the outbox row is written in the run's admission
+"""Webhooks on real PostgreSQL: the outbox row is written in the run's admission
 transaction, an attempt is claimed only once the run has ended, each attempt is recorded
 with its audit event, retries wait for their backoff, a delivered row is never sent again,
 the reaper's sweep finds ended runs whose dispatch was lost, and a temporary thread waits
@@ -116,7 +116,7 @@ def hooks(pool: ConnectionPool) -> WebhookStore:
 
 
 def test_the_outbox_row_is_written_with_the_run(store: RunStore, hooks: WebhookStore) -> None:
-    """issue 14: inserted at admission, pending; the URL stored with the run; no row for a
+    """Webhooks: inserted at admission, pending; the URL stored with the run; no row for a
     run without a webhook."""
     run_id = admit(store, request())
     delivery = hooks.get(run_id)
@@ -130,7 +130,7 @@ def test_the_outbox_row_is_written_with_the_run(store: RunStore, hooks: WebhookS
 def test_attempts_wait_for_the_end_then_retry_then_deliver_once(
     store: RunStore, hooks: WebhookStore, pool: ConnectionPool
 ) -> None:
-    """issue 14: no attempt while the run is inflight; a 500 is retried after the backoff
+    """Webhooks: no attempt while the run is inflight; a 500 is retried after the backoff
     (not before), a 200 delivers, a delivered row is never claimed or swept again; each
     attempt is an audit event of the run; every attempt sends the same body, signed."""
     run_id = admit(store, request())
@@ -180,7 +180,7 @@ def test_attempts_wait_for_the_end_then_retry_then_deliver_once(
 def test_a_4xx_fails_at_once_and_max_attempts_ends_it(
     store: RunStore, hooks: WebhookStore, pool: ConnectionPool
 ) -> None:
-    """issue 14: no retry on other 4xx; retryable failures stop at max_attempts."""
+    """Webhooks: no retry on other 4xx; retryable failures stop at max_attempts."""
     rejected = admit(store, request())
     end(store, rejected)
     sender = FakeSender([AttemptResult(AttemptOutcome.REJECTED, 0.0, status=404)])
@@ -205,7 +205,7 @@ def test_a_4xx_fails_at_once_and_max_attempts_ends_it(
 def test_the_sweep_finds_ended_runs_whose_dispatch_was_lost(
     store: RunStore, hooks: WebhookStore, pool: ConnectionPool
 ) -> None:
-    """issue 14: a run that ended and whose delivery was never attempted (the worker died
+    """Webhooks: a run that ended and whose delivery was never attempted (the worker died
     between its terminal commit and its dispatch) is swept — after `stale_s`, once per
     `stale_s`; an inflight run's delivery is not."""
     inflight = admit(store, request())
@@ -222,7 +222,7 @@ def test_the_sweep_finds_ended_runs_whose_dispatch_was_lost(
 def test_a_temporary_thread_waits_for_the_webhook_body(
     store: RunStore, hooks: WebhookStore, tmp_path: Path
 ) -> None:
-    """issue 14: a run without a thread (on_completion=delete) keeps its thread until the
+    """Webhooks: a run without a thread (on_completion=delete) keeps its thread until the
     delivery has read the final values into its body; then the thread may go, and the
     delivery (its body frozen) still goes out."""
     req = request(on_completion=OnCompletion.DELETE)
@@ -250,7 +250,7 @@ def test_a_temporary_thread_waits_for_the_webhook_body(
 def test_a_run_deleted_before_its_first_attempt_fails_its_delivery(
     store: RunStore, hooks: WebhookStore
 ) -> None:
-    """issue 14: the thread deleted by its owner before the body was read: the delivery
+    """Webhooks: the thread deleted by its owner before the body was read: the delivery
     ends `failed` (nothing to send), and is swept no more."""
     req = request()
     run_id = admit(store, req)
@@ -263,13 +263,13 @@ def test_a_run_deleted_before_its_first_attempt_fails_its_delivery(
 
 
 def test_the_generated_secret_is_one_per_deployment(hooks: WebhookStore) -> None:
-    """issue 14: without THREADRUN_WEBHOOK_SECRET every process signs with the same key."""
+    """Webhooks: without THREADRUN_WEBHOOK_SECRET every process signs with the same key."""
     assert hooks.deployment_secret() == hooks.deployment_secret()
     assert len(hooks.deployment_secret()) == 64
 
 
 def test_jitter_is_random_enough() -> None:
-    """issue 14: two deliveries failing together do not come back at the same moment."""
+    """Webhooks: two deliveries failing together do not come back at the same moment."""
     b = Backoff(base_s=2, cap_s=10, retry_after_cap_s=30, max_attempts=3)
     delays = {round(b.delay(3, random.Random(seed)), 6) for seed in range(20)}
     assert len(delays) > 10

@@ -51,7 +51,7 @@ METRICS: dict[str, set[str]] = {
     "threadrun_run_duration_seconds": set(),
     "threadrun_runs_started_total": set(),
     "threadrun_runs_finished_total": {"status"},
-    "threadrun_webhook_deliveries_total": {"outcome"},  # issue 14
+    "threadrun_webhook_deliveries_total": {"outcome"},
 }
 
 # ----------------------------------------------------------------------------------------
@@ -191,7 +191,7 @@ def test_compose_roles_health_checks_and_dependencies() -> None:
     assert f"-d {node}@$HOSTNAME" in " ".join(services["worker"]["healthcheck"]["test"])
 
     memory = argv(services["memory-worker"]["command"])
-    # issue 14: the memory worker consumes the webhooks queue too
+    # webhooks: the memory worker consumes the webhooks queue too
     assert option(memory, "-Q").split(",") == ["memory", "webhooks"] and "-E" in memory
     assert not any("beat" in argv(s.get("command", [])) for s in services.values())
 

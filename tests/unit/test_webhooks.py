@@ -1,4 +1,4 @@
-"""issue 14 (webhooks): the egress policy, the URL check, signatures and the retry schedule
+"""Webhooks: the egress policy, the URL check, signatures and the retry schedule
 (pure parts, no network but a local socket in the sender test)."""
 
 from __future__ import annotations
@@ -60,13 +60,13 @@ refused_addresses = st.one_of(*(_address_in(n) for n in REFUSED_NETS))
 
 @given(refused_addresses)
 def test_every_private_loopback_link_local_address_is_refused(address: Any) -> None:
-    """issue 14: loopback, private, link-local, CGNAT, multicast, reserved: all refused."""
+    """Webhooks: loopback, private, link-local, CGNAT, multicast, reserved: all refused."""
     assert DEFAULT.refusal(address) is not None
 
 
 @given(refused_addresses)
 def test_ipv4_mapped_and_nat64_forms_are_refused_too(address: Any) -> None:
-    """issue 14: ::ffff:10.0.0.1 or 64:ff9b::a00:1 reach the same host as 10.0.0.1."""
+    """Webhooks: ::ffff:10.0.0.1 or 64:ff9b::a00:1 reach the same host as 10.0.0.1."""
     if address.version != 4:
         return
     mapped = ipaddress.IPv6Address(f"::ffff:{address}")
@@ -77,7 +77,7 @@ def test_ipv4_mapped_and_nat64_forms_are_refused_too(address: Any) -> None:
 
 @given(refused_addresses)
 def test_an_allowed_network_lets_its_addresses_through(address: Any) -> None:
-    """issue 14: THREADRUN_WEBHOOK_ALLOW lists CIDRs that are let through."""
+    """Webhooks: THREADRUN_WEBHOOK_ALLOW lists CIDRs that are let through."""
     net = ipaddress.ip_network(f"{address}/{address.max_prefixlen}")
     assert EgressPolicy.parse(f" {net} , example.org").refusal(address) is None
 
@@ -98,12 +98,12 @@ def test_an_allowed_network_lets_its_addresses_through(address: Any) -> None:
     ],
 )
 def test_classify(address: str, reason: Refusal | None) -> None:
-    """issue 14: metadata endpoints are named as such; public addresses pass."""
+    """Webhooks: metadata endpoints are named as such; public addresses pass."""
     assert classify(ipaddress.ip_address(address)) == reason
 
 
 def test_one_refused_address_of_a_host_refuses_it() -> None:
-    """issue 14: ANY resolved address refused -> the delivery is refused."""
+    """Webhooks: ANY resolved address refused -> the delivery is refused."""
     addrs = [ipaddress.ip_address("93.184.216.34"), ipaddress.ip_address("10.1.2.3")]
     assert DEFAULT.first_refusal("mixed.example", addrs) == (addrs[1], Refusal.PRIVATE)
     assert EgressPolicy.parse("mixed.example").first_refusal("mixed.example", addrs) is None
@@ -128,7 +128,7 @@ def test_one_refused_address_of_a_host_refuses_it() -> None:
     ],
 )
 def test_bad_urls_are_refused(url: str) -> None:
-    """issue 14: an absolute http(s) URL without credentials, or 422 naming `webhook`."""
+    """Webhooks: an absolute http(s) URL without credentials, or 422 naming `webhook`."""
     with pytest.raises(BadWebhookUrl):
         parse_url(url)
     with pytest.raises(ValidationError) as err:
@@ -137,7 +137,7 @@ def test_bad_urls_are_refused(url: str) -> None:
 
 
 def test_good_urls_and_the_length_limit() -> None:
-    """issue 14: http(s) with host, port, path and query pass; the length is bounded."""
+    """Webhooks: http(s) with host, port, path and query pass; the length is bounded."""
     u = parse_url("https://Hooks.Example.com:8443/a/b?x=1")
     assert (u.scheme, u.host, u.port, u.host_header) == (
         "https",
@@ -153,7 +153,7 @@ def test_good_urls_and_the_length_limit() -> None:
 
 
 def test_admission_refuses_only_literal_ips() -> None:
-    """issue 14: a literal private IP is refused at admission; a name waits for delivery."""
+    """Webhooks: a literal private IP is refused at admission; a name waits for delivery."""
     assert admission_refusal(parse_url("http://10.0.0.1/h"), DEFAULT) is Refusal.PRIVATE
     assert admission_refusal(parse_url("http://[::1]:80/h"), DEFAULT) is Refusal.LOOPBACK
     assert admission_refusal(parse_url("http://internal.example/h"), DEFAULT) is None
@@ -163,7 +163,7 @@ def test_admission_refuses_only_literal_ips() -> None:
 
 # --- signatures ------------------------------------------------------------------------------
 def test_signature_verifies_with_the_client_helper() -> None:
-    """issue 14: the server's signature verifies with threadrun.webhooks.verify."""
+    """Webhooks: the server's signature verifies with threadrun.webhooks.verify."""
     body = b'{"run_id":"r","values":{"x":1}}'
     header = signing.signature_header(b"s3cret", body, timestamp=1_700_000_000)
     headers = {"x-threadrun-signature": header}  # any case
@@ -181,7 +181,7 @@ def test_signature_verifies_with_the_client_helper() -> None:
     ],
 )
 def test_signature_refusals(secret: str, body: bytes, now: int, match: str) -> None:
-    """issue 14: another secret, another body, or a stale timestamp (replay) is refused."""
+    """Webhooks: another secret, another body, or a stale timestamp (replay) is refused."""
     header = signing.signature_header(b"s3cret", b"{}", timestamp=1_700_000_000)
     with pytest.raises(client_webhooks.WebhookVerificationError, match=match):
         client_webhooks.verify(secret, {signing.SIGNATURE_HEADER: header}, body, 300, now=now)
@@ -189,7 +189,7 @@ def test_signature_refusals(secret: str, body: bytes, now: int, match: str) -> N
 
 @pytest.mark.parametrize("header", [None, "", "garbage", "t=1", "v1=ab", "t=x,v1=ab"])
 def test_malformed_signature_headers(header: str | None) -> None:
-    """issue 14: a missing or malformed header is a verification error, never a crash."""
+    """Webhooks: a missing or malformed header is a verification error, never a crash."""
     headers = {} if header is None else {signing.SIGNATURE_HEADER: header}
     with pytest.raises(client_webhooks.WebhookVerificationError):
         client_webhooks.verify("s", headers, b"{}", now=1)
@@ -197,7 +197,7 @@ def test_malformed_signature_headers(header: str | None) -> None:
 
 @given(st.binary(max_size=512), st.integers(0, 2**40))
 def test_sign_then_verify_roundtrip(body: bytes, ts: int) -> None:
-    """issue 14: for any body and timestamp, what is signed verifies within tolerance."""
+    """Webhooks: for any body and timestamp, what is signed verifies within tolerance."""
     header = signing.signature_header(b"k", body, timestamp=ts)
     assert client_webhooks.verify(b"k", {signing.SIGNATURE_HEADER: header}, body, now=ts) == ts
 
@@ -220,20 +220,20 @@ BACKOFF = Backoff(base_s=2.0, cap_s=60.0, retry_after_cap_s=120.0, max_attempts=
     ],
 )
 def test_outcome_of_status(status: int, outcome: AttemptOutcome) -> None:
-    """issue 14: retry on 429 and 5xx, not on other 4xx or a redirect."""
+    """Webhooks: retry on 429 and 5xx, not on other 4xx or a redirect."""
     assert outcome_of_status(status) is outcome
 
 
 @given(st.integers(1, 40), st.integers(0, 2**32))
 def test_backoff_grows_within_jitter_bounds(attempt: int, seed: int) -> None:
-    """issue 14: exponential backoff with jitter in [step/2, step], step capped."""
+    """Webhooks: exponential backoff with jitter in [step/2, step], step capped."""
     step = min(60.0, 2.0 * 2 ** (attempt - 1))
     delay = BACKOFF.delay(attempt, random.Random(seed))
     assert step / 2 <= delay <= step
 
 
 def test_next_delay_rules() -> None:
-    """issue 14: no retry when delivered, not retryable or out of attempts; Retry-After
+    """Webhooks: no retry when delivered, not retryable or out of attempts; Retry-After
     honoured up to its cap."""
     rng = random.Random(1)
     assert BACKOFF.next_delay(AttemptOutcome.DELIVERED, 1) is None
@@ -246,7 +246,7 @@ def test_next_delay_rules() -> None:
 
 
 def test_parse_retry_after() -> None:
-    """issue 14: Retry-After as seconds or as an HTTP date."""
+    """Webhooks: Retry-After as seconds or as an HTTP date."""
     assert parse_retry_after("30", 0) == 30.0
     assert parse_retry_after("Thu, 01 Jan 1970 00:01:40 GMT", 40.0) == 60.0
     assert parse_retry_after("soon", 0) is None
@@ -286,7 +286,7 @@ def receiver() -> Iterator[ThreadingHTTPServer]:
 def test_sender_connects_to_the_checked_address_with_the_host_header(
     receiver: ThreadingHTTPServer,
 ) -> None:
-    """issue 14: no DNS rebinding — the name is resolved once (here by a fake resolver),
+    """Webhooks: no DNS rebinding — the name is resolved once (here by a fake resolver),
     checked, and the connection goes to that address with the original Host header."""
     port = receiver.server_address[1]
     calls: list[str] = []
@@ -319,7 +319,7 @@ def test_sender_connects_to_the_checked_address_with_the_host_header(
 
 
 def test_sender_never_follows_a_redirect(receiver: ThreadingHTTPServer) -> None:
-    """issue 14: a redirect is a failed attempt that says so (and is not retried)."""
+    """Webhooks: a redirect is a failed attempt that says so (and is not retried)."""
     _Handler.answer = 302
     sender = Sender(EgressPolicy.parse("127.0.0.1"), timeout_s=2, max_response_bytes=10)
     result = sender.post(f"http://127.0.0.1:{receiver.server_address[1]}/", b"{}", {})
@@ -328,7 +328,7 @@ def test_sender_never_follows_a_redirect(receiver: ThreadingHTTPServer) -> None:
 
 
 def test_sender_connection_error_is_retryable() -> None:
-    """issue 14: nothing listening -> a connection error (retried)."""
+    """Webhooks: nothing listening -> a connection error (retried)."""
     sender = Sender(EgressPolicy.parse("127.0.0.1"), timeout_s=1, max_response_bytes=10)
     result = sender.post("http://127.0.0.1:9/", b"{}", {})
     assert result.outcome is AttemptOutcome.CONNECTION_ERROR

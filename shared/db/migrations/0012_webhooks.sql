@@ -1,4 +1,4 @@
--- Webhooks (issue 14): a run may name a URL that is POSTed the run once it has ended.
+-- Webhooks: a run may name a URL that is POSTed the run once it has ended.
 -- `runs.webhook` is the URL as the client gave it (shown with the run); the delivery
 -- itself is an outbox row written in the run's admission transaction, so a run that ends
 -- can never lose its webhook, whoever ends it and whatever dies in between.
