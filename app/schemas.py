@@ -23,10 +23,10 @@ from shared.runs.model import (
     ThreadStatus,
 )
 from shared.runs.reserved import check_no_reserved
+from shared.webhooks.policy import BadWebhookUrl, parse_url
 
 # SDK fields we know but do not implement yet: refused with a clear message (A1).
 UNSUPPORTED_RUN_FIELDS = {
-    "webhook": "webhooks are not supported",
     "feedback_keys": "feedback keys are not supported",
     "strict_resume": "strict_resume is not supported",
     "langsmith_tracer": "langsmith tracing is not supported",
@@ -208,6 +208,9 @@ class RunCreate(Strict):
     interrupt_before: Literal["*"] | list[str] | None = None
     interrupt_after: Literal["*"] | list[str] | None = None
     after_seconds: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    webhook: str | None = Field(default=None, max_length=65_536)
+    """POSTed the run when it ends (shared/webhooks/); the length and egress limits of the
+    deployment are checked at admission (RunManager)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -235,6 +238,16 @@ class RunCreate(Strict):
                     f"unsupported stream mode {mode!r}; supported: {', '.join(sorted(STREAM_MODES))}"
                 )
         return list(dict.fromkeys(v))
+
+    @field_validator("webhook")
+    @classmethod
+    def _webhook(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parse_url(v)
+            except BadWebhookUrl as exc:
+                raise ValueError(str(exc)) from None
+        return v
 
     @model_validator(mode="after")
     def _checks(self) -> RunCreate:
@@ -278,6 +291,7 @@ class RunCreate(Strict):
             multitask_strategy=self.multitask_strategy,
             create_thread=self.if_not_exists == "create",
             after_seconds=self.after_seconds or 0.0,
+            webhook=self.webhook,
         )
 
 

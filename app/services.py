@@ -26,6 +26,7 @@ from shared.state.accessor import CheckpointStateAccessor
 from shared.state.modes import ensure_recorded_mode
 from shared.store import StoreConfig, UserStores, web_stores
 from shared.taskqueue import Dispatcher, make_celery
+from shared.webhooks.policy import EgressPolicy
 
 
 @dataclass
@@ -87,6 +88,8 @@ class Services:
             checkpoints=state,  # a run from an unknown checkpoint is a 404
             default_strategy=settings.default_multitask_strategy,
             max_after_s=settings.run_after_seconds_max,
+            webhook_policy=EgressPolicy.parse(settings.webhook_allow),
+            webhook_url_max=settings.webhook_url_max,
         )
         subscriber = StreamSubscriber(client, keys, settings, hub=SubscriptionHub(client))
         return cls(

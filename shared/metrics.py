@@ -23,6 +23,7 @@ Postgres (shared/ops), so every web process answers the same.
     threadrun_run_duration_seconds            histogram
     threadrun_runs_started_total              counter
     threadrun_runs_finished_total{status}     counter
+    threadrun_webhook_deliveries_total{outcome} counter  one per attempt (shared/webhooks)
 """
 
 from __future__ import annotations
@@ -56,6 +57,16 @@ TOKEN_KINDS = ("input", "output")
 FINISHED_STATUSES = tuple(s.value for s in RunStatus if s.terminal)
 TRANSPORTS = ("sse", "ws")
 QUEUES = ("runs", "memory")
+WEBHOOK_OUTCOMES = (
+    "delivered",
+    "retryable_status",
+    "rejected",
+    "redirect",
+    "connection_error",
+    "timeout",
+    "refused",
+    "gone",
+)
 RUN_STATUSES = tuple(s.value for s in RunStatus)
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -94,6 +105,14 @@ class Instruments:
         self.tokens = Counter(
             f"{PREFIX}tokens", "Model tokens of finished runs.", ["kind"], registry=registry
         )
+        self.webhook_deliveries = Counter(
+            f"{PREFIX}webhook_deliveries",
+            "Webhook delivery attempts by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in WEBHOOK_OUTCOMES:
+            self.webhook_deliveries.labels(outcome=outcome)
         # Label values that exist from the start, so every series of the contract is
         # exported (at 0) before the first event.
         for sink in FENCED_SINKS:
@@ -112,6 +131,7 @@ class Instruments:
             self.fenced_writes,
             self.stream_gaps,
             self.tokens,
+            self.webhook_deliveries,
         ]
 
 
@@ -201,6 +221,12 @@ def run_finished(
 def fenced_write(sink: str) -> None:
     """A stale owner's write was rejected (sink: stream, status, checkpoint, receipt)."""
     _safe(lambda i: i.fenced_writes.labels(sink=sink).inc())
+
+
+def webhook_delivery(outcome: str) -> None:
+    """A webhook attempt ended with `outcome` (shared/webhooks/retry.py AttemptOutcome, or
+    `gone`: the run was deleted before its body was read)."""
+    _safe(lambda i: i.webhook_deliveries.labels(outcome=outcome).inc())
 
 
 def gap_sent(n: int = 1) -> None:

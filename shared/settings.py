@@ -401,6 +401,59 @@ class Settings(BaseSettings):
         default=4, ge=1, description="Connections of a worker process's store (graphs' store)."
     )
 
+    # --- webhooks (shared/webhooks/) ------------------------------------------
+    webhook_secret: SecretStr | None = Field(
+        default=None,
+        description=(
+            "HMAC-SHA256 key of X-Threadrun-Signature; unset: one is generated once and kept"
+            " in the database (`python -m shared.webhooks secret` prints it)."
+        ),
+    )
+    webhook_allow: str = Field(
+        default="",
+        description=(
+            "Comma-separated CIDRs and host names a webhook may reach although they are"
+            " loopback, private, link-local or metadata addresses (egress policy)."
+        ),
+    )
+    webhook_url_max: int = Field(default=2048, ge=16, description="Longest webhook URL (422).")
+    webhook_timeout_s: float = Field(
+        default=10.0, gt=0, description="One attempt: connect, send and read the answer."
+    )
+    webhook_max_attempts: int = Field(
+        default=6, ge=1, description="Attempts of one delivery before it is `failed`."
+    )
+    webhook_backoff_base_s: float = Field(
+        default=2.0, gt=0, description="Backoff before attempt 2 (doubles each attempt, jittered)."
+    )
+    webhook_backoff_cap_s: float = Field(
+        default=300.0, gt=0, description="Longest backoff between two attempts."
+    )
+    webhook_retry_after_cap_s: float = Field(
+        default=900.0, ge=0, description="A receiver's Retry-After is honoured up to this."
+    )
+    webhook_response_max_bytes: int = Field(
+        default=65536, ge=0, description="Most of a receiver's answer read (the rest dropped)."
+    )
+    webhook_stale_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "The reaper re-sends a due delivery whose task was not seen for this long (a"
+            " worker died between the run's end and the dispatch, a lost message)."
+        ),
+    )
+    webhook_worker: Literal["memory", "dedicated"] = Field(
+        default="memory",
+        description=(
+            "Which process of `make run` consumes the `webhooks` queue: the memory worker"
+            " (`-Q memory,webhooks`) or a dedicated `webhooks` worker."
+        ),
+    )
+    webhook_concurrency: int = Field(
+        default=8, ge=1, description="Threads of a dedicated webhooks worker."
+    )
+
     # --- database -----------------------------------------------------------------
     checkpoint_savers: int = Field(
         default=8,

@@ -92,12 +92,25 @@ def local_url(host: str, port: int) -> str:
 
 
 def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> list[ChildSpec]:
-    """The web server, the two Celery workers and the cron scheduler of threadrun."""
+    """The web server, the Celery workers (runs; memory and webhooks) and the cron scheduler."""
     env = os.environ if env is None else env
     py = sys.executable
     memory_c = _int_env(env, "THREADRUN_MEMORY_CONCURRENCY", 4)
     celery = [py, "-m", "celery", "-A", "workers.celery_app:celery", "worker", "-P", "threads"]
     tail = ["--without-gossip", "--without-mingle", "-E"]
+    # The `webhooks` queue: by default the memory worker consumes it too (both
+    # are side-effect, I/O-bound queues that never touch a run's lease); a dedicated
+    # process when THREADRUN_WEBHOOK_WORKER=dedicated (slow receivers never delay memory).
+    memory_q, webhooks = "memory,webhooks", []
+    if settings.webhook_worker == "dedicated":
+        memory_q = "memory"
+        hooks_c = str(settings.webhook_concurrency)
+        webhooks = [
+            ChildSpec(
+                "webhooks",
+                [*celery, "-Q", "webhooks", "-c", hooks_c, "-n", "webhooks@%h", *tail],
+            )
+        ]
     return [
         ChildSpec(
             "web",
@@ -117,9 +130,10 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
             [*celery, "-Q", "runs", "-c", str(settings.worker_concurrency), "-n", "runs@%h", *tail],
         ),
         ChildSpec(
-            "memory", [*celery, "-Q", "memory", "-c", str(memory_c), "-n", "memory@%h", *tail]
+            "memory", [*celery, "-Q", memory_q, "-c", str(memory_c), "-n", "memory@%h", *tail]
         ),
         scheduler_spec(),
+        *webhooks,
     ]
 
 

@@ -17,8 +17,10 @@ from shared.settings import Settings
 
 RUN_TASK = "threadrun.runs.execute"
 MEMORY_TASK = "threadrun.memory.extract"
+WEBHOOK_TASK = "threadrun.webhooks.deliver"
 RUNS_QUEUE = "runs"
 MEMORY_QUEUE = "memory"
+WEBHOOKS_QUEUE = "webhooks"
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +43,14 @@ def make_celery(settings: Settings) -> Celery:
         task_queues=[
             Queue(RUNS_QUEUE, Exchange(RUNS_QUEUE), routing_key=RUNS_QUEUE),
             Queue(MEMORY_QUEUE, Exchange(MEMORY_QUEUE), routing_key=MEMORY_QUEUE),
+            Queue(WEBHOOKS_QUEUE, Exchange(WEBHOOKS_QUEUE), routing_key=WEBHOOKS_QUEUE),
         ],
         task_default_queue=RUNS_QUEUE,
-        task_routes={RUN_TASK: {"queue": RUNS_QUEUE}, MEMORY_TASK: {"queue": MEMORY_QUEUE}},
+        task_routes={
+            RUN_TASK: {"queue": RUNS_QUEUE},
+            MEMORY_TASK: {"queue": MEMORY_QUEUE},
+            WEBHOOK_TASK: {"queue": WEBHOOKS_QUEUE},
+        },
         # Ack on receipt: recovery of a lost run is the reaper's job (leases + Postgres),
         # never broker redelivery, which on Redis can duplicate a still-running task or
         # loop forever with task_reject_on_worker_lost (R4, L3).
@@ -103,6 +110,18 @@ class Dispatcher:
             return False
         return True
 
+    def dispatch_webhook(self, run_id: str, countdown: float | None = None) -> bool:
+        """Send the webhook delivery of a run that ended (or its retry after `countdown`
+        seconds); on failure log it: the reaper's sweep re-sends overdue deliveries."""
+        try:
+            self._celery.send_task(
+                WEBHOOK_TASK, args=[run_id], queue=WEBHOOKS_QUEUE, countdown=countdown
+            )
+        except Exception:  # any broker failure: the outbox row stays pending
+            log.exception("webhook dispatch failed; the sweep will retry", extra={"run_id": run_id})
+            return False
+        return True
+
 
 _BINDING_SEP = "\x06\x16"  # kombu's Redis transport: routing_key SEP pattern SEP queue
 
@@ -117,7 +136,7 @@ def drop_stale_bindings(client: redis.Redis, settings: Settings) -> int:
     """
     keys = Keys(settings.redis_prefix)
     removed = 0
-    for exchange in (RUNS_QUEUE, MEMORY_QUEUE):
+    for exchange in (RUNS_QUEUE, MEMORY_QUEUE, WEBHOOKS_QUEUE):
         for kind in ("binding", "binding_permanent"):
             key = keys.kombu_bindings(kind, exchange)
             for member in client.smembers(key):

@@ -13,7 +13,7 @@ from shared.settings import Settings
 from shared.taskqueue import drop_stale_bindings, make_celery
 
 celery = make_celery(Settings())
-celery.conf.include = ["workers.tasks", "workers.memory_tasks"]
+celery.conf.include = ["workers.tasks", "workers.memory_tasks", "workers.webhook_tasks"]
 logs.configure_celery(Settings())  # log_format=json: Celery leaves logging to shared/logs.py
 
 log = logging.getLogger(__name__)

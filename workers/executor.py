@@ -580,6 +580,8 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
     await release_active(rt, attempt.run.user_id, attempt.run_id)
     if fin.next_run_id:
         await asyncio.to_thread(rt.dispatcher.dispatch_quietly, fin.next_run_id)
+    if attempt.run.webhook:  # right after the terminal commit (the sweep backs it)
+        await asyncio.to_thread(rt.dispatcher.dispatch_webhook, attempt.run_id)
     if attempt.run.deletes_thread:
         await keep_result(rt, attempt, settled)
     # (4) `end`, after the status is committed (A1: no stream closes before that).

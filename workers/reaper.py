@@ -48,6 +48,10 @@ async def reap_once(rt: WorkerRuntime) -> dict[str, int]:
     for run_id in await asyncio.to_thread(rt.store.stale_pending_heads, s.dispatch_stale_s):
         if await asyncio.to_thread(rt.dispatcher.dispatch_quietly, run_id):
             counts["redispatched"] += 1
+    # Webhooks of ended runs whose dispatch was lost (shared/webhooks/store.py).
+    for run_id in await asyncio.to_thread(rt.webhooks.sweep, s.webhook_stale_s):
+        if await asyncio.to_thread(rt.dispatcher.dispatch_webhook, run_id):
+            counts["webhooks_redispatched"] = counts.get("webhooks_redispatched", 0) + 1
     for run in await asyncio.to_thread(rt.store.running_runs, s.lease_ttl_s):
         run_id, epoch, attempt = run.run_id, run.owner_epoch, run.attempt
         if await rt.leases.is_held(run_id):
@@ -91,6 +95,8 @@ async def fail_run(rt: WorkerRuntime, run_id: str, epoch: int, reason: str) -> b
     await release_active(rt, expired.user_id, run_id)
     if expired.next_run_id:
         await asyncio.to_thread(rt.dispatcher.dispatch_quietly, expired.next_run_id)
+    # Its webhook, if it has one (a run without one: the task finds no delivery).
+    await asyncio.to_thread(rt.dispatcher.dispatch_webhook, run_id)
     value = lease_value(expired.epoch, rt.worker_id)
     if await rt.leases.acquire(run_id, expired.epoch, rt.worker_id):
         try:

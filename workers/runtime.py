@@ -34,6 +34,7 @@ from shared.state.modes import ensure_recorded_mode
 from shared.state.savers import FencedPostgresSaver
 from shared.store import WorkerStore
 from shared.taskqueue import Dispatcher, make_celery
+from shared.webhooks.store import WebhookStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,6 +60,7 @@ class WorkerRuntime:
         with pool.connection() as conn:
             ensure_recorded_mode(conn, settings)  # S4: refuse to start in another mode
         self.store = RunStore(pool)
+        self.webhooks = WebhookStore(pool)  # the reaper's sweep of the webhook outbox
         self.events = RunEventStore(
             pool,
             max_payload_bytes=settings.event_payload_max_bytes,

@@ -6,39 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from shared.assistants.model import Assistant, AssistantVersion
-from shared.runs.model import Run, Thread
+from shared.runs.model import Thread
+from shared.runs.shapes import run_json
 from shared.state.accessor import ThreadHead
 
-
-def run_json(run: Run) -> dict[str, Any]:
-    """The SDK's Run shape, plus our lifecycle fields."""
-    return {
-        "run_id": run.run_id,
-        "thread_id": run.thread_id,
-        "assistant_id": run.assistant_id,
-        "graph_id": run.graph_id,
-        "created_at": run.created_at,
-        "updated_at": run.updated_at,
-        "status": run.status,
-        "metadata": run.metadata,
-        "kwargs": {
-            "input": run.input,
-            "command": run.command,
-            "config": run.config,
-            "context": run.context,
-            **run.kwargs,
-        },
-        "multitask_strategy": run.multitask_strategy,
-        "on_disconnect": run.on_disconnect,
-        "on_completion": run.on_completion,  # a run without a thread: its thread's fate
-        "attempt": run.attempt,
-        "owner_epoch": run.owner_epoch,
-        "due_at": run.due_at,
-        "started_at": run.started_at,
-        "ended_at": run.ended_at,
-        "error": run.error,
-        "usage": run.usage,
-    }
+__all__ = ["assistant_json", "assistant_version_json", "run_json", "thread_json"]
 
 
 def thread_json(thread: Thread, head: ThreadHead | None = None) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from shared.runs.model import (
 )
 from shared.runs.store import Admission, AdmitItem, RunStore
 from shared.taskqueue import Dispatcher
+from shared.webhooks.policy import BadWebhookUrl, EgressPolicy, admission_refusal, parse_url
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ class RunManager:
         checkpoints: CheckpointLookup | None = None,
         default_strategy: MultitaskStrategy = MultitaskStrategy.ENQUEUE,
         max_after_s: float = 30 * 86_400,
+        webhook_policy: EgressPolicy | None = None,
+        webhook_url_max: int = 2048,
     ) -> None:
         self.store = store
         self._dispatcher = dispatcher
@@ -76,6 +79,8 @@ class RunManager:
         self._checkpoints = checkpoints
         self._default_strategy = default_strategy
         self._max_after_s = max_after_s
+        self._webhook_policy = webhook_policy or EgressPolicy()
+        self._webhook_url_max = webhook_url_max
 
     def resolve_assistant(self, owner: str, request: RunRequest) -> tuple[RunRequest, str]:
         """The request on its assistant (the assistant's id, its current version's config
@@ -127,11 +132,23 @@ class RunManager:
         return self._after_commit(admission)
 
     def _check(self, request: RunRequest) -> None:
-        """Refuse what the schema cannot know: a delay beyond the deployment's limit (422)."""
+        """Refuse what the schema cannot know: a delay beyond the deployment's limit, a
+        webhook URL too long or on a literal IP the egress policy refuses (422)."""
         if request.after_seconds > self._max_after_s:
             raise ValidationFailed(
                 f"after_seconds: at most {self._max_after_s:g} seconds", field="after_seconds"
             )
+        if request.webhook is not None:
+            try:
+                url = parse_url(request.webhook, max_length=self._webhook_url_max)
+            except BadWebhookUrl as exc:
+                raise ValidationFailed(f"webhook: {exc}", field="webhook") from None
+            if (reason := admission_refusal(url, self._webhook_policy)) is not None:
+                raise ValidationFailed(
+                    f"webhook: {url.host} is a {reason} address, refused by the egress policy"
+                    " (THREADRUN_WEBHOOK_ALLOW lists the exceptions)",
+                    field="webhook",
+                )
 
     def _check_checkpoint(self, owner: str, request: RunRequest) -> None:
         """A run from a checkpoint the thread does not have is a 404, not
@@ -180,6 +197,8 @@ class RunManager:
             self._signal_cancel(victim, admission.cancel_action)
         for run_id in admission.dispatch:
             self._dispatcher.dispatch_quietly(run_id)
+        for run_id in admission.ended:  # pending runs it ended: their webhooks are due
+            self._dispatcher.dispatch_webhook(run_id)
         run = admission.run
         assert run is not None  # created: every outcome but REJECTED
         self._announce(run)
@@ -214,10 +233,11 @@ class RunManager:
     ) -> CancelOutcome:
         """Ask a run to stop (R5): pending runs stop at once; running ones at the next safe point."""
         outcome, next_run = self.store.request_cancel(thread_id, run_id, owner, action)
-        if outcome is CancelOutcome.CANCELLED:  # ended here, never claimed
-            self.release_active(owner, [run_id])
         if outcome in (CancelOutcome.REQUESTED, CancelOutcome.ALREADY_REQUESTED):
             self._signal_cancel(run_id, action)
+        elif outcome is CancelOutcome.CANCELLED:  # ended here, never claimed: what a
+            self.release_active(owner, [run_id])  # worker's finalize would do is ours
+            self._dispatcher.dispatch_webhook(run_id)
         if next_run:
             self._dispatcher.dispatch_quietly(next_run)
         return outcome

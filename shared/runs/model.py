@@ -135,6 +135,7 @@ class RunRequest:
     multitask_strategy: MultitaskStrategy | None = None  # None: the deployment's default
     create_thread: bool = False  # `if_not_exists=create`, or the thread of a stateless run
     on_completion: OnCompletion | None = None  # set only for a run without a thread
+    webhook: str | None = None  # POSTed the run once it ended (shared/webhooks/)
 
     @property
     def stateless(self) -> bool:
@@ -178,6 +179,7 @@ class Run:
     usage: JSONObject | None = None
     on_completion: OnCompletion | None = None  # a run without a thread: its thread's fate
     user_id: str | None = None
+    webhook: str | None = None  # the URL its end is POSTed to (shared/webhooks/)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
@@ -215,6 +217,7 @@ class Run:
             usage=row.get("usage"),
             on_completion=OnCompletion(on_completion) if on_completion else None,
             user_id=_opt_str(row.get("user_id")),
+            webhook=row.get("webhook"),
         )
 
     @property

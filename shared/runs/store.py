@@ -35,6 +35,7 @@ from shared.runs.model import (
     Thread,
     ThreadStatus,
 )
+from shared.webhooks import store as webhooks
 
 
 def _json(value: Any) -> Jsonb | None:
@@ -92,10 +93,10 @@ LIMIT %(limit)s
 INSERT_RUN_SQL = """
 INSERT INTO runs (run_id, thread_id, assistant_id, graph_id, status, input, command, config,
                   context, metadata, kwargs, multitask_strategy, on_disconnect, on_completion,
-                  dispatched_at, due_at, created_at, updated_at)
+                  webhook, dispatched_at, due_at, created_at, updated_at)
 VALUES (%(run_id)s, %(thread_id)s, %(assistant_id)s, %(graph_id)s, 'pending', %(input)s,
         %(command)s, %(config)s, %(context)s, %(metadata)s, %(kwargs)s,
-        %(multitask_strategy)s, %(on_disconnect)s, %(on_completion)s,
+        %(multitask_strategy)s, %(on_disconnect)s, %(on_completion)s, %(webhook)s,
         CASE WHEN %(dispatch)s THEN now() END,
         CASE WHEN %(after_s)s > 0 THEN clock_timestamp() + make_interval(secs => %(after_s)s) END,
         -- clock_timestamp(), not now(): taken after the thread lock, so created_at
@@ -204,10 +205,14 @@ TEMPORARY_THREAD_FINISHED_SQL = """
 SELECT EXISTS (SELECT 1 FROM runs WHERE thread_id = %(thread_id)s AND on_completion = 'delete')
    AND NOT EXISTS (SELECT 1 FROM runs
                    WHERE thread_id = %(thread_id)s AND status IN ('pending', 'running'))
+   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries
+                   WHERE thread_id = %(thread_id)s AND state = 'pending' AND body IS NULL)
    AS finished
 """
 """Read after the thread row is locked, in its own statement: admissions hold that lock
-while they insert, so this sees every run that will ever be on the thread until we commit."""
+while they insert, so this sees every run that will ever be on the thread until we commit.
+A run's webhook body is read from the thread (its final values): the thread waits until
+the delivery has frozen it (the recovery pass deletes it then)."""
 DELETE_THREAD_BY_ID_SQL = "DELETE FROM threads WHERE thread_id = %(thread_id)s"
 FINISHED_TEMPORARY_THREADS_SQL = """
 SELECT DISTINCT r.thread_id::text AS thread_id FROM runs r
@@ -215,6 +220,8 @@ WHERE r.on_completion = 'delete' AND r.status NOT IN ('pending', 'running')
   AND r.ended_at < now() - make_interval(secs => %(grace_s)s)
   AND NOT EXISTS (SELECT 1 FROM runs o
                   WHERE o.thread_id = r.thread_id AND o.status IN ('pending', 'running'))
+  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
+                  WHERE w.thread_id = r.thread_id AND w.state = 'pending' AND w.body IS NULL)
 LIMIT %(limit)s
 """
 
@@ -334,6 +341,7 @@ class Admission:
     run: Run | None
     dispatch: list[str]
     cancel_running: list[str]
+    ended: tuple[str, ...] = ()  # pending runs it cancelled: their webhooks are due
 
     @property
     def cancel_action(self) -> CancelAction:
@@ -555,10 +563,13 @@ class RunStore:
         if not decision.creates:
             return Admission(decision, None, [], [])
         cancel_running: list[str] = []
+        ended: list[str] = []
         for victim in decision.cancel:
             outcome = self._cancel_victim(conn, victim, thread_id, decision.action, by=run_id)
             if outcome is CancelOutcome.REQUESTED and victim.status is RunStatus.RUNNING:
                 cancel_running.append(victim.run_id)  # its owner must hear of it
+            elif outcome is CancelOutcome.CANCELLED:
+                ended.append(victim.run_id)
         row = conn.execute(
             INSERT_RUN_SQL,
             {
@@ -575,18 +586,21 @@ class RunStore:
                 "multitask_strategy": strategy,
                 "on_disconnect": request.on_disconnect,
                 "on_completion": request.on_completion,
+                "webhook": request.webhook,
                 "dispatch": decision.dispatch_now,
                 "after_s": request.after_seconds,
             },
         ).fetchone()
         assert row is not None
+        if request.webhook is not None:  # the outbox row commits with the run
+            webhooks.insert_in(conn, run_id, thread_id, request.webhook)
         conn.execute(
             MARK_THREAD_BUSY_SQL,
             {**params, "graph_id": item.graph_id, "assistant_id": request.assistant_id},
         )
         self._lifecycle(conn, run_id, thread_id, "created", {"outcome": decision.outcome.value})
         dispatch = [run_id] if decision.dispatch_now else []
-        return Admission(decision, Run.from_row(row), dispatch, cancel_running)
+        return Admission(decision, Run.from_row(row), dispatch, cancel_running, tuple(ended))
 
     def _inflight(
         self, conn: psycopg.Connection[DictRow], thread_id: str, *, limit: int | None

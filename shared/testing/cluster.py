@@ -209,6 +209,11 @@ class Cluster:
         self.wait_log(proc, "beat: Starting")
         return proc
 
+    def start_webhooks_worker(self, concurrency: int = 4) -> Proc:
+        """A worker on the `webhooks` queue (`make run` puts it on the memory
+        worker, `-Q memory,webhooks`): without one, webhooks stay pending in the outbox."""
+        return self.start_worker("webhooks", concurrency, queues="webhooks")
+
     def start(
         self, *, webs: int = 1, workers: Sequence[str] = ("runs",), concurrency: int = 8
     ) -> Cluster:

@@ -216,7 +216,7 @@ def test_a3_bad_input_is_a_clear_4xx(cluster: Cluster) -> None:
     with httpx.Client(base_url=cluster.url, headers={"x-api-key": ALICE}, timeout=10) as c:
         tid = c.post("/threads", json={}).json()["thread_id"]
         res = c.post(
-            f"/threads/{tid}/runs", json={"assistant_id": "lead_agent", "webhook": "http://x"}
+            f"/threads/{tid}/runs", json={"assistant_id": "lead_agent", "webhook": "ftp://x"}
         )
         assert res.status_code == 422 and "webhook" in res.text
         res = c.post(

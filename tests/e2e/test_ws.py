@@ -348,7 +348,7 @@ def test_a2_a3_bad_frames_get_error_frames_and_the_socket_stays(cluster: Cluster
             ({"type": "ping", "request_id": {"x": 1}}, "invalid_request", "request_id"),
             (create_frame(), "invalid_request", "thread_id"),  # /ws has no default thread
             (create_frame(thread_id=tid, strem_mode="values"), "invalid_request", "strem_mode"),
-            (create_frame(thread_id=tid, webhook="http://x"), "invalid_request", None),
+            (create_frame(thread_id=tid, webhook="ftp://x"), "invalid_request", "webhook"),
             ({**create_frame(thread_id=tid), "assistant_id": "nope"}, "not_found", None),
             ({"type": "run.join", "thread_id": tid}, "invalid_request", "run_id"),
             ({"type": "run.join", "thread_id": "not-a-uuid", "run_id": "x"}, "not_found", None),

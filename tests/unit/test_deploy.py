@@ -51,6 +51,7 @@ METRICS: dict[str, set[str]] = {
     "threadrun_run_duration_seconds": set(),
     "threadrun_runs_started_total": set(),
     "threadrun_runs_finished_total": {"status"},
+    "threadrun_webhook_deliveries_total": {"outcome"},
 }
 
 # ----------------------------------------------------------------------------------------
@@ -191,7 +192,8 @@ def test_compose_roles_health_checks_and_dependencies() -> None:
     assert f"-d {node}@$HOSTNAME" in " ".join(services["worker"]["healthcheck"]["test"])
 
     memory = argv(services["memory-worker"]["command"])
-    assert option(memory, "-Q") == "memory" and "-E" in memory
+    # webhooks: the memory worker consumes the webhooks queue too
+    assert option(memory, "-Q").split(",") == ["memory", "webhooks"] and "-E" in memory
     beats = [n for n, s in services.items() if "beat" in argv(s.get("command", []))]
     assert beats == ["scheduler"]  # the cron scheduler is the one beat
     assert "workers.cron_beat:CronScheduler" in argv(services["scheduler"]["command"])
@@ -295,7 +297,7 @@ def test_k8s_one_deployment_per_role_with_probes_resources_and_non_root() -> Non
     for name, queue in (("threadrun-runs-worker", "runs"), ("threadrun-memory-worker", "memory")):
         c = _container(deps[name])
         cmd = c["command"]
-        assert option(cmd, "-Q") == queue and "-E" in cmd
+        assert option(cmd, "-Q").split(",")[0] == queue and "-E" in cmd
         node = option(cmd, "-n")
         assert node == f"{queue}@$(POD_NAME)"
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):

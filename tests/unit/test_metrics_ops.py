@@ -81,7 +81,7 @@ def test_task_events_follow_the_setting() -> None:
     assert on.conf.worker_send_task_events and on.conf.task_send_sent_event
     off = make_celery(Settings(redis_prefix="t:", task_events=False))
     assert not off.conf.worker_send_task_events and not off.conf.task_send_sent_event
-    assert {q.name for q in on.conf.task_queues} == {"runs", "memory"}
+    assert {q.name for q in on.conf.task_queues} == {"runs", "memory", "webhooks"}
 
 
 def test_flower_spec_keeps_the_password_out_of_argv() -> None:

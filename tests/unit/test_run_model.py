@@ -183,6 +183,7 @@ def run_row() -> dict[str, Any]:
         "on_completion": "keep",
         "last_message": "hi",
         "user_id": "alice",
+        "webhook": "https://hooks.example.com/in",
     }
 
 

@@ -8,9 +8,11 @@
             ...
 
 `threadrun.client` has the recovery machinery (SPEC B4/B5/B9); the `threadrun` command is
-`threadrun.cli`. This package imports nothing of the server.
+`threadrun.cli`; `threadrun.webhooks.verify` checks a webhook delivery's signature. This
+package imports nothing of the server.
 """
 
+from threadrun import webhooks
 from threadrun.client import (
     GapInfo,
     Reconnecting,
@@ -39,4 +41,5 @@ __all__ = [
     "ThreadrunAPIError",
     "ThreadrunClient",
     "ThreadrunClientError",
+    "webhooks",
 ]
