@@ -69,7 +69,7 @@ REQUEUE_WHY = {
     RequeueOutcome.ALREADY_DISPATCHED: "in the queue, waiting for a worker",
     RequeueOutcome.QUEUED_BEHIND: "waiting its turn behind another run of its thread",
     RequeueOutcome.NOT_DUE: "delayed: not due yet",
-    RequeueOutcome.NOT_INFLIGHT: "ended",
+    RequeueOutcome.NOT_INFLIGHT: "it has ended",
 }
 """Why a run may or may not be requeued, as the ops page and CLI say it."""
 

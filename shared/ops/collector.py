@@ -382,7 +382,7 @@ class OpsCollector:
             extra = f" ({waiting} waiting)" if waiting else ""
             reason = f"no worker consumes the {queue} queue: {effect}{extra}"
             return self._tile(f"workers.{queue}", label, 0, "bad", reason)
-        reason = f"{n} worker{'s' if n != 1 else ''} consume the {queue} queue"
+        reason = f"{n} worker{'s consume' if n != 1 else ' consumes'} the {queue} queue"
         return self._tile(f"workers.{queue}", label, n, "ok", reason)
 
     def _stuck_tile(self) -> dict[str, Any]:
