@@ -308,6 +308,12 @@ class Settings(BaseSettings):
         le=1,
         description="The ops failure-rate tile turns red at this share of ended runs failing.",
     )
+    ops_failure_bad_min: int = Field(
+        default=3,
+        ge=1,
+        description="...and at least this many failed runs (fewer is a warning): one "
+        "failure among two runs is not an outage.",
+    )
     ops_queue_age_bad_s: float = Field(
         default=60.0,
         gt=0,

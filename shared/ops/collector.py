@@ -410,7 +410,9 @@ class OpsCollector:
         reason = f"{failed} of {total} runs ended error/timeout in {span}"
         state = "ok"
         if failed:
-            state = "bad" if rate >= self.settings.ops_failure_rate_bad else "warn"
+            s = self.settings
+            loud = rate >= s.ops_failure_rate_bad and failed >= s.ops_failure_bad_min
+            state = "bad" if loud else "warn"
         return self._tile("failures", "failure rate", round(rate, 4), state, reason)
 
     def _queue_age_tile(self, q: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -353,3 +353,36 @@ def test_cli_accepts_a_unique_run_id_prefix_and_refuses_an_ambiguous_one(
     assert "no run id starts with" in capsys.readouterr().err
     assert main(["runs", "failures", *base]) == 0
     assert "ValueError" in capsys.readouterr().out
+
+
+def test_overdue_crons_turn_the_scheduler_tile_red(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """This cluster runs no cron scheduler: an enabled cron due well in the past makes the
+    crons tile red, asking whether the scheduler runs; `threadrun status` prints the same
+    problem first. Without overdue crons the tile is green."""
+    from threadrun.cli import main
+
+    late = cluster.settings.ops_cron_late_s + 30
+    with psycopg.connect(cluster.settings.dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO crons (cron_id, user_id, assistant_id, schedule, request, next_run_at)"
+            " VALUES (gen_random_uuid(), 'alice', 'lead_agent', '* * * * *', '{}'::jsonb,"
+            " now() - make_interval(secs => %s))",
+            [late],
+        )
+        try:
+            with client(cluster) as ops:
+                tiles = {t["key"]: t for t in ops.get("/ops/api/health").json()["tiles"]}
+            crons = tiles["crons"]
+            assert crons["state"] == "bad" and crons["value"] == 1
+            assert "is the cron scheduler running?" in crons["reason"]
+            assert main(["status", "--url", cluster.url, "--api-key", OPS]) == 0
+            out = capsys.readouterr().out
+            assert out.startswith("health    PROBLEMS\n"), out
+            assert "cron scheduler running?" in out.splitlines()[1]
+        finally:
+            conn.execute("DELETE FROM crons")
+    with client(cluster) as ops:
+        tiles = {t["key"]: t for t in ops.get("/ops/api/health").json()["tiles"]}
+    assert tiles["crons"]["state"] == "ok" and tiles["crons"]["reason"] == "no cron is enabled"
