@@ -312,6 +312,35 @@ class Settings(BaseSettings):
     ops_lock_timeout_s: float = Field(
         default=2.0, gt=0, description="Ops cancel/requeue wait at most this for a locked run."
     )
+    ops_failure_window_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="The ops health strip's failure rate and failure list cover runs that "
+        "ended this recently.",
+    )
+    ops_failure_rate_bad: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="The ops failure-rate tile turns red at this share of ended runs failing.",
+    )
+    ops_failure_bad_min: int = Field(
+        default=3,
+        ge=1,
+        description="...and at least this many failed runs (fewer is a warning): one "
+        "failure among two runs is not an outage.",
+    )
+    ops_queue_age_bad_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="The ops queue tile turns red when a dispatched run has waited this long.",
+    )
+    ops_cron_late_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="The ops crons tile turns red when an enabled cron is overdue by this "
+        "much (its scheduler is not firing).",
+    )
     metrics_require_ops: bool = Field(
         default=False, description="GET /metrics needs an ops key (off: scrapers need none)."
     )

@@ -47,10 +47,20 @@ class _Strict(BaseModel):
 
 
 class OpsRunsQuery(_Strict):
-    """GET /ops/api/runs: no status = the inflight runs."""
+    """GET /ops/api/runs: no status = the inflight runs; `prefix` = the runs (any status)
+    whose id starts with it (how the CLI resolves the short ids the page shows)."""
 
     status: RunStatus | None = None
+    prefix: str | None = Field(default=None, min_length=1, max_length=36)
     limit: int = Field(default=100, ge=1, le=1000)
+
+
+class OpsFailuresQuery(_Strict):
+    """GET /ops/api/failures: runs ended error/timeout within `hours` (default: the
+    health strip's window, THREADRUN_OPS_FAILURE_WINDOW_S)."""
+
+    limit: int = Field(default=50, ge=1, le=500)
+    hours: float | None = Field(default=None, gt=0, le=24 * 31)
 
 
 class OpsAuditQuery(_Strict):
@@ -156,9 +166,35 @@ def runs() -> Response:
     require_ops()
     q = parse_query(OpsRunsQuery)
     c = _ops().collector
+    if q.prefix is not None:
+        try:
+            found = c.runs_by_prefix(q.prefix, limit=q.limit)
+        except ValueError as exc:
+            raise ValidationFailed(f"prefix: {exc}", field="prefix") from None
+        if q.status is not None:
+            found = [r for r in found if r["status"] == q.status]
+        return json_response({"runs": found})
     return json_response(
         {"summary": c.runs_summary(), "runs": c.runs(status=q.status, limit=q.limit)}
     )
+
+
+@bp.get("/ops/api/health")
+def health() -> Response:
+    """Is anything wrong? Tiles (workers per queue, stuck runs, failure rate, queue wait,
+    crons), each `ok`/`warn`/`bad` with its reason, and the verdict."""
+    require_ops()
+    return json_response(_ops().collector.health())
+
+
+@bp.get("/ops/api/failures")
+def failures() -> Response:
+    """Runs that ended `error` or `timeout` recently, latest first, with their error."""
+    require_ops()
+    q = parse_query(OpsFailuresQuery)
+    c = _ops().collector
+    window_s = q.hours * 3600 if q.hours is not None else c.settings.ops_failure_window_s
+    return json_response({"window_s": window_s, "failures": c.failures(q.limit, window_s)})
 
 
 @bp.get("/ops/api/runs/<run_id>")

@@ -1,5 +1,8 @@
-// threadrun ops page: polls GET /ops/api/overview with the ops key and draws it.
-// Plain JS, no build step; charts are drawn on <canvas> by the small helpers below.
+// threadrun ops page: polls GET /ops/api/overview (+ failures, audit) with the ops key.
+// Plain JS, no build step. The page answers "is anything wrong?" first (the verdict and the
+// health tiles, each with its reason in words), then what runs now, then what failed.
+// Tables are keyed by id and updated in place: a refresh changes the text of the cells
+// that changed and never rebuilds a row under the pointer (hover, selection and focus stay).
 "use strict";
 
 const params = new URLSearchParams(location.search);
@@ -33,28 +36,107 @@ function el(tag, text, cls) {
   return e;
 }
 
-function fill(tableId, rows, cells) {
-  const tbody = document.querySelector(`#${tableId} tbody`);
-  tbody.replaceChildren();
-  if (!rows.length) {
-    const tr = el("tr");
-    const td = el("td", "none", "muted");
-    td.colSpan = document.querySelectorAll(`#${tableId} th`).length;
-    tr.append(td);
-    tbody.append(tr);
-    return;
-  }
-  for (const row of rows) {
-    const tr = el("tr");
-    for (const c of cells(row)) tr.append(c instanceof Node ? c : el("td", c));
-    tbody.append(tr);
-  }
+/** Set a node's text (and class) only when it changed, so unchanged cells are not touched. */
+function setText(node, text, cls) {
+  const t = text === undefined || text === null ? "" : String(text);
+  if (node.textContent !== t) node.textContent = t;
+  if (cls !== undefined && node.className !== cls) node.className = cls;
 }
 
 const short = (id) => (id ? String(id).slice(0, 8) : "–");
 const num = (v, digits = 1) => (v === null || v === undefined ? "–" : Number(v).toFixed(digits));
 
-// --- charts ------------------------------------------------------------------------------
+function dur(seconds) {
+  if (seconds === null || seconds === undefined || Number.isNaN(seconds)) return "–";
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 90) return `${s}s`;
+  if (s % 3600 === 0) return `${s / 3600}h`;
+  if (s < 5400) return `${Math.round(s / 60)}m`;
+  if (s < 172800) return `${Math.round(s / 3600)}h`;
+  return `${Math.round(s / 86400)}d`;
+}
+
+// --- ids: short on screen, whole when copied ---------------------------------------------------
+// The cell holds the full id, clipped to 8 characters by CSS; a click selects the whole id
+// (user-select: all), and the copy button puts it on the clipboard.
+function idCell(id) {
+  const td = el("td", null, "id-cell");
+  if (!id) {
+    td.textContent = "–";
+    return td;
+  }
+  const code = el("code", id, "id");
+  code.title = id;
+  const copy = el("button", "copy", "copy");
+  copy.type = "button";
+  copy.title = "copy the full id";
+  copy.setAttribute("aria-label", `copy ${id}`);
+  copy.addEventListener("click", () => copyText(id, copy));
+  td.append(code, copy);
+  return td;
+}
+
+async function copyText(text, button) {
+  try {
+    await navigator.clipboard.writeText(text);
+  } catch {
+    const sel = getSelection();
+    const range = document.createRange();
+    range.selectNodeContents(button.previousSibling);
+    sel.removeAllRanges();
+    sel.addRange(range);
+    document.execCommand("copy");
+  }
+  button.textContent = "copied";
+  setTimeout(() => { button.textContent = "copy"; }, 1200);
+}
+
+// --- keyed tables --------------------------------------------------------------------------------
+/**
+ * Make `tableId`'s body show `items` in order, one row per key: a new key gets a row from
+ * `create(item)` (an array of cells), every row gets `update(tr, item)`, a vanished key's row
+ * is removed. Rows that stay are the same DOM nodes (moved only if the order changed).
+ */
+function sync(tableId, items, key, create, update) {
+  const tbody = document.querySelector(`#${tableId} tbody`);
+  const rows = new Map();
+  for (const tr of tbody.children) if (tr.dataset.key) rows.set(tr.dataset.key, tr);
+  const empty = tbody.querySelector("tr.empty");
+  if (!items.length) {
+    for (const tr of rows.values()) tr.remove();
+    if (!empty) {
+      const tr = el("tr", null, "empty");
+      const td = el("td", "none", "muted");
+      td.colSpan = document.querySelectorAll(`#${tableId} thead th`).length;
+      tr.append(td);
+      tbody.append(tr);
+    }
+    return;
+  }
+  if (empty) empty.remove();
+  const keep = new Set();
+  let prev = null;
+  for (const item of items) {
+    const k = String(key(item));
+    keep.add(k);
+    let tr = rows.get(k);
+    if (!tr) {
+      tr = el("tr");
+      tr.dataset.key = k;
+      for (const c of create(item)) tr.append(c instanceof Node ? c : el("td", c));
+    }
+    update(tr, item);
+    const want = prev ? prev.nextSibling : tbody.firstChild;
+    if (want !== tr) tbody.insertBefore(tr, want);
+    prev = tr;
+  }
+  for (const [k, tr] of rows) if (!keep.has(k)) tr.remove();
+}
+
+/** Cell i of a row (the cells are created once, in a fixed order). */
+const cell = (tr, i) => tr.children[i];
+
+// --- charts ------------------------------------------------------------------------------------
 function canvasCtx(id) {
   const c = document.getElementById(id);
   const ctx = c.getContext("2d");
@@ -65,7 +147,7 @@ function canvasCtx(id) {
 
 function bars(id, labels, series, colors) {
   const [c, ctx] = canvasCtx(id);
-  const pad = 18;
+  const pad = 14;
   const max = Math.max(1, ...labels.map((_, i) => series.reduce((s, v) => s + (v[i] || 0), 0)));
   const w = (c.width - pad) / labels.length;
   labels.forEach((label, i) => {
@@ -76,15 +158,15 @@ function bars(id, labels, series, colors) {
       ctx.fillRect(pad + i * w + 2, y - h, Math.max(1, w - 4), h);
       y -= h;
     });
-    ctx.fillStyle = "#444";
+    ctx.fillStyle = "#555";
     const total = series.reduce((s, v) => s + (v[i] || 0), 0);
     if (labels.length <= 12 || i % Math.ceil(labels.length / 12) === 0) {
-      ctx.fillText(label, pad + i * w + 2, c.height - 4);
+      ctx.fillText(label, pad + i * w + 2, c.height - 2);
     }
-    if (labels.length <= 12) ctx.fillText(String(total), pad + i * w + 2, y - 3);
+    if (labels.length <= 12) ctx.fillText(String(total), pad + i * w + 2, Math.max(10, y - 2));
   });
   ctx.fillStyle = "#888";
-  ctx.fillText(`max ${max}`, 2, 11);
+  ctx.fillText(`max ${max}`, c.width - 60, 10);
 }
 
 function lines(id, seriesList) {
@@ -95,7 +177,7 @@ function lines(id, seriesList) {
     ctx.setLineDash(s.dashed ? [4, 3] : []);
     ctx.beginPath();
     s.values.forEach((v, i) => {
-      const x = (i / (HISTORY - 1)) * (c.width - 4) + 2;
+      const x = (i / Math.max(1, s.values.length - 1)) * (c.width - 4) + 2;
       const y = c.height - 4 - (v / max) * (c.height - 16);
       if (i === 0) ctx.moveTo(x, y);
       else ctx.lineTo(x, y);
@@ -112,45 +194,198 @@ function push(name, value) {
   if (history[name].length > HISTORY) history[name].shift();
 }
 
-// --- actions -------------------------------------------------------------------------------
-async function act(runId, action) {
+// --- confirmation and actions ------------------------------------------------------------------
+const dialog = document.getElementById("confirm");
+
+/** Ask before acting; resolves true only when the user chose the action. */
+function confirmAction(title, text, runId, yesLabel, noLabel) {
+  document.getElementById("confirm-title").textContent = title;
+  document.getElementById("confirm-text").textContent = text;
+  document.getElementById("confirm-id").textContent = `run ${runId}`;
+  document.getElementById("confirm-yes").textContent = yesLabel;
+  document.getElementById("confirm-no").textContent = noLabel;
+  dialog.returnValue = "";
+  dialog.showModal();
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "yes"), { once: true });
+  });
+}
+
+const ACTIONS = {
+  cancel: {
+    title: "Cancel this run?",
+    text: (r) => `${r.user_id}'s ${r.status} run stops ${r.status === "running" ? "at its next safe point, keeping its progress" : "before it starts"}. This is audited and cannot be undone.`,
+    yes: "Cancel run",
+    no: "Keep it running",
+    body: { action: "interrupt" },
+  },
+  requeue: {
+    title: "Requeue this stuck run?",
+    text: (r) => `${r.requeue.why}. A worker will pick it up${r.status === "running" ? " and resume it from its last checkpoint (a new attempt)" : ""}. This is audited.`,
+    yes: "Requeue run",
+    no: "Not now",
+    body: { reason: "stuck (ops page)" },
+  },
+};
+
+async function act(run, action) {
+  const spec = ACTIONS[action];
+  if (!(await confirmAction(spec.title, spec.text(run), run.run_id, spec.yes, spec.no))) return;
   const out = document.getElementById("action-result");
-  const body = action === "cancel" ? { action: "interrupt" } : { reason: "stuck (ops page)" };
   try {
-    const res = await api(`/ops/api/runs/${runId}/${action}`, { method: "POST", body: JSON.stringify(body) });
-    out.textContent = `${action} ${short(runId)}: ${res.outcome}`;
+    const res = await api(`/ops/api/runs/${run.run_id}/${action}`, { method: "POST", body: JSON.stringify(spec.body) });
+    out.textContent = `${action} ${short(run.run_id)}: ${res.outcome}`;
     out.className = res.ok ? "ok" : "bad";
   } catch (err) {
-    out.textContent = `${action} ${short(runId)} failed: ${err.message}`;
+    out.textContent = `${action} ${short(run.run_id)} failed: ${err.message}`;
     out.className = "bad";
   }
   refresh();
 }
 
-function actions(run) {
-  const td = el("td");
-  const cancel = el("button", "cancel");
-  cancel.addEventListener("click", () => act(run.run_id, "cancel"));
-  td.append(cancel);
-  if (run.lease_expired || (run.status === "pending" && !run.dispatched_at)) {
-    const requeue = el("button", "requeue");
-    requeue.addEventListener("click", () => act(run.run_id, "requeue"));
-    td.append(requeue);
-  }
-  return td;
+/** The actions cell: rebuilt only when the offered actions change (not every refresh). */
+function updateActions(td, run) {
+  const offered = ["cancel", ...(run.requeue && run.requeue.eligible ? ["requeue"] : [])];
+  const sig = offered.join(",");
+  td._run = run; // the buttons act on the latest figures of the run
+  if (td.dataset.sig === sig) return;
+  td.dataset.sig = sig;
+  td.replaceChildren(
+    ...offered.map((action) => {
+      const b = el("button", action, action === "requeue" ? "act requeue" : "act");
+      b.type = "button";
+      b.addEventListener("click", () => act(td._run, action));
+      return b;
+    }),
+  );
 }
 
-// --- drawing the overview ---------------------------------------------------------------------
-function draw(o) {
-  const statuses = ["pending", "running", "success", "error", "timeout", "interrupted"];
-  bars("chart-status", statuses, [statuses.map((s) => o.runs.by_status[s] || 0)], ["#3b6ea5"]);
-  document.getElementById("stuck").textContent = o.runs.stuck;
-  document.getElementById("stuck").className = o.runs.stuck ? "bad" : "";
-  document.getElementById("fenced-status").textContent = o.runs.fenced.status_writes_recorded;
-  document.getElementById("fenced-sinks").textContent = Object.entries(o.runs.fenced.by_sink_this_host)
-    .map(([k, v]) => `${k} ${v}`).join(", ");
+// --- drawing -------------------------------------------------------------------------------------
+const STATE_MARK = { ok: "✓", warn: "!", bad: "✗" };
 
-  fill("queues", Object.entries(o.queues), ([name, q]) => [name, q.depth, num(q.oldest_age_s), o.workers_online[name] || 0]);
+function drawHealth(h) {
+  const verdict = document.getElementById("verdict");
+  const n = h.problems.length;
+  if (n) setText(verdict, `${n} problem${n > 1 ? "s" : ""}`, "verdict bad");
+  else if (h.warnings.length) setText(verdict, "working, with warnings", "verdict warn");
+  else setText(verdict, "all clear", "verdict ok");
+
+  const problems = document.getElementById("problems");
+  problems.hidden = !n;
+  setText(problems, n ? `Something is wrong: ${h.problems.join(" · ")}` : "");
+
+  const tiles = document.getElementById("tiles");
+  for (const t of h.tiles) {
+    let tile = tiles.querySelector(`[data-key="${t.key}"]`);
+    if (!tile) {
+      tile = el("div", null, "tile");
+      tile.dataset.key = t.key;
+      tile.setAttribute("role", "group");
+      tile.append(el("div", null, "tile-head"), el("div", null, "tile-value"), el("div", null, "tile-reason"));
+      tile.children[0].append(el("span", null, "mark"), el("span", null, "label"));
+      tiles.append(tile);
+    }
+    tile.className = `tile ${t.state}`;
+    tile.dataset.state = t.state;
+    tile.setAttribute("aria-label", `${t.label}: ${t.state}`);
+    setText(tile.querySelector(".mark"), STATE_MARK[t.state] || "?");
+    setText(tile.querySelector(".label"), t.label);
+    setText(tile.querySelector(".tile-value"), tileValue(t));
+    setText(tile.querySelector(".tile-reason"), t.reason);
+  }
+}
+
+function tileValue(t) {
+  if (t.value === null || t.value === undefined) return "–";
+  if (t.key === "failures") return `${Math.round(t.value * 1000) / 10}%`;
+  if (t.key === "queue_age") return dur(t.value);
+  return String(t.value);
+}
+
+function statusNote(r) {
+  if (r.requeue && r.requeue.eligible) return `stuck: ${r.requeue.why.split(":")[0]}`;
+  if (r.status === "pending") return r.requeue ? r.requeue.why : "";
+  if (r.cancel_action) return `cancel requested (${r.cancel_action})`;
+  return "";
+}
+
+function drawRuns(o) {
+  const now = o.at;
+  const inflight = o.runs.inflight;
+  setText(document.getElementById("inflight-count"), inflight.length ? `(${inflight.length})` : "");
+  sync(
+    "runs",
+    inflight,
+    (r) => r.run_id,
+    (r) => [
+      idCell(r.run_id),
+      idCell(r.thread_id),
+      el("td"),
+      el("td", null, "status-cell"),
+      el("td", null, "mono owner"),
+      el("td", null, "num"),
+      el("td", null, "num"),
+      el("td", null, "num"),
+      el("td", null, "actions-col"),
+    ],
+    (tr, r) => {
+      const stuck = r.requeue && r.requeue.eligible;
+      tr.classList.toggle("stuck", !!stuck);
+      setText(cell(tr, 2), r.user_id);
+      const st = cell(tr, 3);
+      if (!st.firstChild) st.append(el("span", null, "pill"), el("span", null, "note"));
+      setText(st.children[0], r.status, `pill ${stuck ? "bad" : r.status}`);
+      setText(st.children[1], statusNote(r), "note");
+      setText(cell(tr, 4), r.owner || "–");
+      const lease = r.lease.held ? dur(r.lease.ttl_s) : r.status === "running" ? "expired" : "–";
+      setText(cell(tr, 5), lease, r.lease_expired ? "num bad" : "num");
+      setText(cell(tr, 6), r.attempt);
+      setText(cell(tr, 7), dur(now - Date.parse(r.created_at) / 1000));
+      updateActions(cell(tr, 8), r);
+    },
+  );
+}
+
+async function drawFailures() {
+  const res = await api("/ops/api/failures?limit=20");
+  setText(document.getElementById("failures-window"), `(ended error/timeout in the last ${dur(res.window_s)})`);
+  const now = Date.now() / 1000;
+  sync(
+    "failures",
+    res.failures,
+    (f) => f.run_id,
+    (f) => [el("td", null, "num"), idCell(f.run_id), idCell(f.thread_id), el("td", f.user_id), el("td"), el("td", null, "error-cell")],
+    (tr, f) => {
+      const ended = cell(tr, 0);
+      setText(ended, `${dur(now - Date.parse(f.ended_at) / 1000)} ago`);
+      ended.title = f.ended_at;
+      const st = cell(tr, 4);
+      if (!st.firstChild) st.append(el("span"));
+      setText(st.firstChild, f.status, `pill ${f.status}`);
+      const err = f.error || {};
+      const td = cell(tr, 5);
+      if (!td.firstChild) td.append(el("span", null, "err-type"), el("span", null, "err-msg"));
+      setText(td.children[0], err.error || err.code || "error");
+      setText(td.children[1], err.message || JSON.stringify(err));
+      td.title = err.message || "";
+    },
+  );
+}
+
+function drawRest(o) {
+  sync(
+    "queues",
+    Object.entries(o.queues),
+    ([name]) => name,
+    () => [el("td"), el("td", null, "num"), el("td", null, "num"), el("td", null, "num")],
+    (tr, [name, q]) => {
+      const workers = o.workers_online[name] || 0;
+      setText(cell(tr, 0), name);
+      setText(cell(tr, 1), q.depth);
+      setText(cell(tr, 2), dur(q.oldest_age_s));
+      setText(cell(tr, 3), workers ? workers : "0 — none", workers ? "num" : "num bad");
+    },
+  );
   push("runs", o.queues.runs.depth);
   push("memory", o.queues.memory.depth);
   lines("chart-depth", [
@@ -158,11 +393,29 @@ function draw(o) {
     { values: history.memory, color: "#a5673b", dashed: true },
   ]);
 
+  sync(
+    "workers",
+    o.workers,
+    (w) => w.name,
+    (w) => [el("td", w.name, "mono"), el("td"), el("td", null, "num"), el("td", null, "mono")],
+    (tr, w) => {
+      setText(cell(tr, 1), w.queues.join(", "));
+      setText(cell(tr, 2), w.concurrency ?? "–");
+      setText(cell(tr, 3), w.active_runs.length ? w.active_runs.map(short).join(" ") : "–");
+    },
+  );
+
+  const statuses = ["pending", "running", "success", "error", "timeout", "interrupted"];
+  bars("chart-status", statuses, [statuses.map((s) => o.runs.by_status[s] || 0)], ["#3b6ea5"]);
+  setText(document.getElementById("fenced-status"), o.runs.fenced.status_writes_recorded);
+  setText(document.getElementById("fenced-sinks"), Object.entries(o.runs.fenced.by_sink_this_host)
+    .map(([k, v]) => `${k} ${v}`).join(", "));
+
   const c = o.connections;
-  document.getElementById("conn-sse").textContent = c.open.sse;
-  document.getElementById("conn-ws").textContent = c.open.ws;
-  document.getElementById("web-procs").textContent = c.web_processes;
-  document.getElementById("gaps").textContent = o.gaps_sent_this_host;
+  setText(document.getElementById("conn-sse"), c.open.sse);
+  setText(document.getElementById("conn-ws"), c.open.ws);
+  setText(document.getElementById("web-procs"), c.web_processes);
+  setText(document.getElementById("gaps"), o.gaps_sent_this_host);
   push("sse", c.open.sse);
   push("ws", c.open.ws);
   lines("chart-conns", [
@@ -171,44 +424,41 @@ function draw(o) {
   ]);
 
   const m = o.memory;
-  document.getElementById("mem-backlog").textContent = m.backlog;
-  document.getElementById("mem-skipped").textContent = m.skipped;
-  document.getElementById("mem-age").textContent = num(m.oldest_due_age_s);
-  document.getElementById("mem-note").textContent = m.available ? "" : "memory stats not available in this deployment";
+  setText(document.getElementById("mem-backlog"), m.backlog);
+  setText(document.getElementById("mem-skipped"), m.skipped);
+  setText(document.getElementById("mem-age"), dur(m.oldest_due_age_s));
+  setText(document.getElementById("mem-note"), m.available ? "" : "memory stats not available in this deployment");
 
   const hours = o.tokens_per_hour.map((h) => new Date(h.hour * 1000).getHours() + "h");
   bars("chart-tokens", hours, [o.tokens_per_hour.map((h) => h.input), o.tokens_per_hour.map((h) => h.output)], ["#3b6ea5", "#9cc0e6"]);
 
-  const now = o.at;
-  fill("runs", o.runs.inflight, (r) => [
-    el("td", short(r.run_id), "mono"),
-    el("td", short(r.thread_id), "mono"),
-    r.user_id,
-    el("td", r.status, r.lease_expired ? "bad" : ""),
-    el("td", r.owner || "–", "mono"),
-    r.owner_epoch,
-    r.lease.held ? `epoch ${r.lease.epoch}` : (r.status === "running" ? el("td", "expired", "bad") : "–"),
-    num(r.lease.ttl_s),
-    r.attempt,
-    num(now - Date.parse(r.created_at) / 1000, 0),
-    actions(r),
-  ]);
-  fill("workers", o.workers, (w) => [
-    el("td", w.name, "mono"), w.pid, w.queues.join(", "), w.concurrency ?? "–",
-    el("td", w.active_runs.map(short).join(" ") || "–", "mono"),
-  ]);
-  fill("streams", o.streams.filter((s) => s.exists || s.subscribers), (s) => [
-    el("td", short(s.run_id), "mono"), s.length, s.published, el("td", s.last_id || "–", "mono"),
-    s.subscribers, s.expires_in_s ?? "–",
-  ]);
+  sync(
+    "streams",
+    o.streams.filter((s) => s.exists || s.subscribers),
+    (s) => s.run_id,
+    (s) => [idCell(s.run_id), el("td", null, "num"), el("td", null, "num"), el("td", null, "mono"), el("td", null, "num"), el("td", null, "num")],
+    (tr, s) => {
+      setText(cell(tr, 1), s.length);
+      setText(cell(tr, 2), s.published);
+      setText(cell(tr, 3), s.last_id || "–");
+      setText(cell(tr, 4), s.subscribers);
+      setText(cell(tr, 5), dur(s.expires_in_s));
+    },
+  );
 }
 
 async function drawAudit() {
   const res = await api("/ops/api/audit?limit=20");
-  fill("audit", res.audit, (a) => [
-    new Date(a.at).toLocaleTimeString(), a.actor, a.action, el("td", short(a.run_id), "mono"),
-    el("td", JSON.stringify(a.params), "mono"), a.result,
-  ]);
+  sync(
+    "audit",
+    res.audit,
+    (a) => a.audit_id,
+    (a) => [
+      el("td", new Date(a.at).toLocaleTimeString()), el("td", a.actor), el("td", a.action), idCell(a.run_id),
+      el("td", JSON.stringify(a.params), "mono"), el("td", a.result),
+    ],
+    () => {},
+  );
 }
 
 async function refresh() {
@@ -218,13 +468,14 @@ async function refresh() {
   try {
     const o = await api("/ops/api/overview");
     every = o.refresh_s || every;
-    draw(o);
-    await drawAudit();
-    status.textContent = `updated ${new Date().toLocaleTimeString()}`;
-    status.className = "muted";
+    drawHealth(o.health);
+    drawRuns(o);
+    drawRest(o);
+    await Promise.all([drawFailures(), drawAudit()]);
+    setText(status, `updated ${new Date().toLocaleTimeString()}`, "muted");
   } catch (err) {
-    status.textContent = `error: ${err.message}`;
-    status.className = "bad";
+    setText(status, `error: ${err.message}`, "bad");
+    setText(document.getElementById("verdict"), "unknown: the ops API did not answer", "verdict bad");
   }
   if (document.getElementById("live").checked) timer = setTimeout(refresh, every * 1000);
 }

@@ -4,8 +4,14 @@ Both go through the run store / manager, so the same fencing holds as for users 
 reaper: a cancel is `RunManager.cancel`; a requeue of a running run is `RunStore.requeue`
 (fenced on the epoch the caller saw, status `running`), allowed only when the run's lease
 is gone and the run has not been touched for a lease TTL (the reaper's own rule), and a
-requeue of a pending run is a re-dispatch, allowed only when the run was never dispatched.
+requeue of a pending run is a re-dispatch, allowed only when the run was never dispatched
+although it is its thread's head and due (the reaper's R4 rule): a run waiting its turn
+behind another run of its thread, or a delayed run before its time, is not stuck.
 A duplicate dispatch is harmless: the claim lets one executor in (L3).
+
+`requeue_verdict` is that rule as a pure function: the action applies it, and the ops
+runs listing shows it (`requeue.eligible`), so the page offers requeue exactly where the
+server would accept it.
 
 The caller gives a manager whose store's connections carry a `lock_timeout`
 (`ops_lock_timeout_s`): an owner frozen inside a transaction (e.g. mid checkpoint write,
@@ -43,6 +49,8 @@ class RequeueOutcome(enum.Enum):
     LEASE_HELD = "lease_held"  # an owner still holds the lease
     RECENTLY_ACTIVE = "recently_active"  # no lease, but updated within a lease TTL
     ALREADY_DISPATCHED = "already_dispatched"  # pending and in the queue already
+    QUEUED_BEHIND = "queued_behind"  # pending behind another run of its thread: its turn comes
+    NOT_DUE = "not_due"  # a delayed run before its start time
     NOT_INFLIGHT = "not_inflight"  # terminal
     RACED = "raced"  # the run changed between our read and the fenced write
     LOCKED = "locked"  # the run row stayed locked past `ops_lock_timeout_s`
@@ -51,6 +59,47 @@ class RequeueOutcome(enum.Enum):
     def done(self) -> bool:
         """Whether the run was handed to the queue."""
         return self in (RequeueOutcome.REQUEUED, RequeueOutcome.DISPATCHED)
+
+
+REQUEUE_WHY = {
+    RequeueOutcome.REQUEUED: "running, but its lease expired: requeue to resume it",
+    RequeueOutcome.DISPATCHED: "pending and never dispatched: requeue to dispatch it",
+    RequeueOutcome.LEASE_HELD: "a worker holds its lease",
+    RequeueOutcome.RECENTLY_ACTIVE: "no lease, but active within a lease TTL",
+    RequeueOutcome.ALREADY_DISPATCHED: "in the queue, waiting for a worker",
+    RequeueOutcome.QUEUED_BEHIND: "waiting its turn behind another run of its thread",
+    RequeueOutcome.NOT_DUE: "delayed: not due yet",
+    RequeueOutcome.NOT_INFLIGHT: "it has ended",
+}
+"""Why a run may or may not be requeued, as the ops page and CLI say it."""
+
+
+def requeue_verdict(
+    *,
+    status: str,
+    lease_held: bool,
+    idle_s: float,
+    dispatched: bool,
+    behind: bool,
+    due: bool,
+    lease_ttl_s: float,
+) -> RequeueOutcome:
+    """What a requeue would do to a run in this state (REQUEUED/DISPATCHED: it would act)."""
+    if status not in (RunStatus.PENDING, RunStatus.RUNNING):
+        return RequeueOutcome.NOT_INFLIGHT
+    if status == RunStatus.PENDING:
+        if behind:
+            return RequeueOutcome.QUEUED_BEHIND
+        if not due:
+            return RequeueOutcome.NOT_DUE
+        if dispatched:
+            return RequeueOutcome.ALREADY_DISPATCHED
+        return RequeueOutcome.DISPATCHED
+    if lease_held:
+        return RequeueOutcome.LEASE_HELD
+    if idle_s < lease_ttl_s:
+        return RequeueOutcome.RECENTLY_ACTIVE
+    return RequeueOutcome.REQUEUED
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,22 +170,23 @@ class OpsActions:
 
     def _requeue(self, run: Run, reason: str) -> RequeueOutcome:
         run_id = run.run_id
-        if run.terminal:
-            return RequeueOutcome.NOT_INFLIGHT
-        if run.status is RunStatus.PENDING:
-            if run.dispatched_at is not None:
-                return RequeueOutcome.ALREADY_DISPATCHED
+        row = self._store.get_run(run_id) if not run.terminal else None
+        verdict = requeue_verdict(
+            status=run.status,
+            lease_held=bool(self._redis.exists(self._keys.lease(run_id))),
+            idle_s=(dt.datetime.now(dt.UTC) - run.updated_at).total_seconds(),
+            dispatched=run.dispatched_at is not None,
+            behind=bool(row and row["behind"]),
+            due=bool(row["due"]) if row else True,
+            lease_ttl_s=self._settings.lease_ttl_s,
+        )
+        if verdict is RequeueOutcome.DISPATCHED:
             self._dispatcher.dispatch_run(run_id)
-            return RequeueOutcome.DISPATCHED
-        if self._redis.exists(self._keys.lease(run_id)):
-            return RequeueOutcome.LEASE_HELD
-        idle = dt.datetime.now(dt.UTC) - run.updated_at
-        if idle.total_seconds() < self._settings.lease_ttl_s:
-            return RequeueOutcome.RECENTLY_ACTIVE
-        if not self._manager.store.requeue(run_id, run.owner_epoch, reason):
-            return RequeueOutcome.RACED
-        self._dispatcher.dispatch_run(run_id)
-        return RequeueOutcome.REQUEUED
+        elif verdict is RequeueOutcome.REQUEUED:
+            if not self._manager.store.requeue(run_id, run.owner_epoch, reason):
+                return RequeueOutcome.RACED
+            self._dispatcher.dispatch_run(run_id)
+        return verdict
 
     def _audit(
         self,

@@ -7,7 +7,10 @@ Sources:
 - workers online and their queues: a Celery `inspect` broadcast (`active_queues` and
   `stats`, answered within `ops_inspect_timeout_s`), cached `ops_inspect_cache_s` per
   process; a worker's active runs are the running runs whose `owner` names its host:pid;
-- memory backlog and skipped updates: `shared.memory.stats.memory_stats`.
+- memory backlog and skipped updates: `shared.memory.stats.memory_stats`;
+- the health strip (`health`): the figures above judged against the `ops_*` thresholds,
+  plus failures and overdue crons from Postgres (the cron scheduler answers no broadcast:
+  crons left due in the past are how its absence shows).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import redis
 from celery import Celery
 
 from shared import metrics
+from shared.ops.actions import REQUEUE_WHY, requeue_verdict
 from shared.ops.connections import read_connections
 from shared.ops.store import OpsStore
 from shared.redis_keys import Keys, MemoryKeys
@@ -34,6 +38,7 @@ from shared.taskqueue import MEMORY_QUEUE, RUNS_QUEUE
 log = logging.getLogger(__name__)
 
 QUEUES = (RUNS_QUEUE, MEMORY_QUEUE)
+HEX = frozenset("0123456789abcdef")
 # kombu's Redis transport keeps one list per priority step: name, name\x06\x163, …
 PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 
@@ -170,6 +175,15 @@ class OpsCollector:
             lease_epoch = None
             if value is not None:
                 lease_epoch = int(_s(value).split("|", 1)[0])
+            verdict = requeue_verdict(
+                status=r["status"],
+                lease_held=value is not None,
+                idle_s=float(r.get("idle_s") or 0.0),
+                dispatched=r["dispatched_at"] is not None,
+                behind=bool(r.get("behind")),
+                due=bool(r.get("due", True)),
+                lease_ttl_s=self.settings.lease_ttl_s,
+            )
             out.append(
                 {
                     **r,
@@ -179,9 +193,34 @@ class OpsCollector:
                         "ttl_s": round(pttl / 1000, 3) if pttl and pttl > 0 else None,
                     },
                     "lease_expired": r["status"] == RunStatus.RUNNING and value is None,
+                    # The server's own rule (shared/ops/actions.py): offered iff accepted.
+                    "requeue": {
+                        "eligible": verdict.done,
+                        "outcome": verdict.value,
+                        "why": REQUEUE_WHY.get(verdict, verdict.value),
+                    },
                 }
             )
         return out
+
+    def runs_by_prefix(self, prefix: str, limit: int = 10) -> list[dict[str, Any]]:
+        """Runs whose id starts with `prefix` (hex digits, dashes ignored), at most `limit`.
+
+        The ops page shows 8-character ids; the CLI resolves such a prefix here and refuses
+        an ambiguous one by listing these candidates.
+        """
+        digits = prefix.replace("-", "").lower()
+        if not digits or len(digits) > 32 or not set(digits) <= HEX:
+            raise ValueError("a run id prefix is 1 to 32 hex digits (dashes allowed)")
+        low = digits.ljust(32, "0")
+        high = digits.ljust(32, "f")
+        return self._with_leases(self.store.runs_by_prefix(low, high, limit))
+
+    def failures(self, limit: int = 20, window_s: float | None = None) -> list[dict[str, Any]]:
+        """Runs that ended `error`/`timeout` within the window, latest first, with their
+        error (`{error: type, message}`)."""
+        window = window_s if window_s is not None else self.settings.ops_failure_window_s
+        return self.store.failures(window, limit)
 
     # -- queues and workers -----------------------------------------------------------------
     def queue_depths(self) -> dict[str, int]:
@@ -305,6 +344,101 @@ class OpsCollector:
             )
         return out
 
+    # -- health ---------------------------------------------------------------------------
+    def health(
+        self,
+        *,
+        workers_online: dict[str, int] | None = None,
+        queues: dict[str, dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """Is anything wrong? One tile per question, each `ok`, `warn` or `bad` with its
+        reason as a sentence (the page must not rely on colour alone), and the verdict."""
+        s = self.settings
+        online = workers_online if workers_online is not None else self.workers_online()
+        q = queues if queues is not None else self.queues()
+        tiles = [
+            self._workers_tile(RUNS_QUEUE, online, q, "new runs stay pending"),
+            self._workers_tile(MEMORY_QUEUE, online, q, "memory updates are not extracted"),
+            self._stuck_tile(),
+            self._failures_tile(s.ops_failure_window_s),
+            self._queue_age_tile(q),
+            self._crons_tile(),
+        ]
+        bad = [t["reason"] for t in tiles if t["state"] == "bad"]
+        warn = [t["reason"] for t in tiles if t["state"] == "warn"]
+        return {"ok": not bad, "problems": bad, "warnings": warn, "tiles": tiles}
+
+    @staticmethod
+    def _tile(key: str, label: str, value: Any, state: str, reason: str) -> dict[str, Any]:
+        return {"key": key, "label": label, "value": value, "state": state, "reason": reason}
+
+    def _workers_tile(
+        self, queue: str, online: dict[str, int], q: dict[str, dict[str, Any]], effect: str
+    ) -> dict[str, Any]:
+        n = online.get(queue, 0)
+        label = f"{queue} workers"
+        if n == 0:
+            waiting = q.get(queue, {}).get("depth", 0)
+            extra = f" ({waiting} waiting)" if waiting else ""
+            reason = f"no worker consumes the {queue} queue: {effect}{extra}"
+            return self._tile(f"workers.{queue}", label, 0, "bad", reason)
+        reason = f"{n} worker{'s consume' if n != 1 else ' consumes'} the {queue} queue"
+        return self._tile(f"workers.{queue}", label, n, "ok", reason)
+
+    def _stuck_tile(self) -> dict[str, Any]:
+        expired = self.stuck_runs()
+        lost = self.store.undispatched_heads(self.settings.dispatch_stale_s)
+        n = len(expired) + len(lost)
+        if not n:
+            return self._tile("stuck", "stuck runs", 0, "ok", "no stuck run")
+        parts = []
+        if expired:
+            parts.append(f"{len(expired)} running with an expired lease")
+        if lost:
+            parts.append(f"{len(lost)} pending and never dispatched")
+        reason = "; ".join(parts) + " (the reaper recovers them if a worker runs; or requeue)"
+        return self._tile("stuck", "stuck runs", n, "bad", reason)
+
+    def _failures_tile(self, window_s: float) -> dict[str, Any]:
+        ended = self.store.ended_by_status(window_s)
+        failed = ended.get(RunStatus.ERROR, 0) + ended.get(RunStatus.TIMEOUT, 0)
+        total = sum(ended.values())
+        span = _span(window_s)
+        if not total:
+            return self._tile("failures", "failure rate", None, "ok", f"no run ended in {span}")
+        rate = failed / total
+        reason = f"{failed} of {total} runs ended error/timeout in {span}"
+        state = "ok"
+        if failed:
+            s = self.settings
+            loud = rate >= s.ops_failure_rate_bad and failed >= s.ops_failure_bad_min
+            state = "bad" if loud else "warn"
+        return self._tile("failures", "failure rate", round(rate, 4), state, reason)
+
+    def _queue_age_tile(self, q: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        runs = q.get(RUNS_QUEUE, {})
+        age, depth = runs.get("oldest_age_s"), runs.get("depth", 0)
+        limit = self.settings.ops_queue_age_bad_s
+        if age is None:
+            return self._tile("queue_age", "queue wait", None, "ok", "no run waits for a worker")
+        reason = f"the oldest dispatched run has waited {age:.0f}s ({depth} in the runs queue)"
+        state = "bad" if age >= limit else "warn" if age >= limit / 4 else "ok"
+        return self._tile("queue_age", "queue wait", round(age, 1), state, reason)
+
+    def _crons_tile(self) -> dict[str, Any]:
+        c = self.store.crons_due(self.settings.ops_cron_late_s)
+        if not c["enabled"]:
+            return self._tile("crons", "cron scheduler", 0, "ok", "no cron is enabled")
+        if c["overdue"]:
+            late = c["most_late_s"] or 0.0
+            reason = (
+                f"{c['overdue']} of {c['enabled']} crons overdue (up to {late:.0f}s): "
+                "is the cron scheduler running?"
+            )
+            return self._tile("crons", "cron scheduler", c["overdue"], "bad", reason)
+        reason = f"{c['enabled']} enabled crons fire on time"
+        return self._tile("crons", "cron scheduler", c["enabled"], "ok", reason)
+
     # -- everything -------------------------------------------------------------------------
     def overview(self) -> dict[str, Any]:
         """The whole ops view in one document."""
@@ -317,14 +451,17 @@ class OpsCollector:
         )
         stream_ids += [r for r in conns["subscribers"] if r not in stream_ids]
         workers = self.workers()
+        online = self.workers_online(workers)
+        queues = self.queues(memory)
         counters = metrics.counter_values()
         return {
             "at": time.time(),
             "refresh_s": self.settings.ops_refresh_s,
+            "health": self.health(workers_online=online, queues=queues),
             "runs": {**self.runs_summary(), "inflight": runs},
-            "queues": self.queues(memory),
+            "queues": queues,
             "workers": workers,
-            "workers_online": self.workers_online(workers),
+            "workers_online": online,
             "streams": self.streams(stream_ids, conns["subscribers"]),
             "connections": conns,
             "gaps_sent_this_host": counters.get("threadrun_stream_gaps_total", 0.0),
@@ -346,6 +483,15 @@ class OpsCollector:
             "memory_backlog": int(memory.get("backlog", 0)),
             "memory_skipped": int(memory.get("skipped", 0)),
         }
+
+
+def _span(seconds: float) -> str:
+    """`the last 1h`, `the last 15m`, `the last 30s`."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"the last {int(seconds // 3600)}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"the last {int(seconds // 60)}m"
+    return f"the last {seconds:g}s"
 
 
 def _find_memory_stats() -> Callable[[Settings, redis.Redis], dict[str, Any]] | None:

@@ -22,20 +22,72 @@ r.run_id::text, r.thread_id::text, t.owner AS user_id, r.assistant_id, r.status,
 r.owner_epoch, r.attempt, r.cancel_action, r.created_at, r.dispatched_at, r.started_at,
 r.updated_at, r.ended_at, r.error, r.usage
 """
+# Whether another run of the thread is ahead of this one: a pending run behind it is
+# waiting its turn (R3 enqueue), not stuck; the reaper's head rule (R4) is the same.
+_BEHIND = """
+EXISTS (SELECT 1 FROM runs o
+        WHERE o.thread_id = r.thread_id AND o.run_id <> r.run_id
+          AND (o.status = 'running' OR (o.status = 'pending' AND o.seq < r.seq))) AS behind,
+(r.due_at IS NULL OR r.due_at <= now()) AS due,
+extract(epoch FROM now() - r.updated_at)::float8 AS idle_s
+"""
 LIST_RUNS_SQL = f"""
-SELECT {_RUN_COLUMNS} FROM runs r JOIN threads t USING (thread_id)
+SELECT {_RUN_COLUMNS}, {_BEHIND} FROM runs r JOIN threads t USING (thread_id)
 WHERE (%(status)s::text IS NULL OR r.status = %(status)s)
 ORDER BY r.seq DESC
 LIMIT %(limit)s
 """
 INFLIGHT_RUNS_SQL = f"""
-SELECT {_RUN_COLUMNS} FROM runs r JOIN threads t USING (thread_id)
+SELECT {_RUN_COLUMNS}, {_BEHIND} FROM runs r JOIN threads t USING (thread_id)
 WHERE r.status IN ('pending', 'running')
 ORDER BY r.seq
 LIMIT %(limit)s
 """
 GET_RUN_SQL = f"""
-SELECT {_RUN_COLUMNS} FROM runs r JOIN threads t USING (thread_id) WHERE r.run_id = %(run_id)s
+SELECT {_RUN_COLUMNS}, {_BEHIND} FROM runs r JOIN threads t USING (thread_id)
+WHERE r.run_id = %(run_id)s
+"""
+# A prefix of the hex digits is a range of uuids (uuids sort by their bytes, as their hex
+# reads), so the primary key answers it without scanning the table.
+PREFIX_RUNS_SQL = f"""
+SELECT {_RUN_COLUMNS}, {_BEHIND} FROM runs r JOIN threads t USING (thread_id)
+WHERE r.run_id BETWEEN %(low)s::uuid AND %(high)s::uuid
+ORDER BY r.run_id
+LIMIT %(limit)s
+"""
+FAILURES_SQL = f"""
+SELECT {_RUN_COLUMNS} FROM runs r JOIN threads t USING (thread_id)
+WHERE r.status IN ('error', 'timeout')
+  AND r.ended_at >= now() - make_interval(secs => %(window_s)s)
+ORDER BY r.ended_at DESC
+LIMIT %(limit)s
+"""
+ENDED_SQL = """
+SELECT status, count(*) AS n FROM runs
+WHERE ended_at >= now() - make_interval(secs => %(window_s)s)
+GROUP BY status
+"""
+# Pending due heads of their thread that nobody dispatched for `stale_s` (a lost dispatch,
+# R4): nothing runs ahead of them and no run of the thread ended within `stale_s` (the
+# next run is dispatched right after its predecessor ends).
+UNDISPATCHED_HEADS_SQL = """
+SELECT r.run_id::text FROM runs r
+WHERE r.status = 'pending' AND r.dispatched_at IS NULL
+  AND (r.due_at IS NULL OR r.due_at <= now() - make_interval(secs => %(stale_s)s))
+  AND r.updated_at < now() - make_interval(secs => %(stale_s)s)
+  AND NOT EXISTS (
+      SELECT 1 FROM runs o
+      WHERE o.thread_id = r.thread_id AND o.run_id <> r.run_id
+        AND (o.status = 'running' OR (o.status = 'pending' AND o.seq < r.seq)
+             OR o.ended_at > now() - make_interval(secs => %(stale_s)s)))
+"""
+# Enabled crons and how late the latest-due one is: a scheduler that stopped ticking
+# leaves crons due in the past.
+CRONS_DUE_SQL = """
+SELECT count(*) AS enabled,
+       count(*) FILTER (WHERE next_run_at < now() - make_interval(secs => %(late_s)s)) AS overdue,
+       extract(epoch FROM now() - min(next_run_at))::float8 AS most_late_s
+FROM crons WHERE enabled AND next_run_at IS NOT NULL
 """
 # The runs queue's oldest message: the pending run dispatched longest ago (runs waiting
 # behind another run of their thread are not in the queue: dispatched_at is NULL).
@@ -104,6 +156,40 @@ class OpsStore:
         """One run with its thread's owner as `user_id`."""
         with self._pool.connection() as conn:
             return conn.execute(GET_RUN_SQL, {"run_id": run_id}).fetchone()
+
+    def runs_by_prefix(self, low: str, high: str, limit: int) -> list[dict[str, Any]]:
+        """Runs whose id lies in [low, high] (the ends of an id prefix), by id."""
+        with self._pool.connection() as conn:
+            params = {"low": low, "high": high, "limit": limit}
+            return conn.execute(PREFIX_RUNS_SQL, params).fetchall()
+
+    def failures(self, window_s: float, limit: int) -> list[dict[str, Any]]:
+        """Runs that ended `error` or `timeout` within `window_s`, latest end first."""
+        with self._pool.connection() as conn:
+            return conn.execute(FAILURES_SQL, {"window_s": window_s, "limit": limit}).fetchall()
+
+    def ended_by_status(self, window_s: float) -> dict[str, int]:
+        """How many runs ended with each terminal status within `window_s`."""
+        with self._pool.connection() as conn:
+            rows = conn.execute(ENDED_SQL, {"window_s": window_s})
+            return {r["status"]: int(r["n"]) for r in rows}
+
+    def undispatched_heads(self, stale_s: float) -> list[str]:
+        """Pending due head runs nobody dispatched for `stale_s` (see the SQL)."""
+        with self._pool.connection() as conn:
+            return [r["run_id"] for r in conn.execute(UNDISPATCHED_HEADS_SQL, {"stale_s": stale_s})]
+
+    def crons_due(self, late_s: float) -> dict[str, Any]:
+        """Enabled crons, how many are overdue by more than `late_s`, the most late (s)."""
+        with self._pool.connection() as conn:
+            row = conn.execute(CRONS_DUE_SQL, {"late_s": late_s}).fetchone()
+        assert row is not None
+        late = row["most_late_s"]
+        return {
+            "enabled": int(row["enabled"]),
+            "overdue": int(row["overdue"]),
+            "most_late_s": None if late is None else max(0.0, float(late)),
+        }
 
     def oldest_dispatched_age_s(self) -> float | None:
         """Seconds since the oldest still-pending dispatch (None when none waits)."""

@@ -239,8 +239,8 @@ def test_cancel_is_audited(ops_cluster: Cluster, store: RunStore) -> None:
 
 
 def test_requeue_only_stuck_runs_and_audit(ops_cluster: Cluster, store: RunStore) -> None:
-    """Requeue refuses a run whose lease is held and a finished run (409, audited); a run
-    queued behind another (pending, never dispatched) is dispatched."""
+    """Requeue refuses a run whose lease is held, a run queued behind another run of its
+    thread (waiting its turn, R3, not stuck) and a finished run (409, audited)."""
     first = new_run(ops_cluster, tokens=200, delay_ms=20)
     rid, tid = first["run_id"], first["thread_id"]
     wait_status(store, rid, frozenset({"running"}))
@@ -249,8 +249,8 @@ def test_requeue_only_stuck_runs_and_audit(ops_cluster: Cluster, store: RunStore
         held = ops.post(f"/ops/api/runs/{rid}/requeue", json={"reason": "test"})
         assert held.status_code == 409 and held.json()["outcome"] == "lease_held"
         res = ops.post(f"/ops/api/runs/{queued['run_id']}/requeue")
-        assert res.status_code == 200 and res.json()["outcome"] == "dispatched"
-        assert store.run_status(queued["run_id"]) == "pending"  # still behind `first` (L3)
+        assert res.status_code == 409 and res.json()["outcome"] == "queued_behind"
+        assert store.run_status(queued["run_id"]) == "pending"
         ops.post(f"/ops/api/runs/{rid}/cancel")
         assert wait_status(store, queued["run_id"]) == "success"
         done = ops.post(f"/ops/api/runs/{rid}/requeue")
@@ -444,6 +444,7 @@ def test_ops_page_draws_live_figures_and_cancels(ops_cluster: Cluster, store: Ru
             row.wait_for(timeout=10_000)
             assert page.locator("#queues tbody tr").count() == 2
             row.locator("button", has_text="cancel").click()
+            page.locator("#confirm-yes").click()  # the page asks first
             page.locator("#action-result", has_text="requested").wait_for(timeout=10_000)
             page.locator("#audit tbody tr", has_text="requested").first.wait_for(timeout=10_000)
             first = page.locator("#status").inner_text()

@@ -5,13 +5,16 @@
     threadrun runs show <run_id>
     threadrun runs cancel <run_id> [--action interrupt|rollback]
     threadrun runs requeue <run_id> [--reason TEXT]
+    threadrun runs failures [--hours H] [--limit N]
     threadrun workers
     threadrun queues
 
 They call the server's ops API (`/ops/api/...`) with an ops-role key (THREADRUN_URL,
 THREADRUN_API_KEY), so actions are audited under that key's user. `--json` prints the
-server's document instead of the table. Exit status: 0 done; 1 refused (e.g. a requeue of a
-run whose lease is held) or failed. `threadrun migrate` comes with the server (it talks to
+server's document instead of the table. A <run_id> may be any unique prefix of the id
+(e.g. the 8 characters the ops page shows): it is resolved through the server
+(`/ops/api/runs?prefix=`), and an ambiguous one is refused with its candidates listed.
+Exit status: 0 done; 1 refused (e.g. a requeue of a run whose lease is held) or failed. `threadrun migrate` comes with the server (it talks to
 PostgreSQL directly): see threadrun/cli.py.
 """
 
@@ -22,8 +25,10 @@ import json
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, TextIO
+from urllib.parse import quote
 
 import httpx
 
@@ -101,6 +106,34 @@ def _age(ts: str | None) -> str:
     return f"{time.time() - datetime.fromisoformat(ts).timestamp():.0f}s"
 
 
+PREFIX_CANDIDATES = 10
+"""Candidates asked for when resolving a prefix (and listed when it is ambiguous)."""
+
+
+def resolve_run_id(args: argparse.Namespace, text: str) -> str:
+    """The full run id for `text`: a whole id as it is, else the one run whose id starts
+    with it. No match, or more than one, is an OpsError naming the candidates."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        pass
+    path = f"/ops/api/runs?prefix={quote(text, safe='')}&limit={PREFIX_CANDIDATES}"
+    _, doc = _call(args, "GET", path)
+    found = doc.get("runs") or []
+    if not found:
+        raise OpsError(f"no run id starts with {text!r}")
+    if len(found) == 1:
+        return str(found[0]["run_id"])
+    more = "at least " if len(found) >= PREFIX_CANDIDATES else ""
+    lines = "\n".join(
+        f"  {r['run_id']}  {r['status']:<11}  {r.get('user_id') or '-'}" for r in found
+    )
+    raise OpsError(
+        f"run id prefix {text!r} is ambiguous: {more}{len(found)} runs match; "
+        f"give more characters:\n{lines}"
+    )
+
+
 # --- commands -------------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """One screen: runs, queues, workers, connections, memory."""
@@ -109,6 +142,13 @@ def cmd_status(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.json:
         _dump(o, out)
         return EXIT_OK
+    health = o.get("health") or {}
+    if health:
+        out.write("health    " + ("OK" if health["ok"] else "PROBLEMS") + "\n")
+        for line in health["problems"]:
+            out.write(f"  ! {line}\n")
+        for line in health["warnings"]:
+            out.write(f"  ~ {line}\n")
     by = o["runs"]["by_status"]
     out.write("runs      " + "  ".join(f"{k} {v}" for k, v in sorted(by.items())) + "\n")
     fenced = o["runs"]["fenced"]
@@ -161,17 +201,36 @@ def cmd_runs_list(args: argparse.Namespace, out: TextIO | None = None) -> int:
 def cmd_runs_show(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """One run with its lease, stream and audit (JSON)."""
     out = out or sys.stdout
-    _, doc = _call(args, "GET", f"/ops/api/runs/{args.run_id}")
+    run_id = resolve_run_id(args, args.run_id)
+    _, doc = _call(args, "GET", f"/ops/api/runs/{run_id}")
     _dump(doc, out)
     return EXIT_OK
 
 
+def cmd_runs_failures(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Runs that ended error/timeout recently, with their error."""
+    out = out or sys.stdout
+    query = f"?limit={args.limit}" + (f"&hours={args.hours}" if args.hours else "")
+    _, doc = _call(args, "GET", "/ops/api/failures" + query)
+    if args.json:
+        _dump(doc, out)
+        return EXIT_OK
+    rows = []
+    for r in doc["failures"]:
+        err = r.get("error") or {}
+        text = f"{err.get('error') or '?'}: {err.get('message') or ''}".replace("\n", " ")
+        rows.append([r["run_id"], r["status"], r["user_id"], _age(r["ended_at"]), text[:100]])
+    _table(rows, ["run_id", "status", "user", "ended", "error"], out)
+    return EXIT_OK
+
+
 def _action(args: argparse.Namespace, out: TextIO, what: str, body: dict[str, Any]) -> int:
-    status, doc = _call(args, "POST", f"/ops/api/runs/{args.run_id}/{what}", body)
+    run_id = resolve_run_id(args, args.run_id)
+    status, doc = _call(args, "POST", f"/ops/api/runs/{run_id}/{what}", body)
     if args.json:
         _dump(doc, out)
     else:
-        out.write(f"{what} {args.run_id}: {doc.get('outcome')}\n")
+        out.write(f"{what} {run_id}: {doc.get('outcome')}\n")
     return EXIT_OK if status < 400 and doc.get("ok") else EXIT_FAILED
 
 
@@ -233,7 +292,7 @@ def add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`threadrun runs list|show|cancel|requeue`."""
-    p = sub.add_parser("runs", help="list, show, cancel or requeue runs (ops)")
+    p = sub.add_parser("runs", help="list, show, cancel or requeue runs; recent failures (ops)")
     runs = p.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
     ls = runs.add_parser("list", parents=[_options()], help="inflight runs, or --status")
     ls.add_argument(
@@ -241,17 +300,24 @@ def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     ls.add_argument("--limit", type=int, default=100)
     ls.set_defaults(func=_guard(cmd_runs_list))
+    id_help = "the run id or any unique prefix of it"
     show = runs.add_parser("show", parents=[_options()], help="one run, its lease and audit")
-    show.add_argument("run_id")
+    show.add_argument("run_id", help=id_help)
     show.set_defaults(func=_guard(cmd_runs_show))
     cancel = runs.add_parser("cancel", parents=[_options()], help="cancel a run (audited)")
-    cancel.add_argument("run_id")
+    cancel.add_argument("run_id", help=id_help)
     cancel.add_argument("--action", choices=("interrupt", "rollback"), default="interrupt")
     cancel.set_defaults(func=_guard(cmd_runs_cancel))
     requeue = runs.add_parser("requeue", parents=[_options()], help="requeue a stuck run")
-    requeue.add_argument("run_id")
+    requeue.add_argument("run_id", help=id_help)
     requeue.add_argument("--reason", default="stuck (cli)")
     requeue.set_defaults(func=_guard(cmd_runs_requeue))
+    fails = runs.add_parser(
+        "failures", parents=[_options()], help="runs that ended error/timeout, with the error"
+    )
+    fails.add_argument("--hours", type=float, help="how far back (default: the server's window)")
+    fails.add_argument("--limit", type=int, default=50)
+    fails.set_defaults(func=_guard(cmd_runs_failures))
 
 
 def add_workers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
