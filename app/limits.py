@@ -165,7 +165,7 @@ class RunSlot:
             self.done = True
             k = self.limiter.keys
             self.limiter.bind_run(
-                keys=[k.active(self.user_id), k.reserved(self.user_id)],
+                keys=[k.active(self.user_id), k.reserved(self.user_id), k.ended(self.user_id)],
                 args=[self.token, run_id, ACTIVE_SET_TTL_MS],
             )
 

@@ -91,6 +91,11 @@ class LimitKeys:
         """Sorted set of the user's admitted runs (`max_active_runs`)."""
         return self._k(user_id, "runs-active")
 
+    def ended(self, user_id: str) -> str:
+        """Sorted set of the user's runs that ended in the last `ENDED_RUN_TTL_MS` (so a slot
+        bound after its run ended is not taken)."""
+        return self._k(user_id, "runs-ended")
+
     def reserved(self, user_id: str) -> str:
         """Sorted set of the user's admissions in flight (`max_active_runs`)."""
         return self._k(user_id, "runs-reserved")
@@ -170,6 +175,9 @@ THREAD_RUNS_TTL_S = 86_400
 """A thread's admission stream expires a day after its last admission."""
 
 ACTIVE_SET_TTL_MS = 86_400_000
+ENDED_RUN_TTL_MS = 600_000
+"""How long a run's end is remembered for the active-run limit: longer than any admission
+request takes to bind its slot."""
 """The active-run set of an idle user expires after a day (its runs are long over)."""
 
 OPS_WEB_TTL_PERIODS = 3

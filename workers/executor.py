@@ -26,13 +26,13 @@ import redis
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
-from shared import logs, metrics, serde, workspaces
+from shared import logs, lua, metrics, serde, workspaces
 from shared.agent.providers import describe_model_error
 from shared.bridge.publisher import EventSink
 from shared.errors import LeaseLost
 from shared.journal import RunJournal, settle_delivery, write_delivery_receipt
 from shared.leases import RenewOutcome, lease_value
-from shared.redis_keys import LimitKeys
+from shared.redis_keys import ENDED_RUN_TTL_MS, LimitKeys
 from shared.runs import temporary
 from shared.runs.model import CancelAction, JSONObject, Run, RunStatus, Sink, ThreadStatus
 from shared.runs.reserved import without_reserved
@@ -534,8 +534,11 @@ async def release_active(rt: WorkerRuntime, user_id: str | None, run_id: str) ->
     Best effort; the limiter prunes ended members when a set is full."""
     if user_id is None:
         return
+    keys = LimitKeys(rt.keys.prefix)
     try:
-        await rt.redis.zrem(LimitKeys(rt.keys.prefix).active(user_id), run_id)
+        await lua.register(rt.redis, "limit_release_run")(
+            keys=[keys.active(user_id), keys.ended(user_id)], args=[ENDED_RUN_TTL_MS, run_id]
+        )
     except redis.RedisError:
         log.warning("could not release the active-run slot", extra={"run_id": run_id})
 

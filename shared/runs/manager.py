@@ -11,6 +11,7 @@ import psycopg
 import redis
 from psycopg.rows import DictRow
 
+from shared import lua
 from shared.assistants.model import Assistant
 from shared.errors import (
     AssistantNotFound,
@@ -20,7 +21,14 @@ from shared.errors import (
     ThreadNotFound,
     ValidationFailed,
 )
-from shared.redis_keys import CANCEL_TTL_S, THREAD_RUNS_MAXLEN, THREAD_RUNS_TTL_S, Keys, LimitKeys
+from shared.redis_keys import (
+    CANCEL_TTL_S,
+    ENDED_RUN_TTL_MS,
+    THREAD_RUNS_MAXLEN,
+    THREAD_RUNS_TTL_S,
+    Keys,
+    LimitKeys,
+)
 from shared.runs.admission import AdmissionOutcome, CancelOutcome
 from shared.runs.model import (
     INFLIGHT_STATUSES,
@@ -288,8 +296,11 @@ class RunManager:
         A4). Best effort: the limiter prunes ended members when the set is full."""
         if not run_ids:
             return
+        keys = LimitKeys(self._keys.prefix)
         try:
-            self._redis.zrem(LimitKeys(self._keys.prefix).active(owner), *run_ids)
+            lua.register(self._redis, "limit_release_run")(
+                keys=[keys.active(owner), keys.ended(owner)], args=[ENDED_RUN_TTL_MS, *run_ids]
+            )
         except redis.RedisError:
             log.warning("could not release active-run slots", extra={"user_id": owner})
 

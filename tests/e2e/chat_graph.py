@@ -14,10 +14,13 @@ process holds no state for this: the count of identical user messages in the thr
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
 
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.outputs import ChatGenerationChunk
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -52,6 +55,16 @@ FAILURE = (
 )
 
 
+class PacedFakeChatModel(GenericFakeChatModel):
+    """The fake model, one chunk every few milliseconds like a real provider (all at once,
+    the page would receive the whole answer in one read and render it once)."""
+
+    async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        for chunk in self._stream(*args, **kwargs):
+            await asyncio.sleep(0.004)
+            yield chunk
+
+
 class State(TypedDict):
     """The conversation."""
 
@@ -64,7 +77,7 @@ async def answer(state: State, config: RunnableConfig) -> State:
     last = humans[-1].text if humans else ""
     if "fail" in last.lower() and sum(m.text == last for m in humans) == 1:
         raise RuntimeError(FAILURE)
-    model = GenericFakeChatModel(messages=iter([AIMessage(content=ANSWER)]))
+    model = PacedFakeChatModel(messages=iter([AIMessage(content=ANSWER)]))
     reply = await model.ainvoke(state["messages"], config)
     return {"messages": [reply]}
 

@@ -317,7 +317,7 @@ def test_a4_upgrade_without_a_valid_key_is_401(cluster: Cluster) -> None:
 
 def test_a2_non_json_binary_and_oversized_frames_close_the_socket(cluster: Cluster) -> None:
     """A2, A3: a text frame that is not JSON or a binary frame → close 1007; a frame above
-    max_body_bytes → close 1009. The server keeps serving other sockets, and the closed
+    max_body_bytes → an `error` frame naming the limit, then close 1009. The server keeps serving other sockets, and the closed
     sockets leave no thread behind."""
     baseline = idle_threads(cluster)
     for payload in ("{not json", b"\x00\x01"):
@@ -328,6 +328,8 @@ def test_a2_non_json_binary_and_oversized_frames_close_the_socket(cluster: Clust
             assert info.value.reason == 1007
     with WS(cluster.url) as ws:
         ws.client.send("x" * ((1 << 20) + 1))
+        said = ws.recv(10)  # first the reason, as an `error` frame naming the limit
+        assert said["code"] == "limit_exceeded" and said["limit"] == "ws_max_frame_bytes"
         with pytest.raises(ConnectionClosed) as info:
             ws.recv(10)
         assert info.value.reason == 1009
