@@ -28,7 +28,6 @@ from shared.bridge.codec import (
 from shared.bridge.hub import SharedEntries
 from workers.stream_modes import StreamTranslator
 
-
 DEFAULTS = CodecSettings()
 
 
