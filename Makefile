@@ -93,13 +93,14 @@ fmt: install ## ruff format and ruff check --fix
 	$(PY) -m ruff format $(LINT_PATHS)
 	$(PY) -m ruff check --fix $(LINT_PATHS)
 
-bench: install ## the internals, checkpoint-mode, memory, store, assistants and cron benchmarks (bench/internals.py, checkpoints.py, memory.py, store.py, assistants.py, crons.py)
+bench: install ## the internals, checkpoint-mode, memory, store, assistants, cron and stream-memory benchmarks (bench/internals.py, checkpoints.py, memory.py, store.py, assistants.py, crons.py, stream_memory.py)
 	$(PY) -m bench.internals
 	$(PY) -m bench.checkpoints
 	$(PY) -m bench.memory
 	$(PY) -m bench.store
 	$(PY) -m bench.assistants
 	$(PY) -m bench.crons
+	$(PY) -m bench.stream_memory
 
 scale-bench: install ## runs/s and events/s with 1, 2, 3 runs workers (bench/scale.py, ~2 min)
 	@envs="$$($(PY) -m shared.devservices env)" || exit 1; \
