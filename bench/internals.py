@@ -45,6 +45,7 @@ from psycopg_pool import ConnectionPool
 
 from shared import serde
 from shared.bridge.base import END_EVENT, Event
+from shared.bridge.codec import EventEncoder
 from shared.bridge.publisher import (
     EventSink,
     PublishBatcher,
@@ -893,6 +894,10 @@ class CountingPublisher:
         res = await self.inner.publish_many(calls)
         self.calls.append((sum(len(c.events) for c in calls), _ms_since(t0)))
         return res
+
+    def encoder(self, lease_value: str) -> EventEncoder:
+        """The real publisher's stream encoder."""
+        return self.inner.encoder(lease_value)
 
 
 async def _sink_run(b: Bench, events: int) -> tuple[float, CountingPublisher]:

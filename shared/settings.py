@@ -268,7 +268,26 @@ class Settings(BaseSettings):
 
     # --- stream bridge (B) --------------------------------------------------------
     stream_maxlen: int = Field(default=1024, ge=1)
-    stream_ttl_after_end_s: int = Field(default=3600, ge=1)
+    stream_ttl_after_end_s: int = Field(
+        default=300,
+        ge=1,
+        description="An ended run's stream (and its `/wait` answer) is kept this long: "
+        "long enough for a client to reconnect; later readers get a gap and reload durable "
+        "state (B5). Redis holds bytes per run x runs/s x (run time + this): docs/operations.md.",
+    )
+    stream_compress: bool = Field(
+        default=True,
+        description="Store event data compressed, with per-run dictionaries "
+        "(shared/bridge/codec.py); clients receive the same bytes either way.",
+    )
+    stream_compress_min_bytes: int = Field(
+        default=128, ge=1, description="Event data shorter than this is stored as it is."
+    )
+    stream_dictionaries_max: int = Field(
+        default=8,
+        ge=0,
+        description="Compression dictionaries one run attempt may store in its meta hash.",
+    )
     stream_heartbeat_s: float = Field(default=5.0, gt=0)
     thread_stream_poll_s: float = Field(
         default=30.0,

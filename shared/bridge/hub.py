@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,35 @@ log = logging.getLogger(__name__)
 
 QUEUE_LIMIT = 4096
 """Entries buffered per subscriber before it is detached (it then catches up on its own)."""
+
+
+class SharedEntries:
+    """One XREAD reply's entries of one stream, as every subscriber of it gets them.
+
+    The first subscriber that needs them decoded (the stream encoding: decompression,
+    shared/bridge/codec.py) decodes them for all: a run followed by a thousand clients
+    costs one decode an entry, not a thousand.
+    """
+
+    __slots__ = ("_decoded", "_lock", "raw")
+
+    def __init__(self, raw: list[Any]) -> None:
+        self.raw = raw
+        self._decoded: list[Any] | None = None
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.raw)
+
+    def decoded(self, decode: Callable[[list[Any]], list[Any]]) -> list[Any]:
+        """`decode(raw)`, computed once (a failure is not remembered: the next one retries)."""
+        with self._lock:
+            if self._decoded is None:
+                self._decoded = decode(self.raw)
+            return self._decoded
 
 
 @dataclass(eq=False)
@@ -42,7 +72,7 @@ class Subscription:
     def __post_init__(self) -> None:
         self.pos = self.pos or self.cursor
 
-    def offer(self, entries: list[Any]) -> None:
+    def offer(self, entries: SharedEntries) -> None:
         """Hand entries to the subscriber unless it has fallen too far behind."""
         if self.overflowed:
             return
@@ -53,7 +83,7 @@ class Subscription:
         self.size += len(entries)
         self.queue.put(entries)
 
-    def take(self, timeout: float) -> list[Any] | None:
+    def take(self, timeout: float) -> SharedEntries | None:
         """The next entries (None = detached), or raise queue.Empty after `timeout`."""
         got = self.queue.get(timeout=timeout)
         if got is not None:
@@ -187,10 +217,11 @@ class SubscriptionHub:
                 if self._positions[key] == start:
                     self._positions[key] = last
                 subs = list(self._streams.get(key, ()))
+            shared = SharedEntries(entries)
             for sub in subs:
                 if _less(sub.pos, start):
                     continue  # it needs earlier entries: the rewound read brings them
-                sub.offer(entries)
+                sub.offer(shared)
                 if _less(sub.pos, last):
                     sub.pos = last
 

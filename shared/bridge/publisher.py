@@ -11,6 +11,7 @@ process still sends its first event at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import redis.asyncio as aredis
 
 from shared import lua, metrics
 from shared.bridge.base import END_EVENT
+from shared.bridge.codec import CodecSettings, Dictionary, EventEncoder, encode_plain
 from shared.errors import LeaseLost
 from shared.redis_keys import STREAM_TTL_RUNNING_S, Keys
 from shared.settings import Settings
@@ -40,15 +42,32 @@ def trim_slack(maxlen: int) -> int:
     return max(1, min(100, maxlen // 10))
 
 
+def codec_settings(settings: Settings) -> CodecSettings:
+    """The stream encoding's thresholds from the settings."""
+    return CodecSettings(
+        min_bytes=settings.stream_compress_min_bytes,
+        max_dicts=settings.stream_dictionaries_max,
+        enabled=settings.stream_compress,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class PublishCall:
-    """One run's events for one script call; `first_seq` makes retries idempotent."""
+    """One run's events for one script call; `first_seq` makes retries idempotent.
+
+    `events` hold the JSON data as published unless `encoded` (then already in the stream
+    encoding, with `dictionaries` the ones they use: the first `new_dictionaries` of them
+    are stored by this call, the others only checked, shared/bridge/codec.py).
+    """
 
     run_id: str
     lease_value: str
     first_seq: int
     events: list[tuple[str, bytes]]
     end: bool = False
+    dictionaries: tuple[Dictionary, ...] = ()
+    new_dictionaries: int = 0
+    encoded: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +87,7 @@ class StreamPublisher:
         self._maxlen = settings.stream_maxlen
         self._slack = trim_slack(settings.stream_maxlen)
         self._end_ttl = settings.stream_ttl_after_end_s
+        self._codec = codec_settings(settings)
         self._source = lua.source("publish")
         self._sha: str | None = None
 
@@ -85,11 +105,21 @@ class StreamPublisher:
             self._slack,
             self._end_ttl if call.end else STREAM_TTL_RUNNING_S,
             call.first_seq,
+            call.new_dictionaries,
+            len(call.dictionaries) - call.new_dictionaries,
         ]
+        for i, dictionary in enumerate(call.dictionaries):
+            argv.append(dictionary.id)
+            if i < call.new_dictionaries:
+                argv.append(dictionary.body)
         for name, data in call.events:
             argv.append(name)
-            argv.append(data)
+            argv.append(data if call.encoded else encode_plain(data, self._codec))
         return argv
+
+    def encoder(self, lease_value: str) -> EventEncoder:
+        """A new run attempt's encoder (its dictionary ids carry the attempt's epoch)."""
+        return EventEncoder(lease_value.partition("|")[0], self._codec)
 
     @staticmethod
     def _result(call: PublishCall, out: object) -> PublishResult | Exception:
@@ -102,10 +132,26 @@ class StreamPublisher:
             return LeaseLost(
                 f"run {call.run_id}: publish fenced (lease {call.lease_value} is not current)"
             )
+        if head == "!dict":  # resent with its dictionaries and still refused: a bug
+            return RuntimeError(f"run {call.run_id}: publish refused its own dictionaries")
         return PublishResult(ids=[i.decode() for i in out[1:]], cancel_action=head)
 
     async def publish_many(self, calls: list[PublishCall]) -> list[PublishResult | Exception]:
-        """One round trip for every call (no MULTI: each script call is atomic by itself).
+        """One round trip for every call, plus one for calls whose dictionaries Redis lost
+        (a restart without persistence mid-run): those are resent with them."""
+        outs = await self._execute(calls)
+        lost = [i for i, o in enumerate(outs) if _head(o) == "!dict"]
+        if lost:
+            again = [
+                dataclasses.replace(calls[i], new_dictionaries=len(calls[i].dictionaries))
+                for i in lost
+            ]
+            for i, o in zip(lost, await self._execute(again), strict=True):
+                outs[i] = o
+        return [self._result(c, o) for c, o in zip(calls, outs, strict=True)]
+
+    async def _execute(self, calls: list[PublishCall]) -> list[object]:
+        """The script's replies, one per call (no MULTI: each script call is atomic by itself).
 
         Uses EVALSHA directly rather than redis-py's pipeline script support, which
         would add a SCRIPT EXISTS round trip to every pipeline.
@@ -122,7 +168,7 @@ class StreamPublisher:
                 # batch; calls that did run are skipped by their sequence numbers.
                 self._sha = await self._client.script_load(self._source)
                 continue
-            return [self._result(c, o) for c, o in zip(calls, outs, strict=True)]
+            return list(outs)
         raise RuntimeError("publish script could not be loaded")
 
     async def publish(self, call: PublishCall) -> PublishResult:
@@ -131,6 +177,14 @@ class StreamPublisher:
         if isinstance(res, Exception):
             raise res
         return res
+
+
+def _head(out: object) -> str | None:
+    """The first element of a script reply ('!fenced', '!dict', a cancel action)."""
+    if not isinstance(out, list) or not out:
+        return None
+    head = out[0]
+    return head.decode() if isinstance(head, bytes) else str(head)
 
 
 class PublishBatcher:
@@ -142,6 +196,10 @@ class PublishBatcher:
         self._task: asyncio.Task[None] | None = None
         self.round_trips = 0
         self.calls = 0
+
+    def encoder(self, lease_value: str) -> EventEncoder:
+        """The stream encoder of a new sink (one per run attempt)."""
+        return self._pub.encoder(lease_value)
 
     def schedule(self, sink: EventSink) -> None:
         """Mark a sink as having events to send."""
@@ -191,9 +249,11 @@ class EventSink:
     _end: bool = False
     _next_seq: int = 1
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    _encoder: EventEncoder | None = None
 
     def __post_init__(self) -> None:
         self._idle.set()
+        self._encoder = self.batcher.encoder(self.lease_value)
 
     def emit(self, event: str, data: bytes) -> None:
         """Queue one event (in order)."""
@@ -205,8 +265,17 @@ class EventSink:
 
     def _take(self) -> PublishCall:
         events, self._buf = self._buf[:MAX_EVENTS_PER_CALL], self._buf[MAX_EVENTS_PER_CALL:]
+        assert self._encoder is not None
+        batch = self._encoder.encode(events)
         call = PublishCall(
-            self.run_id, self.lease_value, self._next_seq, events, end=self._end and not self._buf
+            self.run_id,
+            self.lease_value,
+            self._next_seq,
+            batch.events,
+            end=self._end and not self._buf,
+            dictionaries=tuple(batch.dictionaries),
+            new_dictionaries=batch.new,
+            encoded=True,
         )
         self._next_seq += len(events)
         if self._buf:

@@ -8,7 +8,7 @@ import queue
 import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from cachetools import TTLCache
@@ -27,7 +27,8 @@ from shared.bridge.base import (
     id_key,
     parse_cursor,
 )
-from shared.bridge.hub import Subscription, SubscriptionHub
+from shared.bridge.codec import DICT_FIELD, DictionaryCache, UndecodableEntry, decode, needed
+from shared.bridge.hub import SharedEntries, Subscription, SubscriptionHub
 from shared.errors import StreamCursorInvalid
 from shared.redis_keys import Keys
 from shared.settings import Settings
@@ -35,17 +36,54 @@ from shared.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def _decode_entry(entry: Any) -> tuple[str, str, str, int]:
-    """(id, event, data, n) from an XRANGE/XREAD entry."""
+class Entry(NamedTuple):
+    """One stream entry, its data decoded to the JSON text published."""
+
+    id: str
+    event: str
+    data: str
+    n: int
+
+
+def _fields(entry: Any) -> tuple[str, dict[bytes, bytes]]:
+    """(id, fields) of an XRANGE/XREAD entry."""
     raw_id, fields = entry
     if isinstance(fields, list):  # Lua replies come as flat lists
         fields = dict(zip(fields[::2], fields[1::2], strict=True))
-    return (
-        raw_id.decode(),
-        fields[b"e"].decode(),
-        fields[b"d"].decode(),
-        int(fields[b"n"]),
-    )
+    return raw_id.decode(), fields
+
+
+class EntryDecoder:
+    """Raw entries of a run's stream -> `Entry`s, fetching the run's compression
+    dictionaries from its meta hash once per process (they never change)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, cache: DictionaryCache | None = None):
+        self._client = client
+        self._keys = keys
+        self._cache = cache or DictionaryCache()
+
+    def entries(self, run_id: str, raw: list[Any]) -> list[Entry]:
+        """Decode entries of `run_id`'s stream; UndecodableEntry if a dictionary is gone."""
+        parsed = [_fields(e) for e in raw]
+        meta_key = self._keys.stream_meta(run_id)
+        dictionaries: dict[str, bytes] = {}
+        missing: list[str] = []
+        for ref in needed(f[b"d"] for _, f in parsed):
+            body = self._cache.get(meta_key, ref)
+            if body is None:
+                missing.append(ref)
+            else:
+                dictionaries[ref] = body
+        if missing:
+            got: Any = self._client.hmget(meta_key, [DICT_FIELD + ref for ref in missing])
+            for ref, body in zip(missing, got, strict=True):
+                if body is not None:
+                    self._cache.put(meta_key, ref, body)
+                    dictionaries[ref] = body
+        return [
+            Entry(eid, f[b"e"].decode(), decode(f[b"d"], dictionaries.get).decode(), int(f[b"n"]))
+            for eid, f in parsed
+        ]
 
 
 UNSTARTED_END_ID = "0-1"
@@ -122,6 +160,7 @@ class StreamSubscriber:
         self._heartbeat_ms = int(settings.stream_heartbeat_s * 1000)
         self._hub = hub
         self.liveness = liveness or RunLiveness(settings.stream_heartbeat_s)
+        self.decoder = EntryDecoder(client, keys)
         self.batch = 500
 
     @property
@@ -151,7 +190,7 @@ class StreamSubscriber:
             trimmed=trimmed.decode() if trimmed else None,
         )
         first_id = first[0][0].decode() if first else None
-        last_event = _decode_entry(newest[0])[1] if newest else None
+        last_event = _fields(newest[0])[1][b"e"].decode() if newest else None
         return Snapshot(classify_read(cursor, meta), meta, entries, first_id, last_event)
 
     def check_cursor(self, run_id: str, last_event_id: str | None) -> str:
@@ -263,9 +302,13 @@ class StreamSubscriber:
                 if snap.kind is ReadKind.GAP:
                     yield [self._gap(run_id, requested, "the cursor's events were trimmed", snap)]
                     return
+                try:
+                    entries = self.decoder.entries(run_id, snap.entries)
+                except UndecodableEntry as exc:
+                    yield [self._gap(run_id, requested, f"undecodable entries: {exc}")]
+                    return
                 out: list[StreamItem] = []
-                for raw in snap.entries:
-                    eid, name, data, n = _decode_entry(raw)
+                for eid, name, data, n in entries:
                     out.append(Event(eid, name, data))
                     if name == END_EVENT:
                         yield out
@@ -329,7 +372,12 @@ class StreamSubscriber:
                 if entries is _DETACHED:
                     return False
                 st.idle = 0
-                batch, done = self._accept(run_id, st, entries)
+                try:
+                    decoded = self._decoded(run_id, entries)
+                except UndecodableEntry as exc:
+                    yield [self._gap(run_id, st.cursor, f"undecodable entries: {exc}")]
+                    return True
+                batch, done = self._accept(run_id, st, decoded)
                 if batch:
                     yield batch
                 if done:
@@ -337,6 +385,12 @@ class StreamSubscriber:
         finally:
             if sub is not None and self._hub is not None:
                 self._hub.detach(sub)
+
+    def _decoded(self, run_id: str, entries: SharedEntries | list[Any]) -> list[Entry]:
+        """Entries read live, decoded (once for all subscribers of a hub read)."""
+        if isinstance(entries, SharedEntries):
+            return entries.decoded(lambda raw: self.decoder.entries(run_id, raw))
+        return self.decoder.entries(run_id, entries)
 
     def _next_entries(self, key: str, st: _Follow, sub: Subscription | None) -> Any:
         """The next entries, None after an idle heartbeat interval, or _DETACHED."""
@@ -367,13 +421,12 @@ class StreamSubscriber:
         return st.idle >= 2 and ask("terminal", key, is_terminal)
 
     def _accept(
-        self, run_id: str, st: _Follow, entries: list[Any]
+        self, run_id: str, st: _Follow, entries: list[Entry]
     ) -> tuple[list[StreamItem], bool]:
         """Entries after the cursor, checked for contiguity; (items, finished)."""
         out: list[StreamItem] = []
         floor = id_key(st.cursor) if st.cursor else None
-        for raw in entries:
-            eid, name, data, n = _decode_entry(raw)
+        for eid, name, data, n in entries:
             if floor is not None and id_key(eid) <= floor:
                 continue  # already delivered (the hub re-read for another subscriber)
             if st.last_n is not None and n != st.last_n + 1:
@@ -390,5 +443,8 @@ class StreamSubscriber:
         got: Any = self._client.xrevrange(self._keys.stream(run_id), count=1)
         if not got:
             return None
-        eid, name, data, _ = _decode_entry(got[0])
+        try:
+            eid, name, data, _ = self.decoder.entries(run_id, got)[0]
+        except UndecodableEntry:
+            return None  # its dictionary expired with it a moment ago
         return Event(eid, name, data)

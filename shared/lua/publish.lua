@@ -3,8 +3,11 @@
 -- ARGV[1] lease value "<epoch>|<owner>" the publisher believes it holds
 -- ARGV[2] retained entries (maxlen), ARGV[3] trim slack, ARGV[4] TTL in seconds
 -- ARGV[5] the attempt-local sequence number of the first event in this call (1-based)
--- ARGV[6..] pairs of (event name, JSON data)
--- Returns {'!fenced'} when the lease is not the publisher's, else
+-- ARGV[6] k: compression dictionaries to store, ARGV[7] m: dictionaries to check
+-- ARGV[8..] k pairs of (dictionary id, bytes), then m dictionary ids, then pairs of
+--   (event name, data in the stream encoding of shared/bridge/codec.py)
+-- Returns {'!fenced'} when the lease is not the publisher's, {'!dict'} when a dictionary
+-- the events use is not stored (Redis lost it: the publisher resends it), else
 -- {cancel_action or '', id1, id2, ...} with the ids of the events added by this call.
 -- Invariant: only the lease holder appends, and each event at most once (below).
 --
@@ -18,16 +21,29 @@
 --   o  the first id of this incarnation (a cursor below it predates a Redis loss)
 --   l  the last id issued
 --   t  the newest id trimmed away (every id <= t is gone, every id > t is kept)
+--   z<id>  a compression dictionary of the run's entries (immutable; written before the
+--      first entry that uses it, expires with the stream)
 -- We trim here ourselves, in batches of `slack`, so that `t` is always known.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return {'!fenced'}
+end
+local stores = tonumber(ARGV[6])
+local checks = tonumber(ARGV[7])
+local first = 8 + 2 * stores + checks
+for i = 8 + 2 * stores, first - 1 do
+  if redis.call('HEXISTS', KEYS[3], 'z' .. ARGV[i]) == 0 then
+    return {'!dict'}
+  end
+end
+for i = 8, 7 + 2 * stores, 2 do
+  redis.call('HSET', KEYS[3], 'z' .. ARGV[i], ARGV[i + 1])
 end
 local seq_field = 's' .. string.match(ARGV[1], '^(%d+)|')
 local done = tonumber(redis.call('HGET', KEYS[3], seq_field) or '0')
 local seq = tonumber(ARGV[5]) - 1
 local out = {redis.call('GET', KEYS[4]) or ''}
 local id
-for i = 6, #ARGV, 2 do
+for i = first, #ARGV, 2 do
   seq = seq + 1
   if seq > done then
     local n = redis.call('HINCRBY', KEYS[3], 'n', 1)
