@@ -16,7 +16,6 @@ plus the system ones, limit 10):
 
 from __future__ import annotations
 
-import argparse
 from functools import partial
 from typing import Any
 
@@ -24,12 +23,10 @@ from pydantic import SecretStr
 
 from app import create_app
 from app.services import current_services
-from bench.chaos import table
-from bench.store import Row, timed
+from bench.store import Row, rows_main, timed
 from shared.assistants.manager import AssistantSpec
 from shared.assistants.store import AssistantFilter
 from shared.settings import Settings
-from shared.testing import Sandbox
 
 KEY = "bench-key"
 USER = "bench"
@@ -107,16 +104,7 @@ def run(settings: Settings, n: int) -> list[Row]:
 
 def main() -> None:
     """CLI entry point."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--n", type=int, default=1000, help="calls per row")
-    args = parser.parse_args()
-    sandbox = Sandbox(Settings())
-    try:
-        rows = run(sandbox.create(), args.n)
-        head = ["operation", "p50 µs", "p99 µs", "raw SELECT p50 µs", "ours/raw"]
-        print(f"assistants: {args.n} calls per row\n" + table(head, [r.cells() for r in rows]))
-    finally:
-        sandbox.destroy()
+    rows_main(__doc__, "assistants", run, "raw SELECT")
 
 
 if __name__ == "__main__":

@@ -117,18 +117,29 @@ def run(settings: Settings, n: int) -> list[Row]:
     ]
 
 
-def main() -> None:
-    """CLI entry point."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def rows_main(
+    doc: str | None,
+    name: str,
+    run_rows: Callable[[Settings, int], list[Row]],
+    baseline: str,
+) -> None:
+    """The CLI of a benchmark of rows against a baseline: `--n` calls per row, on a private
+    database and Redis prefix (Sandbox) removed at the end; prints the table."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     parser.add_argument("--n", type=int, default=1000, help="calls per row")
     args = parser.parse_args()
     sandbox = Sandbox(Settings())
     try:
-        rows = run(sandbox.create(), args.n)
-        head = ["operation", "p50 µs", "p99 µs", "PostgresStore p50 µs", "ours/baseline"]
-        print(f"store: {args.n} calls per row\n" + table(head, [r.cells() for r in rows]))
+        rows = run_rows(sandbox.create(), args.n)
+        head = ["operation", "p50 µs", "p99 µs", f"{baseline} p50 µs", "ours/baseline"]
+        print(f"{name}: {args.n} calls per row\n" + table(head, [r.cells() for r in rows]))
     finally:
         sandbox.destroy()
+
+
+def main() -> None:
+    """CLI entry point."""
+    rows_main(__doc__, "store", run, "PostgresStore")
 
 
 if __name__ == "__main__":
