@@ -6,16 +6,19 @@ import logging
 
 from flask import Flask
 
-from shared.agent.providers import require_models
 from shared.settings import Settings
 
 
 def create_app(settings: Settings | None = None) -> Flask:
     """The application factory."""
+    # Imported here, not at the top: gunicorn's config imports this package in the master,
+    # and LangChain (through the providers' preflight) pulls in ssl and urllib3, which a
+    # gevent worker must patch before they are imported.
     from app import auth, cors, errors, limits
     from app.api import artifacts, assistants, events, meta, openapi, runs, state, threads, ui
     from app.services import Services
     from app.streaming import ws
+    from shared.agent.providers import require_models
 
     settings = settings or Settings()
     # Like the workers: a provider model whose package or key is missing stops the start

@@ -29,7 +29,7 @@ def info() -> Response:
             "server": "threadrun",
             "flags": {
                 "assistants": True,
-                "crons": False,
+                "crons": True,
                 "langsmith": False,
                 "langsmith_tracing_replicas": False,
             },
