@@ -214,7 +214,9 @@ def test_two_schedulers_one_killed_fire_each_tick_once(private_cluster: ClusterF
         killed_at = time.time()
         time.sleep(4.0)
         b.stop()
-        assert "cron tick:" in a.output() and "cron tick:" in b.output(), c.tails(10)
+        # Which of the two fired a given tick is a race (SKIP LOCKED): at least one fired
+        # before the kill, and B alone fired every cron after it (checked below).
+        assert "cron tick:" in a.output() + b.output(), c.tails(10)
 
         with psycopg.connect(c.settings.dsn, row_factory=psycopg.rows.dict_row) as conn:
             rows = conn.execute(
