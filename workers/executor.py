@@ -18,6 +18,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -37,7 +38,7 @@ from shared.runs import temporary
 from shared.runs.model import CancelAction, JSONObject, Run, RunStatus, Sink, ThreadStatus
 from shared.runs.reserved import without_reserved
 from shared.runs.result import final_result
-from shared.runs.store import ClaimOutcome
+from shared.runs.store import ClaimOutcome, Finish
 from shared.state import head_copies
 from shared.state.accessor import ThreadHead
 from shared.state.savers import LEASE_KEY, RUN_KEY
@@ -564,16 +565,21 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
     except Exception:  # the stream is not durable history (B8); go on
         log.exception("stream drain failed", extra={"run_id": attempt.run_id})
     # (3) terminal status, fenced by the epoch (L2), with the thread's head copy.
-    fin = await asyncio.to_thread(
-        rt.store.finish,
-        attempt.run_id,
-        attempt.thread_id,
-        attempt.epoch,
-        status=settled.status,
-        error=settled.error,
-        thread_status=settled.thread_status,
-        usage=usage,
-        also=await head_copy_writer(rt, attempt, outcome),
+    also = await head_copy_writer(rt, attempt, outcome)
+    fin = await finish_once(
+        rt,
+        attempt,
+        functools.partial(
+            rt.store.finish,
+            attempt.run_id,
+            attempt.thread_id,
+            attempt.epoch,
+            status=settled.status,
+            error=settled.error,
+            thread_status=settled.thread_status,
+            usage=usage,
+            also=also,
+        ),
     )
     if fin.fenced:
         log.warning("terminal write fenced: a newer owner exists", extra={"run_id": attempt.run_id})
@@ -598,6 +604,35 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
     if attempt.run.deletes_thread:
         await delete_temporary_thread(rt, attempt)
     return AttemptResult(AttemptOutcome.FINISHED, status=settled.status)
+
+
+async def finish_once(
+    rt: WorkerRuntime, attempt: RunAttempt, finish: Callable[[], Finish]
+) -> Finish:
+    """The fenced terminal write, through a PostgreSQL restart: a connection lost at the
+    commit leaves it unknown whether the status was written. Retried while our lease
+    lives (the write is fenced on our epoch and `running`, so a retry never writes twice);
+    before each retry the row says whether the lost commit landed, in which case the run
+    is ours to end (its `end` must still be published, or its streams end with a gap)."""
+    deadline = time.monotonic() + rt.settings.lease_ttl_s
+    delay = 0.2
+    while True:
+        try:
+            return await asyncio.to_thread(finish)
+        except TRANSIENT_ERRORS as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning(
+                "terminal write failed, retrying: %s", exc, extra={"run_id": attempt.run_id}
+            )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+        try:
+            run = await asyncio.to_thread(rt.store.get_run_by_id, attempt.run_id)
+        except TRANSIENT_ERRORS:
+            continue
+        if run is not None and run.terminal and run.owner_epoch == attempt.epoch:
+            return Finish(fenced=False)  # it landed; a next run waits for the reaper (R4)
 
 
 async def head_copy_writer(
