@@ -27,7 +27,7 @@ import redis
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
-from shared import logs, lua, metrics, serde, workspaces
+from shared import logs, metrics, serde, workspaces
 from shared.agent.providers import describe_model_error
 from shared.bridge.publisher import EventSink
 from shared.errors import LeaseLost
@@ -537,7 +537,7 @@ async def release_active(rt: WorkerRuntime, user_id: str | None, run_id: str) ->
         return
     keys = LimitKeys(rt.keys.prefix)
     try:
-        await lua.register(rt.redis, "limit_release_run")(
+        await rt.release_run(
             keys=[keys.active(user_id), keys.ended(user_id)], args=[ENDED_RUN_TTL_MS, run_id]
         )
     except redis.RedisError:

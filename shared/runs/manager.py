@@ -82,6 +82,7 @@ class RunManager:
         self.store = store
         self._dispatcher = dispatcher
         self._redis = client
+        self._release_run = lua.register(client, "limit_release_run")
         self._keys = keys
         self._assistants = assistants
         self._checkpoints = checkpoints
@@ -298,7 +299,7 @@ class RunManager:
             return
         keys = LimitKeys(self._keys.prefix)
         try:
-            lua.register(self._redis, "limit_release_run")(
+            self._release_run(
                 keys=[keys.active(owner), keys.ended(owner)], args=[ENDED_RUN_TTL_MS, *run_ids]
             )
         except redis.RedisError:
