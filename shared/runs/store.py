@@ -64,6 +64,16 @@ UPDATE threads SET metadata = metadata || %(metadata)s, updated_at = now()
 WHERE thread_id = %(thread_id)s AND owner = %(owner)s
 RETURNING *
 """
+LOCK_THREAD_CRONS_SQL = """
+SELECT c.cron_id FROM crons c JOIN threads t ON t.thread_id = c.thread_id
+WHERE c.thread_id = %(thread_id)s AND t.owner = %(owner)s
+ORDER BY c.cron_id
+FOR UPDATE OF c
+"""
+"""The thread's crons, locked before the thread row: a cron firing (shared/crons/store.py)
+holds its cron rows and then locks the thread to admit the run, so a delete that locked the
+thread first and reached the crons through the cascade took the same two locks the other
+way round and one of the two was aborted as a deadlock victim."""
 DELETE_THREAD_SQL = (
     "DELETE FROM threads WHERE thread_id = %(thread_id)s AND owner = %(owner)s RETURNING thread_id"
 )
@@ -441,8 +451,12 @@ class RunStore:
         return Thread.from_row(row)
 
     def delete_thread(self, thread_id: str, owner: str) -> list[str]:
-        """Delete the thread and its runs; return the ids of runs that were still running."""
+        """Delete the thread and its runs; return the ids of runs that were still running.
+
+        Lock order, the same as a cron firing's: the thread's crons, then the thread (the
+        delete cascades to both)."""
         with self._pool.connection() as conn, conn.transaction():
+            conn.execute(LOCK_THREAD_CRONS_SQL, {"thread_id": thread_id, "owner": owner})
             thread = conn.execute(
                 LOCK_THREAD_SQL, {"thread_id": thread_id, "owner": owner}
             ).fetchone()

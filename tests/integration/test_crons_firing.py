@@ -285,3 +285,40 @@ def test_owner_scoping(crons: CronManager) -> None:
         crons.count("someone-else", assistant_id=None, thread_id=None, enabled=None, metadata={})
         == 0
     )
+
+
+def test_deleting_a_thread_while_its_crons_fire_never_deadlocks(
+    crons: CronManager, cpool: ConnectionPool
+) -> None:
+    """Crons: deleting a thread races a tick firing its crons, many times over. Both
+    take the thread's cron rows before the thread row (one lock order), so neither is
+    aborted as a deadlock victim (the delete answered 500); each race ends with the thread,
+    its crons and its runs gone."""
+    errors: list[BaseException] = []
+    for _ in range(60):
+        thread = crons._runs.store.create_thread(None, OWNER, {}, "raise")
+        tid = thread.thread_id
+        ids = [crons.create(OWNER, spec(tid)).cron_id for _ in range(3)]
+        make_due(cpool, ids)
+        barrier = threading.Barrier(2)
+
+        def fire(barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            crons.tick()
+
+        def delete(barrier: threading.Barrier = barrier, tid: str = tid) -> None:
+            barrier.wait()
+            crons._runs.delete_thread(owner=OWNER, thread_id=tid)
+
+        with ThreadPoolExecutor(2) as ex:
+            futures = [ex.submit(fire), ex.submit(delete)]
+        errors += [e for f in futures if (e := f.exception()) is not None]
+        with cpool.connection() as conn:
+            left = conn.execute(
+                "SELECT (SELECT count(*) FROM threads WHERE thread_id = %(t)s)"
+                " + (SELECT count(*) FROM crons WHERE thread_id = %(t)s)"
+                " + (SELECT count(*) FROM runs WHERE thread_id = %(t)s) AS n",
+                {"t": tid},
+            ).fetchone()
+        assert left is not None and left["n"] == 0, tid
+    assert errors == [], errors
