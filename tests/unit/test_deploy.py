@@ -232,6 +232,7 @@ def test_compose_env_is_settings_and_agrees_across_roles() -> None:
         assert s.redis_url == "redis://redis:6379/0"
         assert s.dsn.startswith("postgresql://") and s.dsn.endswith("@postgres:5432/threadrun")
         assert s.api_key_map  # a web on 0.0.0.0 refuses to start in open mode (A4)
+        assert {"THREADRUN_MODEL_TIMEOUT_S", "THREADRUN_MODEL_MAX_RETRIES"} <= set(env), name
     shared = ("THREADRUN_REDIS_URL", "THREADRUN_DATABASE_URL", "THREADRUN_REDIS_PREFIX")
     assert len({tuple(env[k] for k in shared) for env in envs.values()}) == 1
 
@@ -381,6 +382,8 @@ def test_k8s_settings_config_parses_and_keeps_the_spec_defaults() -> None:
         if name not in overrides:
             assert getattr(s, name) == getattr(DEFAULTS, name), name
     assert s.api_key_map  # the placeholder has the key:user[:role] shape
+    # A provider model call's timeout and retries are set where an operator looks for them.
+    assert {"THREADRUN_MODEL_TIMEOUT_S", "THREADRUN_MODEL_MAX_RETRIES"} <= set(cm["data"])
     (job,) = by_kind("Job").values()
     assert _container(job)["command"] == ["python", "-m", "shared.db.migrate"]
 
