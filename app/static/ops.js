@@ -383,7 +383,9 @@ function drawRest(o) {
       setText(cell(tr, 0), name);
       setText(cell(tr, 1), q.depth);
       setText(cell(tr, 2), dur(q.oldest_age_s));
-      setText(cell(tr, 3), workers ? workers : "0 — none", workers ? "num" : "num bad");
+      // No webhooks worker matters once a delivery waits (the health tile says the same).
+      const idle = name === "webhooks" && !q.outbox_due;
+      setText(cell(tr, 3), workers ? workers : "0 — none", workers ? "num" : idle ? "num warn" : "num bad");
     },
   );
   push("runs", o.queues.runs.depth);

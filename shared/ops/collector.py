@@ -33,11 +33,11 @@ from shared.ops.store import OpsStore
 from shared.redis_keys import Keys, MemoryKeys
 from shared.runs.model import RunStatus
 from shared.settings import Settings
-from shared.taskqueue import MEMORY_QUEUE, RUNS_QUEUE
+from shared.taskqueue import MEMORY_QUEUE, RUNS_QUEUE, WEBHOOKS_QUEUE
 
 log = logging.getLogger(__name__)
 
-QUEUES = (RUNS_QUEUE, MEMORY_QUEUE)
+QUEUES = (RUNS_QUEUE, MEMORY_QUEUE, WEBHOOKS_QUEUE)
 HEX = frozenset("0123456789abcdef")
 # kombu's Redis transport keeps one list per priority step: name, name\x06\x163, …
 PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
@@ -237,15 +237,24 @@ class OpsCollector:
         """Depth and age of the oldest waiting item per queue.
 
         runs: the pending run dispatched longest ago. memory: how long the earliest due
-        update has been due (0 when none is overdue); null when nothing waits.
+        update has been due (0 when none is overdue). webhooks: how long the earliest due
+        delivery of the outbox has been due, and `outbox_due`, how many are (a delivery
+        waits in the outbox, not in the queue, while no worker takes it). Null age when
+        nothing waits.
         """
         depths = self.queue_depths()
         memory = memory if memory is not None else self.memory()
+        hooks = self.store.webhooks_due()
         return {
             RUNS_QUEUE: {"depth": depths[RUNS_QUEUE], "oldest_age_s": self.oldest_run_age()},
             MEMORY_QUEUE: {
                 "depth": depths[MEMORY_QUEUE],
                 "oldest_age_s": memory.get("oldest_due_age_s"),
+            },
+            WEBHOOKS_QUEUE: {
+                "depth": depths[WEBHOOKS_QUEUE],
+                "oldest_age_s": hooks["oldest_s"],
+                "outbox_due": hooks["due"],
             },
         }
 
@@ -359,6 +368,7 @@ class OpsCollector:
         tiles = [
             self._workers_tile(RUNS_QUEUE, online, q, "new runs stay pending"),
             self._workers_tile(MEMORY_QUEUE, online, q, "memory updates are not extracted"),
+            self._webhooks_tile(online, q),
             self._stuck_tile(),
             self._failures_tile(s.ops_failure_window_s),
             self._queue_age_tile(q),
@@ -384,6 +394,30 @@ class OpsCollector:
             return self._tile(f"workers.{queue}", label, 0, "bad", reason)
         reason = f"{n} worker{'s consume' if n != 1 else ' consumes'} the {queue} queue"
         return self._tile(f"workers.{queue}", label, n, "ok", reason)
+
+    def _webhooks_tile(
+        self, online: dict[str, int], q: dict[str, dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Webhooks go out only while a worker consumes their queue: none is bad when
+        deliveries are due (they wait in the outbox), a warning while none is."""
+        n = online.get(WEBHOOKS_QUEUE, 0)
+        hooks = q.get(WEBHOOKS_QUEUE, {})
+        due, age = int(hooks.get("outbox_due") or 0), hooks.get("oldest_age_s")
+        key, label = f"workers.{WEBHOOKS_QUEUE}", f"{WEBHOOKS_QUEUE} workers"
+        waiting = f"{due} webhook{'s wait' if due != 1 else ' waits'} in the outbox"
+        if age is not None and due:
+            waiting += f" (oldest {age:.0f}s)"
+        if n == 0:
+            if due:
+                reason = f"no worker consumes the {WEBHOOKS_QUEUE} queue: {waiting}"
+                return self._tile(key, label, 0, "bad", reason)
+            reason = (
+                f"no worker consumes the {WEBHOOKS_QUEUE} queue: a run's webhook would wait"
+                " in the outbox"
+            )
+            return self._tile(key, label, 0, "warn", reason)
+        reason = f"{n} worker{'s consume' if n != 1 else ' consumes'} the {WEBHOOKS_QUEUE} queue"
+        return self._tile(key, label, n, "ok", reason + (f"; {waiting}" if due else ""))
 
     def _stuck_tile(self) -> dict[str, Any]:
         expired = self.stuck_runs()

@@ -95,6 +95,17 @@ OLDEST_DISPATCHED_SQL = """
 SELECT extract(epoch FROM now() - min(dispatched_at))::float8 AS age_s
 FROM runs WHERE status = 'pending' AND dispatched_at IS NOT NULL
 """
+# Webhook deliveries due now: pending, past their backoff, their run ended (or gone). Their
+# age counts from when they became due (the retry's time, else the run's end). The partial
+# index `webhook_deliveries_pending` holds only pending rows.
+WEBHOOKS_DUE_SQL = """
+SELECT count(*) AS due,
+       extract(epoch FROM now() - min(coalesce(d.next_attempt_at, r.ended_at, d.created_at)))::float8
+           AS oldest_s
+FROM webhook_deliveries d LEFT JOIN runs r ON r.run_id = d.run_id
+WHERE d.state = 'pending' AND (d.next_attempt_at IS NULL OR d.next_attempt_at <= now())
+  AND (r.run_id IS NULL OR r.status NOT IN ('pending', 'running'))
+"""
 STUCK_CANDIDATES_SQL = """
 SELECT run_id::text FROM runs
 WHERE status = 'running' AND updated_at < now() - make_interval(secs => %(min_age_s)s)
@@ -196,6 +207,14 @@ class OpsStore:
         with self._pool.connection() as conn:
             row = conn.execute(OLDEST_DISPATCHED_SQL).fetchone()
         return None if row is None or row["age_s"] is None else float(row["age_s"])
+
+    def webhooks_due(self) -> dict[str, Any]:
+        """Webhook deliveries due now in the outbox and the oldest one's wait (s, or None)."""
+        with self._pool.connection() as conn:
+            row = conn.execute(WEBHOOKS_DUE_SQL).fetchone()
+        assert row is not None
+        oldest = row["oldest_s"]
+        return {"due": int(row["due"]), "oldest_s": None if oldest is None else max(0.0, oldest)}
 
     def stuck_candidates(self, min_age_s: float) -> list[str]:
         """Running runs not updated for `min_age_s` (stuck if their lease is gone)."""

@@ -155,14 +155,14 @@ def test_overview_shows_runs_queues_workers_tokens_and_memory(
     with client(ops_cluster) as ops:
         o = ops.get("/ops/api/overview").json()
     assert o["runs"]["by_status"]["success"] >= 1
-    assert set(o["queues"]) == {"runs", "memory"}
+    assert set(o["queues"]) == {"runs", "memory", "webhooks"}
     for q in o["queues"].values():
         assert q["depth"] >= 0
     names = [w["name"] for w in o["workers"]]
     assert any(n.startswith("ops-") for n in names), names
     worker = next(w for w in o["workers"] if w["name"].startswith("ops-"))
     assert worker["queues"] == ["memory", "runs"]
-    assert o["workers_online"] == {"runs": 1, "memory": 1}
+    assert o["workers_online"] == {"runs": 1, "memory": 1, "webhooks": 0}
     assert o["memory"]["available"] is True and "backlog" in o["memory"]
     assert len(o["tokens_per_hour"]) == ops_cluster.settings.ops_token_hours
     assert sum(h["output"] for h in o["tokens_per_hour"]) >= 5
@@ -442,7 +442,7 @@ def test_ops_page_draws_live_figures_and_cancels(ops_cluster: Cluster, store: Ru
             page.goto(f"{ops_cluster.url}/ops?api_key={OPS}")
             row = page.locator("#runs tbody tr", has_text=rid[:8])
             row.wait_for(timeout=10_000)
-            assert page.locator("#queues tbody tr").count() == 2
+            assert page.locator("#queues tbody tr").count() == 3  # runs, memory, webhooks
             row.locator("button", has_text="cancel").click()
             page.locator("#confirm-yes").click()  # the page asks first
             page.locator("#action-result", has_text="requested").wait_for(timeout=10_000)
@@ -520,7 +520,7 @@ def test_cli_status_runs_workers_queues_and_actions(
     assert main(["workers", *base]) == 0
     assert "memory,runs" in capsys.readouterr().out
     assert main(["queues", "--json", *base]) == 0
-    assert set(json.loads(capsys.readouterr().out)) == {"runs", "memory"}
+    assert set(json.loads(capsys.readouterr().out)) == {"runs", "memory", "webhooks"}
     assert main(["runs", "requeue", rid, *base]) == 1  # its lease is held
     assert "lease_held" in capsys.readouterr().out
     assert main(["runs", "cancel", rid, *base]) == 0

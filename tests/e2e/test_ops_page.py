@@ -386,3 +386,50 @@ def test_overdue_crons_turn_the_scheduler_tile_red(
     with client(cluster) as ops:
         tiles = {t["key"]: t for t in ops.get("/ops/api/health").json()["tiles"]}
     assert tiles["crons"]["state"] == "ok" and tiles["crons"]["reason"] == "no cron is enabled"
+
+
+def test_webhooks_tile_warns_without_a_consumer_red_when_deliveries_wait(
+    cluster: Cluster, browser: Any
+) -> None:
+    """The health strip has a tile per queue, webhooks too: with no worker on the webhooks
+    queue it warns (a run's webhook would wait in the outbox); a due delivery waiting in the
+    outbox turns it red, in words; once a webhooks worker joins it is green."""
+    with client(cluster) as ops:
+        o = ops.get("/ops/api/overview").json()
+    assert set(o["queues"]) == {"runs", "memory", "webhooks"}
+    assert o["workers_online"]["webhooks"] == 0
+    tiles = {t["key"]: t for t in o["health"]["tiles"]}
+    hooks = tiles["workers.webhooks"]
+    assert hooks["state"] == "warn" and hooks["value"] == 0, hooks
+    assert "no worker consumes the webhooks queue" in hooks["reason"]
+
+    page = OpsPage(browser, cluster)
+    try:
+        tile = page.wait_tile("workers.webhooks", "warn")
+        assert "webhooks workers" in tile.inner_text().lower()
+        page.shot("7-webhooks-no-consumer")
+        with psycopg.connect(cluster.settings.dsn, autocommit=True) as conn:
+            # A delivery whose run has ended (here: is gone) is due at once.
+            conn.execute(
+                "INSERT INTO webhook_deliveries (run_id, thread_id, url, created_at)"
+                " VALUES (gen_random_uuid(), gen_random_uuid(), 'http://127.0.0.1:9/hook',"
+                " now() - interval '42 seconds')"
+            )
+            try:
+                tile = page.wait_tile("workers.webhooks", "bad")
+                assert "1 webhook waits in the outbox (oldest 4" in tile.inner_text()
+                banner = page.page.locator("#problems")
+                assert banner.is_visible() and "webhooks queue" in banner.inner_text()
+                with client(cluster) as ops:
+                    doc = ops.get("/ops/api/queues").json()
+                assert doc["webhooks"]["outbox_due"] == 1
+                assert doc["webhooks"]["oldest_age_s"] >= 42
+                page.shot("8-webhooks-waiting", full=True)
+            finally:
+                conn.execute("DELETE FROM webhook_deliveries")
+        cluster.start_webhooks_worker(concurrency=1)
+        tile = page.wait_tile("workers.webhooks", "ok")
+        assert "1 worker consumes the webhooks queue" in tile.inner_text()
+    finally:
+        page.close()
+    assert page.errors == []
