@@ -83,6 +83,10 @@ class ThreadPatch(Strict):
     metadata: dict[str, Any]
 
 
+THREAD_QUERY_MAX_CHARS = 200
+"""The longest `query` of POST /threads/search (a title search, not a document search)."""
+
+
 class ThreadSearch(Strict):
     """POST /threads/search."""
 
@@ -94,6 +98,25 @@ class ThreadSearch(Strict):
     sort_by: Literal["thread_id", "status", "created_at", "updated_at"] = "created_at"
     sort_order: Literal["asc", "desc"] = "desc"
     select: list[ThreadField] | None = Field(default=None, min_length=1)
+    query: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=THREAD_QUERY_MAX_CHARS,
+        description="threadrun extension: text the thread's `metadata.title` contains,"
+        " case-insensitively (no wildcards: `%` and `_` match themselves).",
+    )
+
+    @field_validator("query")
+    @classmethod
+    def _query_has_text(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        text = value.strip()
+        if not text:
+            raise ValueError("query must contain text (not only spaces)")
+        if any(ord(c) < 32 or ord(c) == 127 for c in text):
+            raise ValueError("query must not contain control characters")
+        return text
 
 
 class ThreadCount(Strict):

@@ -119,7 +119,8 @@ def delete(thread_id: str) -> Response:
 
 @bp.post("/threads/search")
 def search() -> Response:
-    """Threads of the caller filtered by metadata and status."""
+    """Threads of the caller filtered by metadata, status and (a threadrun extension) a text
+    `query` on their title."""
     q = parse_body(ThreadSearch, allow_empty=True)
     threads = current_services().store.search_threads(
         principal().user_id,
@@ -130,6 +131,7 @@ def search() -> Response:
         offset=q.offset,
         sort_by=q.sort_by,
         sort_order=q.sort_order,
+        query=q.query,
     )
     return json_response(thread_objects(threads, q.select))
 

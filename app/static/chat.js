@@ -29,6 +29,8 @@
 (() => {
   const KEY_STORE = "threadrun.api_key";
   const MAX_CONSECUTIVE_GAPS = 3;
+  const SEARCH_MAX_CHARS = 200; // POST /threads/search `query` accepts at most this
+  const SEARCH_DEBOUNCE_MS = 200;
   const SILENT_SOCKET_MS = 15000; // 3 heartbeat intervals without any frame: the socket is dead
   const BACKOFF_BASE_MS = 250;
   const BACKOFF_MAX_MS = 8000;
@@ -66,15 +68,18 @@
   // ---------------------------------------------------------------- page state ----------
   const S = {
     threads: [],
+    found: { query: "", threads: [] }, // POST /threads/search `query` answers for the search box
+    opened: null, // the open thread's object, when it is not among the newest (found by search)
     threadId: null,
     durable: [], // messages as the server knows them (state, `values`, `updates`)
+    next: [], // the thread state's `next`: the nodes a run with no input would run
     live: new Map(), // message id -> {text, toolCalls}: assistant text still streaming
     optimistic: null, // the user's message before the server echoes it
     artifacts: [], // from values.artifacts, if the graph has the channel
     run: null, // the run this page follows (see newRun)
     status: "idle",
     detail: "",
-    notice: null, // {kind, title, detail, retry}: an error shown in the transcript
+    notice: null, // {kind, title, detail, retry, resume}: an error shown in the transcript
     limits: null, // GET /info `limits` (max_input_bytes, ws_max_frame_bytes, …)
     oversize: null, // why the composer's text cannot be sent
     preview: null, // the artifact open in the preview panel
@@ -92,6 +97,7 @@
     holdRejoinMs: 0,
     skipSizeCheck: false,
     liveRenders: 0,
+    searches: [], // the texts the server's thread search answered
   };
 
   const $ = (id) => document.getElementById(id);
@@ -227,13 +233,14 @@
   // ---------------------------------------------------------------- size limits ---------
   // GET /info names the server's limits; a message above them is refused here, naming the
   // limit, instead of being sent and refused (or the socket closed) by the server.
+  /** A run request; `text` null: no input, the run continues from the thread's checkpoint. */
   function requestBody(text) {
     const body = {
       assistant_id: el.assistant.value || "lead_agent",
-      input: { messages: [{ role: "user", content: text }] },
       stream_mode: STREAM_MODES,
       on_disconnect: "continue",
     };
+    if (text !== null) body.input = { messages: [{ role: "user", content: text }] };
     if (Object.keys(configurable).length) body.config = { configurable: { ...configurable } };
     return body;
   }
@@ -479,7 +486,9 @@
       li.append(markdown(text));
       if (!live && isStopped(m)) {
         li.classList.add("stopped");
-        role.append(node("span", "badge", "stopped"));
+        const badge = node("span", "badge", "stopped");
+        badge.title = "You stopped this answer; it is kept as far as it was written.";
+        role.append(badge);
       }
       const calls = (live ? m.toolCalls : m.tool_calls) || [];
       if (calls.length) {
@@ -723,6 +732,7 @@
   async function reloadState(threadId) {
     const state = await api("GET", `/threads/${threadId}/state`);
     if (S.threadId !== threadId) return;
+    S.next = state && Array.isArray(state.next) ? state.next : [];
     S.durable = [];
     S.artifacts = [];
     S.live.clear();
@@ -807,13 +817,68 @@
     return li;
   }
 
+  /** A listed thread: among the newest, or found by the server's title search. */
+  function knownThread(threadId) {
+    return (
+      S.threads.find((x) => x.thread_id === threadId) ||
+      S.found.threads.find((x) => x.thread_id === threadId) ||
+      (S.opened && S.opened.thread_id === threadId ? S.opened : undefined)
+    );
+  }
+
+  function searchText() {
+    return el.search.value.trim().slice(0, SEARCH_MAX_CHARS);
+  }
+
+  /** The threads the search box shows: those of the newest 100 whose title (also one taken
+   *  from the first message) contains the text, and those the server finds by
+   *  `metadata.title` among all the user's threads (POST /threads/search `query`). */
+  function matchingThreads(q) {
+    const low = q.toLowerCase();
+    const out = new Map();
+    for (const t of S.threads) if (threadTitle(t).toLowerCase().includes(low)) out.set(t.thread_id, t);
+    if (S.found.query === q) {
+      for (const t of S.found.threads) if (!out.has(t.thread_id)) out.set(t.thread_id, t);
+    }
+    return [...out.values()].sort((a, b) => (a.updated_at < b.updated_at ? 1 : a.updated_at > b.updated_at ? -1 : 0));
+  }
+
+  let searchTimer = null;
+  let searchSeq = 0;
+  /** Ask the server for the threads whose title contains the search text (debounced). */
+  function searchThreads() {
+    clearTimeout(searchTimer);
+    const q = searchText();
+    if (!q) {
+      S.found = { query: "", threads: [] };
+      return;
+    }
+    searchTimer = setTimeout(async () => {
+      const seq = (searchSeq += 1);
+      try {
+        const found = await api("POST", "/threads/search", {
+          query: q,
+          limit: 100,
+          sort_by: "updated_at",
+          sort_order: "desc",
+        });
+        if (seq !== searchSeq || searchText() !== q) return;
+        S.found = { query: q, threads: found || [] };
+        T.searches.push(q);
+        renderThreads();
+      } catch (e) {
+        if (seq === searchSeq) showBanner(`Could not search the chats: ${e.message}`);
+      }
+    }, SEARCH_DEBOUNCE_MS);
+  }
+
   function renderThreads() {
-    const q = el.search.value.trim().toLowerCase();
-    const visible = S.threads.filter((t) => !q || threadTitle(t).toLowerCase().includes(q));
+    const q = searchText();
+    const visible = q ? matchingThreads(q) : S.threads;
     el.threadList.replaceChildren(...visible.map(threadItem));
     el.threadEmpty.textContent = q ? "No chat matches." : "No chats yet.";
     el.threadEmpty.hidden = visible.length > 0;
-    const current = S.threads.find((t) => t.thread_id === S.threadId);
+    const current = S.threadId ? knownThread(S.threadId) : null;
     el.title.textContent = current ? threadTitle(current) : "New chat";
     document.title = current ? `${threadTitle(current)} · threadrun` : "threadrun · chat";
     const input = el.threadList.querySelector("input.t-rename");
@@ -824,7 +889,7 @@
   }
 
   function startRename(threadId) {
-    const t = S.threads.find((x) => x.thread_id === threadId);
+    const t = knownThread(threadId);
     if (!t) return;
     S.threadUi = { renaming: threadId, draft: threadTitle(t), confirming: null };
     renderThreads();
@@ -833,7 +898,7 @@
   async function commitRename() {
     const { renaming, draft } = S.threadUi;
     S.threadUi = { renaming: null, draft: "", confirming: null };
-    const t = S.threads.find((x) => x.thread_id === renaming);
+    const t = knownThread(renaming);
     const title = draft.trim().slice(0, 200);
     if (!t || !title || title === threadTitle(t)) {
       renderThreads();
@@ -861,6 +926,7 @@
       }
     }
     S.threads = S.threads.filter((t) => t.thread_id !== threadId);
+    S.found.threads = S.found.threads.filter((t) => t.thread_id !== threadId);
     if (S.threadId === threadId) clearThread();
     renderThreads();
   }
@@ -874,6 +940,7 @@
     S.optimistic = null;
     S.artifacts = [];
     S.notice = null;
+    S.next = [];
     closePreview();
     history.replaceState(null, "", `${location.pathname}${location.search}`);
     setStatus("idle");
@@ -911,6 +978,7 @@
   async function selectThread(threadId) {
     if (threadId === S.threadId && S.run && isCurrent(S.run)) return; // already following it
     if (S.run && S.run.threadId !== threadId) stopFollowing();
+    S.opened = knownThread(threadId) || null;
     S.threadId = threadId;
     history.replaceState(null, "", `${location.pathname}${location.search}#thread=${threadId}`);
     S.durable = [];
@@ -918,6 +986,7 @@
     S.optimistic = null;
     S.artifacts = [];
     S.notice = null;
+    S.next = [];
     closePreview();
     renderThreads();
     render();
@@ -993,12 +1062,20 @@
     return String(err);
   }
 
+  /** A failed run's notice. Its Retry re-runs the thread from its checkpoint, with no new
+   *  input (`resume`), when the failed message is the thread's last and the state still has
+   *  a node to run (LangGraph re-runs the node that failed); otherwise the message never
+   *  reached the thread and Retry sends it again. Either way the thread holds it once. */
   function modelErrorNotice(detail, retryText) {
+    const shown = S.durable.filter(isShown);
+    const tail = shown[shown.length - 1];
+    const saved = Boolean(tail && msgType(tail) === "human" && textOf(tail.content) === retryText);
     return {
       kind: "model",
       title: "The assistant could not answer",
       detail: detail || "The run ended with an error.",
       retry: retryText || null,
+      resume: Boolean(retryText) && saved && S.next.length > 0,
     };
   }
 
@@ -1009,16 +1086,18 @@
     return "";
   }
 
-  async function send(text) {
+  /** Send `text` as the next message; with `resume`, start a run with no input instead (the
+   *  thread's checkpoint continues; `text` is the message it answers, nothing is added). */
+  async function send(text, { resume = false } = {}) {
     if (S.run && !S.run.ended && !S.run.abandoned) return;
-    const problem = sizeProblem(text);
+    const problem = resume ? null : sizeProblem(text);
     if (problem) {
       el.input.value = el.input.value || text;
       checkComposer();
       return;
     }
     S.notice = null;
-    S.optimistic = { id: "optimistic", type: "human", content: text };
+    S.optimistic = resume ? null : { id: "optimistic", type: "human", content: text };
     S.live.clear();
     showBanner("");
     render();
@@ -1040,8 +1119,8 @@
       }
     }
     const threadId = S.threadId;
-    const firstMessage = !S.durable.some((m) => msgType(m) === "human");
-    const body = requestBody(text);
+    const firstMessage = !resume && !S.durable.some((m) => msgType(m) === "human");
+    const body = requestBody(resume ? null : text);
     S.run = newRun(null, threadId);
     S.run.text = text;
     setStatus("streaming");
@@ -1059,7 +1138,7 @@
         if (S.run) return;
       }
       S.optimistic = null;
-      el.input.value = el.input.value || text;
+      if (!resume) el.input.value = el.input.value || text;
       checkComposer();
       const refused = e.code === "limit_exceeded" || (e.status >= 400 && e.status < 500);
       S.notice = {
@@ -1067,6 +1146,7 @@
         title: refused ? "The server refused this message" : "Message not sent",
         detail: e.message,
         retry: refused && /bytes/.test(e.message) ? null : text,
+        resume,
       };
       render();
       setStatus("idle");
@@ -1088,7 +1168,7 @@
     const n = S.notice;
     if (!n || !n.retry || (S.run && !S.run.ended && !S.run.abandoned)) return;
     if (el.input.value === n.retry) el.input.value = "";
-    send(n.retry);
+    send(n.retry, { resume: Boolean(n.resume) });
   }
 
   function stop() {
@@ -1672,6 +1752,7 @@
     transcript,
     /** The error shown in the transcript, if any. */
     notice: () => (S.notice ? { ...S.notice } : null),
+    searches: () => T.searches.slice(),
     /** Replace the model knobs sent as config.configurable (e.g. to make a retry succeed). */
     setConfigurable(obj) {
       for (const k of Object.keys(configurable)) delete configurable[k];
@@ -1791,7 +1872,10 @@
       });
     });
     el.footer.hidden = !debug;
-    el.search.addEventListener("input", renderThreads);
+    el.search.addEventListener("input", () => {
+      renderThreads();
+      searchThreads();
+    });
     el.threadList.addEventListener("click", onThreadListClick);
     el.threadList.addEventListener("keydown", (ev) => {
       const input = ev.target.closest("input.t-rename");

@@ -83,6 +83,7 @@ WHERE owner = %(owner)s
   AND metadata @> %(metadata)s
   AND (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(ids)s::uuid[] IS NULL OR thread_id = ANY(%(ids)s))
+  AND (%(title_like)s::text IS NULL OR metadata->>'title' ILIKE %(title_like)s)
 ORDER BY {order}
 LIMIT %(limit)s OFFSET %(offset)s
 """
@@ -91,6 +92,9 @@ SELECT count(*) AS n FROM threads
 WHERE owner = %(owner)s AND metadata @> %(metadata)s
   AND (%(status)s::text IS NULL OR status = %(status)s)
 """
+"""`title_like` (the text query) scans the owner's threads (`threads_owner_created`): a
+user's threads, not the table; a trigram index on the title would be the next step if one
+user kept very many."""
 THREAD_SORT_COLUMNS = {"thread_id", "status", "created_at", "updated_at"}
 
 # --- admission (R2): one transaction, thread row locked, no IO in between -----------------
@@ -303,6 +307,11 @@ RETURNING thread_id
 """
 
 
+def _like_literal(text: str) -> str:
+    """`text` for a LIKE pattern, matching itself: the escape (backslash) and wildcards escaped."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def _is_uuid(value: str) -> bool:
     try:
         uuid.UUID(value)
@@ -481,8 +490,10 @@ class RunStore:
         offset: int,
         sort_by: str,
         sort_order: str,
+        query: str | None = None,
     ) -> list[Thread]:
-        """Threads of `owner` matching a metadata containment filter."""
+        """Threads of `owner` matching a metadata containment filter and, with `query`, whose
+        `metadata.title` contains that text case-insensitively (taken literally)."""
         if sort_by not in THREAD_SORT_COLUMNS:
             raise ValueError(f"sort_by {sort_by!r}")
         order = f"{sort_by} {'ASC' if sort_order == 'asc' else 'DESC'}, thread_id"
@@ -495,6 +506,7 @@ class RunStore:
                     "metadata": _json(metadata),
                     "status": status,
                     "ids": ids,
+                    "title_like": None if query is None else f"%{_like_literal(query)}%",
                     "limit": limit,
                     "offset": offset,
                 },

@@ -8,14 +8,19 @@ cannot be used for this: it joins its tokens with single spaces, which loses the
 code block needs.
 
 A message containing "fail" makes the model call raise, the way a provider error would, the
-first time it is sent; the same text sent again (the page's Retry) is answered. One worker
-process holds no state for this: the count of identical user messages in the thread decides.
+first time the node answers it; the next attempt at the same message (the page's Retry, a
+run with no input that re-runs the failed node from the thread's checkpoint) is answered.
+Which attempt this is survives processes: a marker file per thread and message in the
+temporary directory (the tests' worker runs on this machine).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Annotated, Any
 
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -71,12 +76,25 @@ class State(TypedDict):
     messages: Annotated[list[AnyMessage], add_messages]
 
 
+def first_attempt(thread_id: str, message_id: str) -> bool:
+    """True the first time this thread's message is answered (a marker file says so after)."""
+    key = hashlib.sha256(f"{thread_id}/{message_id}".encode()).hexdigest()[:32]
+    marker = Path(tempfile.gettempdir()) / f"threadrun-chat-graph-failed-{key}"
+    try:
+        marker.touch(exist_ok=False)
+    except FileExistsError:
+        return False
+    return True
+
+
 async def answer(state: State, config: RunnableConfig) -> State:
     """Stream ANSWER, or fail like a provider error the first time "fail" is asked."""
     humans = [m for m in state["messages"] if isinstance(m, HumanMessage)]
-    last = humans[-1].text if humans else ""
-    if "fail" in last.lower() and sum(m.text == last for m in humans) == 1:
-        raise RuntimeError(FAILURE)
+    last = humans[-1] if humans else None
+    if last is not None and "fail" in last.text.lower():
+        thread_id = str(config.get("configurable", {}).get("thread_id", ""))
+        if first_attempt(thread_id, str(last.id)):
+            raise RuntimeError(FAILURE)
     model = PacedFakeChatModel(messages=iter([AIMessage(content=ANSWER)]))
     reply = await model.ainvoke(state["messages"], config)
     return {"messages": [reply]}

@@ -8,6 +8,7 @@ reason when it is sent anyway), and the debug footer only with `?debug=1`.
 The cluster serves the built-in `lead_agent` and `markdown_chat` (tests/e2e/chat_graph.py:
 fixed Markdown streamed token by token; a message containing "fail" fails its first time).
 Every scenario saves screenshots as tests/output/chat-*.png (desktop and phone width).
+Stopped answers and the thread search by title (a server-side `query`) are here too.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 GRAPH_FILE = Path(__file__).with_name("chat_graph.py")
 CAROL = "key-carol"  # a user of this module's cluster only: first visit, no thread
+DAVE = "key-dave"  # a user of this module's cluster only: more threads than the list loads
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def chat(
     config.write_text(json.dumps({"graphs": graphs}))
     env = {
         "THREADRUN_CONFIG": str(config),
-        "THREADRUN_API_KEYS": f"{ALICE}:alice,{BOB}:bob,{CAROL}:carol",
+        "THREADRUN_API_KEYS": f"{ALICE}:alice,{BOB}:bob,{CAROL}:carol,{DAVE}:dave",
     }
     with private_cluster("chat-page", env) as c:
         c.start_web()
@@ -236,8 +238,9 @@ def test_model_error_is_a_bubble_in_the_transcript_with_retry(
     chat: Cluster, open_page: Any
 ) -> None:
     """A1: a failed model call shows in the transcript (what failed, not a bare
-    "Connection error." pill), distinct from the page's connection status; Retry re-sends the
-    last user input and the answer follows."""
+    "Connection error." pill), distinct from the page's connection status; Retry re-runs the
+    thread from its checkpoint with no new input, so the answer follows the user's message
+    and the thread holds that message once (on the page and in the durable state)."""
     for phone in (False, True):
         page = open_page(chat.url, phone=phone)
         if phone:
@@ -248,7 +251,8 @@ def test_model_error_is_a_bubble_in_the_transcript_with_retry(
         send(page, text)
         page.wait("window.threadrunTest.notice()", what="the error bubble")
         notice = page.js("window.threadrunTest.notice()")
-        assert notice["retry"] == text
+        assert notice["retry"] == text and notice["resume"] is True, notice
+        tid = page.js("window.threadrunTest.threadId()")
         bubble = page.js("document.querySelector('#notices .notice').textContent")
         assert "500 Internal Server Error" in bubble and "127.0.0.1:9" in bubble, bubble
         assert page.state() != "error", "a model error is not the page's connection state"
@@ -258,10 +262,46 @@ def test_model_error_is_a_bubble_in_the_transcript_with_retry(
         page.wait_state("done")
         assert page.js("window.threadrunTest.notice()") is None
         assert page.js("document.querySelector('.msg-ai .md h2').textContent") == "Caching, briefly"
-        humans = [m for m in page.transcript() if m["type"] == "human"]
-        assert [m["content"] for m in humans][-1] == text
+        assert [(m["type"], m["content"]) for m in page.transcript()][0] == ("human", text)
+        assert [m["type"] for m in page.transcript()] == ["human", "ai"]
+        with api(chat.url) as c:
+            state = c.get(f"/threads/{tid}/state").json()
+            runs = c.get(f"/threads/{tid}/runs").json()
+        assert [m["type"] for m in state["values"]["messages"]] == ["human", "ai"]
+        assert state["values"]["messages"][0]["content"] == text
+        assert sorted(r["status"] for r in runs) == ["error", "success"]
         if not phone:
             shot(page, "6b-after-retry-desktop")
+
+
+def test_a1_a_run_with_no_input_retries_the_failed_model_node_from_the_checkpoint(
+    chat: Cluster,
+) -> None:
+    """A1 (LangGraph semantics, what the page's Retry relies on): a run whose model node
+    failed leaves the thread's head checkpoint with that node still to run (`next`), the user's
+    message saved once; a run with no input continues from that checkpoint, re-runs the
+    failed node only, and the thread holds one user message and one answer."""
+    with api(chat.url) as c:
+        tid = c.post("/threads", json={}).json()["thread_id"]
+        ask = {"role": "user", "content": "please fail (api)"}
+        body = {"assistant_id": "markdown_chat", "input": {"messages": [ask]}}
+        failed = c.post(f"/threads/{tid}/runs/wait", json=body)
+        assert "model call failed" in failed.text, failed.text
+        state = c.get(f"/threads/{tid}/state").json()
+        assert state["next"] == ["answer"], state
+        assert [m["type"] for m in state["values"]["messages"]] == ["human"]
+        human_id = state["values"]["messages"][0]["id"]
+
+        retried = c.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "markdown_chat"})
+        assert retried.status_code == 200, retried.text
+        state = c.get(f"/threads/{tid}/state").json()
+        messages = state["values"]["messages"]
+        assert [m["type"] for m in messages] == ["human", "ai"], messages
+        assert messages[0]["id"] == human_id and messages[0]["content"] == ask["content"]
+        assert messages[1]["content"].startswith("## Caching, briefly")
+        assert state["next"] == []
+        runs = c.get(f"/threads/{tid}/runs").json()
+        assert sorted(r["status"] for r in runs) == ["error", "success"]
 
 
 def test_oversize_input_is_refused_before_sending_naming_the_limit(
@@ -330,3 +370,147 @@ def test_debug_footer_only_with_debug_1(chat: Cluster, open_page: Any) -> None:
     dbg = open_page(chat.url, debug=1)
     assert not dbg.js("document.querySelector('#footer').hidden")
     assert "transport: WebSocket" in dbg.js("document.querySelector('#footer').textContent")
+
+
+def visible_threads(page: Page) -> list[str]:
+    return list(
+        page.js(
+            "Array.from(document.querySelectorAll('#thread-list li'))"
+            ".map(li => li.dataset.threadId)"
+        )
+    )
+
+
+def test_r5_stopped_answer_stays_with_its_badge_across_a_reload_and_the_next_message_follows(
+    chat: Cluster, open_page: Any
+) -> None:
+    """R5, A1: Stop mid-answer keeps the partial answer in the transcript, marked "stopped"
+    (what the server saved: `response_metadata.stopped`), on a desktop and on a phone; a
+    reload shows the same; the next message and its answer follow the stopped one."""
+    for phone in (False, True):
+        name = "phone" if phone else "desktop"
+        page = open_page(chat.url, phone=phone, tokens=400, delay=25)
+        if phone:
+            page.page.click("#menu")  # "New chat" lives in the drawer
+        page.new_thread()
+        pick(page, "lead_agent")
+        tid = page.send(f"tell me a long story ({name})")
+        page.wait("window.threadrunTest.stats().chunks >= 12", what="a dozen tokens")
+        page.page.click("#stop")
+        page.wait_state("cancelled", timeout=20)
+        page.wait("document.querySelector('.msg-ai.stopped')", what="the stopped answer")
+
+        def check(page: Page) -> str:
+            items = page.transcript()
+            assert [i["type"] for i in items] == ["human", "ai"], items
+            partial = str(items[1]["content"])
+            assert partial and len(partial.split(" ")) < 400, partial
+            badge = page.js("document.querySelector('.msg-ai.stopped .role .badge').textContent")
+            assert badge == "stopped"
+            return partial
+
+        partial = check(page)
+        state = durable_state(chat.url, tid)
+        last = state["values"]["messages"][-1]
+        assert last["type"] == "ai" and last["response_metadata"]["stopped"] is True
+        assert last["content"] == partial
+        shot(page, f"10-stopped-answer-{name}")
+
+        page.page.reload()
+        page.wait("window.threadrunTest.ready()", what="the page to load again")
+        page.wait(f"window.threadrunTest.threadId() === {tid!r}", what="the thread")
+        page.wait("document.querySelector('.msg-ai.stopped')", what="the stopped answer")
+        assert check(page) == partial
+        shot(page, f"10b-stopped-after-reload-{name}")
+
+        page.js("window.threadrunTest.setConfigurable({tokens: 6})")
+        page.send("and now briefly")
+        page.wait_state("done")
+        items = page.transcript()
+        assert [i["type"] for i in items] == ["human", "ai", "human", "ai"], items
+        assert items[1]["content"] == partial and items[2]["content"] == "and now briefly"
+        assert page.js("document.querySelectorAll('.msg-ai.stopped').length") == 1
+        assert not page.js(
+            "document.querySelector('.msg-ai:last-child').classList.contains('stopped')"
+        )
+        messages = durable_state(chat.url, tid)["values"]["messages"]
+        assert [m["type"] for m in messages] == ["human", "ai", "human", "ai"]
+        shot(page, f"10c-next-message-follows-{name}")
+
+
+def durable_state(base: str, thread_id: str) -> dict[str, Any]:
+    with api(base) as c:
+        resp = c.get(f"/threads/{thread_id}/state")
+    resp.raise_for_status()
+    return dict(resp.json())
+
+
+def test_a1_a3_thread_search_query_matches_titles_case_insensitively_and_validates(
+    chat: Cluster,
+) -> None:
+    """A1, A3: POST /threads/search takes `query` (a threadrun extension): the caller's
+    threads whose `metadata.title` contains it, case-insensitively, `%` and `_` taken
+    literally, with the other filters and paging; a blank, over-long, control-character or
+    non-string query is a 422 naming `query`."""
+    with api(chat.url, DAVE) as c:
+        made = {}
+        for title in ("Quarterly Budget", "budget for the 100% plan", "snake_case names", "Other"):
+            made[title] = c.post("/threads", json={"metadata": {"title": title}}).json()[
+                "thread_id"
+            ]
+        c.post("/threads", json={"metadata": {}})  # no title: never matched by a query
+
+        def found(**body: Any) -> set[str]:
+            resp = c.post("/threads/search", json={"limit": 1000, **body})
+            assert resp.status_code == 200, resp.text
+            return {t["thread_id"] for t in resp.json()}
+
+        assert found(query="BUDGET") == {made["Quarterly Budget"], made["budget for the 100% plan"]}
+        assert found(query="  budget  ") == found(query="budget")
+        assert found(query="100%") == {made["budget for the 100% plan"]}
+        assert found(query="%") == {made["budget for the 100% plan"]}  # literal, not "all"
+        assert found(query="e_c") == {made["snake_case names"]}
+        assert found(query="e_c".replace("_", "x")) == set()
+        assert found(query="budget", metadata={"title": "Quarterly Budget"}) == {
+            made["Quarterly Budget"]
+        }
+        assert len(found(query="budget", limit=1)) == 1
+    with api(chat.url, BOB) as c:  # another user's titles are never searched
+        assert c.post("/threads/search", json={"query": "Quarterly"}).json() == []
+        for bad in ("", "   ", "x" * 201, 5, ["budget"], "a\x00b"):
+            resp = c.post("/threads/search", json={"query": bad})
+            assert resp.status_code == 422, (bad, resp.text)
+            assert resp.json()["field"] == "query", resp.text
+        assert c.post("/threads/search", json={"query": "x" * 200}).status_code == 200
+
+
+def test_a1_search_box_finds_a_thread_older_than_the_loaded_list_on_the_server(
+    chat: Cluster, open_page: Any
+) -> None:
+    """A1: the page loads the newest 100 chats; typing in the search box asks the server
+    (`query`) and finds a chat older than those by its title, case-insensitively; clearing
+    the box shows the newest again."""
+    with api(chat.url, DAVE) as c:
+        old = c.post("/threads", json={"metadata": {"title": "Lighthouse keeping notes"}})
+        old_id = old.json()["thread_id"]
+        for n in range(101):
+            c.post("/threads", json={"metadata": {"title": f"Filler chat {n:03d}"}})
+    page = open_page(chat.url, key=DAVE)
+    page.wait("document.querySelectorAll('#thread-list li').length >= 100", what="the list")
+    assert old_id not in visible_threads(page), "the old chat is among the newest 100"
+    page.page.fill("#thread-search", "LIGHTHOUSE")
+    page.wait("window.threadrunTest.searches().includes('LIGHTHOUSE')", what="the search")
+    page.wait(f"document.querySelector(\"#thread-list li[data-thread-id='{old_id}']\")")
+    assert visible_threads(page) == [old_id]
+    shot(page, "11-search-server-desktop")
+    page.page.click(f"#thread-list li[data-thread-id='{old_id}']")
+    page.wait(f"window.threadrunTest.threadId() === {old_id!r}", what="the found chat")
+    assert page.js("document.querySelector('#thread-title').textContent") == (
+        "Lighthouse keeping notes"
+    )
+    page.page.fill("#thread-search", "no such chat anywhere")
+    page.wait("window.threadrunTest.searches().includes('no such chat anywhere')")
+    assert visible_threads(page) == []
+    assert page.js("document.querySelector('#thread-empty').textContent") == "No chat matches."
+    page.page.fill("#thread-search", "")
+    page.wait("document.querySelectorAll('#thread-list li').length >= 100", what="the list")

@@ -120,3 +120,13 @@ def test_a1_search_select_takes_the_sdk_thread_fields() -> None:
     ]
     assert field_of(ThreadSearch, {"select": ["thread_id", "owner"]}) == "select.1"
     assert field_of(ThreadSearch, {"select": []}) == "select"
+
+
+def test_a3_search_query_is_text_bounded_and_named_when_bad() -> None:
+    """A3: POST /threads/search `query` (a threadrun extension) is stripped text of at most
+    200 characters; blank, over-long, control characters or not a string name `query`."""
+    assert ThreadSearch.model_validate({"query": "  Budget "}).query == "Budget"
+    assert ThreadSearch.model_validate({}).query is None
+    assert ThreadSearch.model_validate({"query": "x" * 200}).query == "x" * 200
+    for bad in ("", "   ", "x" * 201, "a\x00b", "tab\there", 5, ["a"]):
+        assert field_of(ThreadSearch, {"query": bad}) == "query", bad
