@@ -65,6 +65,12 @@ RETURNING *
 """
 """The thread's owner is checked in the insert itself: a thread deleted (or another user's)
 between the route's check and here is a 404, never a foreign-key 500."""
+SHARE_THREAD_SQL = """
+SELECT 1 FROM threads WHERE thread_id = %(thread_id)s AND owner = %(owner)s FOR KEY SHARE
+"""
+"""The cron's thread, held until the insert commits: a delete of the thread running meanwhile
+either finished first (no row: a 404) or waits for the cron and cascades to it. Without it the
+insert saw the thread, the delete committed, and the foreign key refused the cron (a 500)."""
 GET_CRON_SQL = "SELECT * FROM crons WHERE cron_id = %(cron_id)s AND user_id = %(owner)s"
 DELETE_CRON_SQL = (
     "DELETE FROM crons WHERE cron_id = %(cron_id)s AND user_id = %(owner)s RETURNING cron_id"
@@ -183,6 +189,10 @@ class CronStore:
             row = conn.execute(COUNT_USER_CRONS_SQL, {"owner": owner}).fetchone()
             if row is not None and int(row["n"]) >= max_per_user:
                 raise TooManyCrons(f"at most {max_per_user} crons per user")
+            if spec.thread_id is not None:
+                thread = {"thread_id": spec.thread_id, "owner": owner}
+                if conn.execute(SHARE_THREAD_SQL, thread).fetchone() is None:
+                    raise ThreadNotFound(f"thread {spec.thread_id} not found")
             created = conn.execute(INSERT_CRON_SQL, params).fetchone()
         if created is None:
             raise ThreadNotFound(f"thread {spec.thread_id} not found")

@@ -9,6 +9,7 @@ fire; a busy thread under `reject` spends the tick.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import os
@@ -31,6 +32,7 @@ from shared.crons.manager import CronManager, TickReport
 from shared.crons.model import CronSpec, FiringOutcome
 from shared.crons.store import CronStore
 from shared.db import make_pool
+from shared.errors import ThreadNotFound
 from shared.redis_keys import Keys
 from shared.runs.manager import RunManager
 from shared.runs.model import MultitaskStrategy, OnCompletion, RunRequest
@@ -321,4 +323,34 @@ def test_deleting_a_thread_while_its_crons_fire_never_deadlocks(
                 {"t": tid},
             ).fetchone()
         assert left is not None and left["n"] == 0, tid
+    assert errors == [], errors
+
+
+def test_creating_a_cron_on_a_thread_being_deleted_is_a_404_never_a_500(
+    crons: CronManager, cpool: ConnectionPool
+) -> None:
+    """Crons: a cron created on a thread while the thread is deleted either exists and goes
+    with the thread, or is refused as a missing thread (404); never a foreign-key error
+    (500), and no cron outlives its thread."""
+    errors: list[BaseException] = []
+    for _ in range(60):
+        tid = crons._runs.store.create_thread(None, OWNER, {}, "raise").thread_id
+        barrier = threading.Barrier(2)
+
+        def create(barrier: threading.Barrier = barrier, tid: str = tid) -> None:
+            barrier.wait()
+            with contextlib.suppress(ThreadNotFound):  # the delete came first: a 404
+                crons.create(OWNER, spec(tid))
+
+        def delete(barrier: threading.Barrier = barrier, tid: str = tid) -> None:
+            barrier.wait()
+            crons._runs.delete_thread(owner=OWNER, thread_id=tid)
+
+        with ThreadPoolExecutor(2) as ex:
+            futures = [ex.submit(create), ex.submit(delete)]
+        errors += [e for f in futures if (e := f.exception()) is not None]
+        with cpool.connection() as conn:
+            left = conn.execute("SELECT count(*) AS n FROM crons WHERE thread_id = %s", (tid,))
+            row = left.fetchone()
+        assert row is not None and row["n"] == 0, tid
     assert errors == [], errors
