@@ -234,9 +234,9 @@
   // GET /info names the server's limits; a message above them is refused here, naming the
   // limit, instead of being sent and refused (or the socket closed) by the server.
   /** A run request; `text` null: no input, the run continues from the thread's checkpoint. */
-  function requestBody(text) {
+  function requestBody(text, assistantId = null) {
     const body = {
-      assistant_id: el.assistant.value || "lead_agent",
+      assistant_id: assistantId || el.assistant.value || "lead_agent",
       stream_mode: STREAM_MODES,
       on_disconnect: "continue",
     };
@@ -1005,8 +1005,8 @@
         const last = (runs || []).slice().sort((a, b) => (a.created_at < b.created_at ? 1 : -1))[0];
         const shown = S.durable.filter(isShown);
         const tail = shown[shown.length - 1];
-        if (last && last.status === "error" && tail && msgType(tail) === "human") {
-          S.notice = modelErrorNotice(errorText(last.error), textOf(tail.content));
+        if (last && last.status === "error" && tail && (msgType(tail) === "human" || S.next.length)) {
+          S.notice = modelErrorNotice(errorText(last.error), lastUserText(), last.assistant_id);
           render();
         }
       }
@@ -1063,19 +1063,19 @@
   }
 
   /** A failed run's notice. Its Retry re-runs the thread from its checkpoint, with no new
-   *  input (`resume`), when the failed message is the thread's last and the state still has
-   *  a node to run (LangGraph re-runs the node that failed); otherwise the message never
-   *  reached the thread and Retry sends it again. Either way the thread holds it once. */
-  function modelErrorNotice(detail, retryText) {
-    const shown = S.durable.filter(isShown);
-    const tail = shown[shown.length - 1];
-    const saved = Boolean(tail && msgType(tail) === "human" && textOf(tail.content) === retryText);
+   *  input (`resume`), when the failed message is the thread's last user message and the
+   *  state still has a node to run (LangGraph re-runs the node that failed: the model call,
+   *  or a tool after it); otherwise the message never reached the thread and Retry sends it
+   *  again. Either way the thread holds it once. */
+  function modelErrorNotice(detail, retryText, assistantId) {
+    const saved = Boolean(retryText) && lastUserText() === retryText;
     return {
       kind: "model",
       title: "The assistant could not answer",
       detail: detail || "The run ended with an error.",
       retry: retryText || null,
       resume: Boolean(retryText) && saved && S.next.length > 0,
+      assistantId: assistantId || null, // the failed run's: a resume continues its graph
     };
   }
 
@@ -1088,7 +1088,7 @@
 
   /** Send `text` as the next message; with `resume`, start a run with no input instead (the
    *  thread's checkpoint continues; `text` is the message it answers, nothing is added). */
-  async function send(text, { resume = false } = {}) {
+  async function send(text, { resume = false, assistantId = null } = {}) {
     if (S.run && !S.run.ended && !S.run.abandoned) return;
     const problem = resume ? null : sizeProblem(text);
     if (problem) {
@@ -1120,9 +1120,10 @@
     }
     const threadId = S.threadId;
     const firstMessage = !resume && !S.durable.some((m) => msgType(m) === "human");
-    const body = requestBody(resume ? null : text);
+    const body = requestBody(resume ? null : text, resume ? assistantId : null);
     S.run = newRun(null, threadId);
     S.run.text = text;
+    S.run.assistantId = body.assistant_id;
     setStatus("streaming");
     try {
       if (transport === "ws") await wsCreate(S.run, body);
@@ -1147,6 +1148,7 @@
         detail: e.message,
         retry: refused && /bytes/.test(e.message) ? null : text,
         resume,
+        assistantId: resume ? assistantId : null,
       };
       render();
       setStatus("idle");
@@ -1168,7 +1170,7 @@
     const n = S.notice;
     if (!n || !n.retry || (S.run && !S.run.ended && !S.run.abandoned)) return;
     if (el.input.value === n.retry) el.input.value = "";
-    send(n.retry, { resume: Boolean(n.resume) });
+    send(n.retry, { resume: Boolean(n.resume), assistantId: n.assistantId || null });
   }
 
   function stop() {
@@ -1262,7 +1264,11 @@
     else {
       // A model or tool failure: in the transcript, with a retry of the last user input.
       setStatus("idle"); // the status pill is about the page's connection; this is not
-      S.notice = modelErrorNotice(run.error || `The run ended with status ${status}.`, run.text || lastUserText());
+      S.notice = modelErrorNotice(
+        run.error || `The run ended with status ${status}.`,
+        run.text || lastUserText(),
+        run.assistantId
+      );
       render();
     }
     loadThreads();

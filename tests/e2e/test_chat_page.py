@@ -258,6 +258,12 @@ def test_model_error_is_a_bubble_in_the_transcript_with_retry(
         assert page.state() != "error", "a model error is not the page's connection state"
         assert page.js("!!document.querySelector('#retry')")
         shot(page, f"6-model-error-{'phone' if phone else 'desktop'}")
+        if not phone:  # a reload finds the failed run; its Retry keeps that run's assistant
+            page.page.reload()
+            page.wait("window.threadrunTest.ready()", what="the page to load again")
+            page.wait("window.threadrunTest.notice()", what="the error bubble after a reload")
+            again = page.js("window.threadrunTest.notice()")
+            assert again["retry"] == text and again["resume"] is True, again
         page.page.click("#retry")
         page.wait_state("done")
         assert page.js("window.threadrunTest.notice()") is None
