@@ -6,6 +6,7 @@ on it, reads it and deletes it under that id, and never sees the id it is stored
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -197,6 +198,14 @@ def test_a4_client_chosen_ids_in_batches_crons_and_websocket(cluster: Cluster) -
     r = httpx.post(f"{url}/runs/crons/search", json={"thread_id": x}, headers=_h(ALICE), timeout=30)
     assert r.json() == []
     assert httpx.delete(f"{url}/runs/crons/{cron_id}", headers=_h(BOB), timeout=30).is_success
+    z = str(uuid.uuid4())
+    for key in (ALICE, BOB):
+        r = httpx.post(f"{url}/threads", json={"thread_id": z}, headers=_h(key), timeout=30)
+        assert r.status_code == 200
+    r = httpx.post(f"{url}/threads/prune", json={"thread_ids": [z]}, headers=_h(BOB), timeout=30)
+    assert r.status_code == 200 and r.json() == {"pruned_count": 1}, r.text
+    assert httpx.get(f"{url}/threads/{z}", headers=_h(BOB), timeout=30).status_code == 404
+    assert httpx.get(f"{url}/threads/{z}", headers=_h(ALICE), timeout=30).status_code == 200
 
     ws = simple_websocket.Client.connect(
         url.replace("http://", "ws://") + f"/threads/{x}/ws", headers=_h(BOB)
@@ -221,9 +230,21 @@ def test_a4_client_chosen_ids_in_batches_crons_and_websocket(cluster: Cluster) -
     assert json.loads(frames[-1])["type"] == "end", frames[-1]
 
 
+async def follow(c: LangGraphClient, tid: str) -> list[tuple[str, Any]]:
+    """The thread stream's parts (event, data) until a run is done."""
+    parts: list[tuple[str, Any]] = []
+    gen = await c.threads.join_stream(tid)
+    async for part in gen:
+        parts.append((part.event, part.data))
+        if part.event == "metadata" and part.data.get("status") == "run_done":
+            break
+    await gen.aclose()  # type: ignore[attr-defined]
+    return parts
+
+
 def test_a4_the_sdk_works_on_a_client_chosen_id_another_user_has(cluster: Cluster) -> None:
-    """A4, A1: the official SDK creates, runs, reads, searches, copies and deletes Bob's
-    thread X while Alice has her own X."""
+    """A4, A1: the official SDK creates, runs, follows, reads, searches, copies and deletes
+    Bob's thread X while Alice has her own X."""
     x = str(uuid.uuid4())
     run_sdk(lambda c: c.threads.create(thread_id=x, metadata={"who": "alice"}), cluster.url)
 
@@ -232,6 +253,16 @@ def test_a4_the_sdk_works_on_a_client_chosen_id_another_user_has(cluster: Cluste
         await c.runs.wait(
             x, "lead_agent", input={"messages": [{"role": "user", "content": "hi"}]}, config=KNOBS
         )
+        follower = asyncio.create_task(follow(c, x))
+        await asyncio.sleep(1.0)  # connected before the run
+        await c.runs.create(
+            x,
+            "lead_agent",
+            input={"messages": [{"role": "user", "content": "followed"}]},
+            config=KNOBS,
+            stream_mode=["values", "checkpoints"],
+        )
+        followed = await asyncio.wait_for(follower, 60)
         state = await c.threads.get_state(x)
         history = await c.threads.get_history(x)
         runs = await c.runs.list(x)
@@ -241,6 +272,7 @@ def test_a4_the_sdk_works_on_a_client_chosen_id_another_user_has(cluster: Cluste
         copied = await c.threads.get_state(copy["thread_id"])
         await c.threads.delete(x)
         return {
+            "followed": followed,
             "made": made,
             "state": state,
             "history": history,
@@ -255,7 +287,8 @@ def test_a4_the_sdk_works_on_a_client_chosen_id_another_user_has(cluster: Cluste
     assert out["got"]["metadata"]["who"] == "bob"
     assert out["state"]["checkpoint"]["thread_id"] == x
     assert {s["checkpoint"]["thread_id"] for s in out["history"]} == {x}
-    assert [r["thread_id"] for r in out["runs"]] == [x]
+    assert [r["thread_id"] for r in out["runs"]] == [x, x]
+    assert any(event == "checkpoints" and x in json.dumps(data) for event, data in out["followed"])
     assert [(t["thread_id"], t["metadata"]["who"]) for t in out["found"]] == [(x, "bob")]
     assert out["copied"]["values"] == out["state"]["values"]
     assert storage_id("bob", x) not in json.dumps(out, default=str)
