@@ -270,6 +270,7 @@ def test_a4_the_sdk_works_on_a_client_chosen_id_another_user_has(cluster: Cluste
         got = await c.threads.get(x)
         copy = await c.threads.copy(x)
         copied = await c.threads.get_state(copy["thread_id"])
+        copied_history = await c.threads.get_history(copy["thread_id"])
         await c.threads.delete(x)
         return {
             "followed": followed,
@@ -280,6 +281,7 @@ def test_a4_the_sdk_works_on_a_client_chosen_id_another_user_has(cluster: Cluste
             "found": found,
             "got": got,
             "copied": copied,
+            "copied_history": copied_history,
         }
 
     out = run_sdk(go, cluster.url, BOB)
