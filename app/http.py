@@ -9,17 +9,18 @@ from flask import Response, request
 from pydantic import BaseModel, ValidationError
 
 from shared import serde
-from shared.errors import RunNotFound, ThreadNotFound, ValidationFailed
+from shared.errors import RunNotFound, ValidationFailed
 
 M = TypeVar("M", bound=BaseModel)
 
 
 def checked_thread_id(thread_id: str) -> str:
-    """A thread id that is not a UUID cannot exist: 404, exactly like a missing one."""
-    try:
-        return str(uuid.UUID(thread_id))
-    except ValueError as exc:
-        raise ThreadNotFound(f"thread {thread_id[:64]} not found") from exc
+    """The storage id of the caller's thread the client calls `thread_id` (thread ids are
+    per owner, A4: app/thread_ids.py). A thread id that is not a UUID cannot exist: 404,
+    exactly like a missing one."""
+    from app import thread_ids
+
+    return thread_ids.resolve(thread_id)
 
 
 def checked_run_id(run_id: str) -> str:

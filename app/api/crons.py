@@ -139,7 +139,7 @@ def search() -> Response:
     crons = current_services().crons.search(
         principal().user_id,
         assistant_id=q.assistant_id,
-        thread_id=str(q.thread_id) if q.thread_id else None,
+        thread_id=checked_thread_id(str(q.thread_id)) if q.thread_id else None,
         enabled=q.enabled,
         metadata=q.metadata,
         limit=q.limit,
@@ -161,7 +161,7 @@ def count() -> Response:
     n = current_services().crons.count(
         principal().user_id,
         assistant_id=q.assistant_id,
-        thread_id=str(q.thread_id) if q.thread_id else None,
+        thread_id=checked_thread_id(str(q.thread_id)) if q.thread_id else None,
         enabled=q.enabled,
         metadata=q.metadata,
     )

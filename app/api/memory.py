@@ -7,6 +7,7 @@ from typing import Any
 from flask import Blueprint, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from app import thread_ids
 from app.api.threads import owned_thread
 from app.auth import principal
 from app.http import json_response, parse_query
@@ -43,7 +44,11 @@ def list_facts() -> Response:
             f"limit: at most {settings.memory_list_max}", field="limit", status=422
         )
     manager = memory_manager(settings)
-    facts = manager.list_facts(principal().user_id, q.agent_name, q.limit)
+    owner = principal().user_id
+    facts = manager.list_facts(owner, q.agent_name, q.limit)
+    sources = {f.source_thread_id for f in facts if f.source_thread_id}
+    for storage, public in current_services().store.public_ids(owner, sources).items():
+        thread_ids.remember(storage, public)  # a source thread by its owner's id (A4)
     return json_response({"facts": [f.as_json() for f in facts]})
 
 

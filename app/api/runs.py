@@ -3,6 +3,7 @@ delete, join, join stream, cancel (one run, or many)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from typing import Any
 
 from flask import Blueprint, Response, request, stream_with_context
 
+from app import thread_ids
 from app.api.shapes import run_json
 from app.auth import principal
 from app.http import (
@@ -47,9 +49,8 @@ log = logging.getLogger(__name__)
 
 def _admit(thread_id: str) -> tuple[Run, RunCreate]:
     body = parse_body(RunCreate)
-    run = current_services().runs.admit(
-        principal().user_id, body.to_request(checked_thread_id(thread_id))
-    )
+    wanted = thread_ids.on_thread(body.to_request(checked_thread_id(thread_id)))
+    run = current_services().runs.admit(principal().user_id, wanted)
     return run, body
 
 
@@ -233,9 +234,14 @@ def create_batch() -> Response:
     """Create background runs, each on its `thread_id` or a new temporary thread, all or
     nothing; answers the runs in request order."""
     items = validate_items(BatchRunCreate, read_json_body())
-    runs = current_services().runs.admit_batch(
-        principal().user_id, [item.to_request() for item in items]
-    )
+    wanted = []
+    for item in items:
+        one = item.to_request()
+        if item.thread_id is not None:  # the client's id: its storage id (A4)
+            tid = thread_ids.resolve(str(item.thread_id))
+            one = thread_ids.on_thread(dataclasses.replace(one, thread_id=tid))
+        wanted.append(one)
+    runs = current_services().runs.admit_batch(principal().user_id, wanted)
     return json_response([run_json(r) for r in runs])
 
 
@@ -248,7 +254,7 @@ def cancel_many() -> Response:
         owner=principal().user_id,
         action=q.action,
         statuses=body.status.statuses if body.status is not None else None,
-        thread_id=str(body.thread_id) if body.thread_id is not None else None,
+        thread_id=thread_ids.resolve(str(body.thread_id)) if body.thread_id is not None else None,
         run_ids=[str(r) for r in body.run_ids] if body.run_ids is not None else None,
     )
     return Response(status=204)

@@ -17,7 +17,7 @@ def thread_json(thread: Thread, head: ThreadHead | None = None) -> dict[str, Any
     """The SDK's Thread shape: `values` and `interrupts` of the head checkpoint (`values`
     is null for a thread that has none, as on the official server)."""
     return {
-        "thread_id": thread.thread_id,
+        "thread_id": thread.client_id,
         "created_at": thread.created_at,
         "updated_at": thread.updated_at,
         "metadata": thread.metadata,

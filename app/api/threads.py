@@ -9,6 +9,7 @@ from typing import Any
 
 from flask import Blueprint, Response
 
+from app import thread_ids
 from app.api.shapes import thread_json
 from app.auth import principal
 from app.http import checked_thread_id, json_response, parse_body
@@ -31,8 +32,10 @@ bp = Blueprint("threads", __name__)
 
 
 def owned_thread(thread_id: str) -> Thread:
-    """The caller's thread or 404."""
-    return current_services().store.get_thread(checked_thread_id(thread_id), principal().user_id)
+    """The caller's thread the client calls `thread_id` (its public id, A4), or 404."""
+    store = current_services().store
+    thread = store.get_thread_by_public_id(thread_ids.parsed(thread_id), principal().user_id)
+    return thread_ids.remember_thread(thread)
 
 
 def graph_id_of(thread: Thread) -> str | None:
@@ -195,9 +198,13 @@ def prune() -> Response:
         sort_by="thread_id",
         sort_order="asc",
     )
-    missing = set(ids) - {t.thread_id for t in threads}
+    missing = set(ids) - {t.client_id for t in threads}
     if missing:
         raise ThreadNotFound(f"thread {min(missing)} not found")
+    for t in threads:
+        thread_ids.remember_thread(t)
+    storage = {t.client_id: t.thread_id for t in threads}
+    ids = [storage[i] for i in ids]  # the client's ids named them; storage ids from here on
     if body.strategy is PruneStrategy.DELETE:
         pruned = 0
         for tid in ids:

@@ -35,6 +35,7 @@ from werkzeug.exceptions import HTTPException
 from wsproto.events import CloseConnection, Event, Message
 from wsproto.frame_protocol import CloseReason
 
+from app import thread_ids
 from app.api.shapes import run_json
 from app.auth import authenticate, principal
 from app.cors import check_ws_origin
@@ -51,6 +52,7 @@ from shared.errors import StreamCursorInvalid, ThreadrunError, ValidationFailed
 from shared.ops.connections import TRACKER
 from shared.redis_keys import Keys
 from shared.runs.model import CancelAction, OnDisconnect
+from shared.runs.thread_ids import rewrite_text
 
 log = logging.getLogger(__name__)
 
@@ -350,6 +352,9 @@ class _Session:
         self.svc = svc
         self.owner = owner
         self.default_thread_id = default_thread_id
+        # The request's storage -> public ids, filled as frames name threads; read by the
+        # sending threads too (no request context there).
+        self.aliases = thread_ids.aliases()
         self.closed = threading.Event()
         self._send_lock = threading.Lock()
         self._subs_lock = threading.Lock()
@@ -374,7 +379,8 @@ class _Session:
                 return False
             try:
                 for frame in frames:
-                    self.ws.send(frame)
+                    # Public thread ids in place of storage ids (A4, app/thread_ids.py).
+                    self.ws.send(rewrite_text(frame, self.aliases) if self.aliases else frame)
             except Exception:  # noqa: BLE001 - ConnectionClosed, OSError, wsproto state errors
                 self.closed.set()
                 return False
@@ -548,7 +554,7 @@ class _Session:
         self._check_capacity()
         slot = admit_limits(self.owner, body)
         try:
-            run = self.svc.runs.admit(self.owner, spec.to_request(tid))
+            run = self.svc.runs.admit(self.owner, thread_ids.on_thread(spec.to_request(tid)))
         except BaseException:
             slot.release()
             raise

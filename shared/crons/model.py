@@ -81,6 +81,7 @@ class Cron:
     next_run_at: dt.datetime | None
     created_at: dt.datetime
     updated_at: dt.datetime
+    thread_public_id: str | None = None  # its thread's id as the owner knows it (A4)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Cron:
@@ -103,6 +104,9 @@ class Cron:
             next_run_at=row.get("next_run_at"),
             created_at=row["created_at"],
             updated_at=row["updated_at"],
+            thread_public_id=None
+            if row.get("thread_public_id") is None
+            else str(row["thread_public_id"]),
         )
 
     def as_json(self) -> JSONObject:
@@ -110,7 +114,7 @@ class Cron:
         return {
             "cron_id": self.cron_id,
             "assistant_id": self.assistant_id,
-            "thread_id": self.thread_id,
+            "thread_id": self.thread_public_id or self.thread_id,
             "on_run_completed": self.on_run_completed,
             "end_time": self.end_time,
             "schedule": self.schedule,

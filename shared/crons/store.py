@@ -50,10 +50,15 @@ def _json(value: Any) -> Jsonb | None:
     return None if value is None else Jsonb(value, dumps=serde.dumps_str)
 
 
+THREAD_PUBLIC_ID = (
+    "(SELECT t.public_id FROM threads t WHERE t.thread_id = crons.thread_id) AS thread_public_id"
+)
+"""A cron shows its thread by the id the owner knows it by (A4, shared/runs/thread_ids.py)."""
 LOCK_USER_CRONS_SQL = "SELECT pg_advisory_xact_lock(hashtext('threadrun.crons:' || %(owner)s))"
 """Serialises the creates of one user, so `cron_max_per_user` holds under concurrency."""
 COUNT_USER_CRONS_SQL = "SELECT count(*) AS n FROM crons WHERE user_id = %(owner)s"
-INSERT_CRON_SQL = """
+INSERT_CRON_SQL = (
+    """
 INSERT INTO crons (cron_id, user_id, assistant_id, thread_id, schedule, timezone, payload,
                    request, metadata, enabled, end_time, on_run_completed, next_run_at)
 SELECT %(cron_id)s, %(owner)s, %(assistant_id)s, %(thread_id)s, %(schedule)s, %(timezone)s,
@@ -61,8 +66,9 @@ SELECT %(cron_id)s, %(owner)s, %(assistant_id)s, %(thread_id)s, %(schedule)s, %(
        %(on_run_completed)s, %(next_run_at)s
 WHERE %(thread_id)s::uuid IS NULL
    OR EXISTS (SELECT 1 FROM threads WHERE thread_id = %(thread_id)s AND owner = %(owner)s)
-RETURNING *
-"""
+RETURNING *, """
+    + THREAD_PUBLIC_ID
+)
 """The thread's owner is checked in the insert itself: a thread deleted (or another user's)
 between the route's check and here is a 404, never a foreign-key 500."""
 SHARE_THREAD_SQL = """
@@ -71,15 +77,19 @@ SELECT 1 FROM threads WHERE thread_id = %(thread_id)s AND owner = %(owner)s FOR 
 """The cron's thread, held until the insert commits: a delete of the thread running meanwhile
 either finished first (no row: a 404) or waits for the cron and cascades to it. Without it the
 insert saw the thread, the delete committed, and the foreign key refused the cron (a 500)."""
-GET_CRON_SQL = "SELECT * FROM crons WHERE cron_id = %(cron_id)s AND user_id = %(owner)s"
+GET_CRON_SQL = (
+    f"SELECT *, {THREAD_PUBLIC_ID} FROM crons WHERE cron_id = %(cron_id)s AND user_id = %(owner)s"
+)
 DELETE_CRON_SQL = (
     "DELETE FROM crons WHERE cron_id = %(cron_id)s AND user_id = %(owner)s RETURNING cron_id"
 )
-UPDATE_CRON_SQL = """
+UPDATE_CRON_SQL = (
+    """
 UPDATE crons SET {sets}, updated_at = now()
 WHERE cron_id = %(cron_id)s AND user_id = %(owner)s
-RETURNING *
-"""
+RETURNING *, """
+    + THREAD_PUBLIC_ID
+)
 UPDATABLE_COLUMNS = (
     "schedule",
     "timezone",
@@ -99,7 +109,9 @@ WHERE user_id = %(owner)s
   AND metadata @> %(metadata)s
 """
 SEARCH_CRONS_SQL = (
-    "SELECT * FROM crons" + FILTER_SQL + "ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s"
+    f"SELECT *, {THREAD_PUBLIC_ID} FROM crons"
+    + FILTER_SQL
+    + "ORDER BY {order} LIMIT %(limit)s OFFSET %(offset)s"
 )
 COUNT_CRONS_SQL = "SELECT count(*) AS n FROM crons" + FILTER_SQL
 

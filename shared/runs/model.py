@@ -123,7 +123,7 @@ def _opt_str(value: Any) -> str | None:
 class RunRequest:
     """A validated request for a new run, as the HTTP view and the WebSocket build it."""
 
-    thread_id: str
+    thread_id: str  # the storage id (shared/runs/thread_ids.py)
     assistant_id: str
     input: Any = None
     command: JSONObject | None = None
@@ -136,6 +136,7 @@ class RunRequest:
     create_thread: bool = False  # `if_not_exists=create`, or the thread of a stateless run
     on_completion: OnCompletion | None = None  # set only for a run without a thread
     webhook: str | None = None  # POSTed the run once it ended (shared/webhooks/)
+    public_thread_id: str | None = None  # the client's id of a thread it makes; None: thread_id
 
     @property
     def stateless(self) -> bool:
@@ -180,6 +181,7 @@ class Run:
     on_completion: OnCompletion | None = None  # a run without a thread: its thread's fate
     user_id: str | None = None
     webhook: str | None = None  # the URL its end is POSTed to (shared/webhooks/)
+    thread_public_id: str | None = None  # its thread's public id, where the row was joined
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
@@ -218,6 +220,7 @@ class Run:
             on_completion=OnCompletion(on_completion) if on_completion else None,
             user_id=_opt_str(row.get("user_id")),
             webhook=row.get("webhook"),
+            thread_public_id=_opt_str(row.get("thread_public_id")),
         )
 
     @property
@@ -233,7 +236,9 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Thread:
-    """One thread row: its owner, metadata and status."""
+    """One thread row: its owner, metadata and status. `thread_id` is its storage id,
+    `public_id` the one its owner sees (the same unless the client chose it:
+    shared/runs/thread_ids.py)."""
 
     thread_id: str
     owner: str
@@ -241,6 +246,12 @@ class Thread:
     created_at: dt.datetime
     updated_at: dt.datetime
     metadata: JSONObject = field(default_factory=dict)
+    public_id: str = ""
+
+    @property
+    def client_id(self) -> str:
+        """The id its owner sees and sends."""
+        return self.public_id or self.thread_id
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Thread:
@@ -252,6 +263,7 @@ class Thread:
             created_at=row["created_at"],
             updated_at=row["updated_at"],
             metadata=row.get("metadata") or {},
+            public_id=str(row.get("public_id") or row["thread_id"]),
         )
 
 

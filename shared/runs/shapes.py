@@ -12,7 +12,7 @@ def run_json(run: Run) -> dict[str, Any]:
     """The SDK's Run shape, plus our lifecycle fields."""
     return {
         "run_id": run.run_id,
-        "thread_id": run.thread_id,
+        "thread_id": run.thread_public_id or run.thread_id,
         "assistant_id": run.assistant_id,
         "graph_id": run.graph_id,
         "created_at": run.created_at,

@@ -16,6 +16,7 @@ from shared import serde
 from shared.db import DictPool
 from shared.errors import Conflict, RunNotFound, ThreadBusy, ThreadExists, ThreadNotFound
 from shared.journal import Category, append_in
+from shared.runs import thread_ids
 from shared.runs.admission import (
     AdmissionDecision,
     CancelOutcome,
@@ -44,10 +45,23 @@ def _json(value: Any) -> Jsonb | None:
 
 # --- threads --------------------------------------------------------------------------
 INSERT_THREAD_SQL = """
-INSERT INTO threads (thread_id, owner, metadata) VALUES (%(thread_id)s, %(owner)s, %(metadata)s)
-ON CONFLICT (thread_id) DO NOTHING
+INSERT INTO threads (thread_id, public_id, owner, metadata)
+VALUES (%(thread_id)s, coalesce(%(public_id)s::uuid, %(thread_id)s::uuid), %(owner)s, %(metadata)s)
+ON CONFLICT DO NOTHING
 RETURNING *
 """
+"""Either key may conflict: the storage id, or the owner's public id (a client that chose
+an id its own server-made thread has)."""
+RESOLVE_THREAD_SQL = """
+SELECT thread_id::text FROM threads WHERE owner = %(owner)s AND public_id = %(public_id)s
+"""
+PUBLIC_IDS_SQL = """
+SELECT thread_id::text, public_id::text FROM threads
+WHERE owner = %(owner)s AND thread_id = ANY(%(ids)s::uuid[]) AND public_id <> thread_id
+"""
+GET_THREAD_BY_PUBLIC_SQL = (
+    "SELECT * FROM threads WHERE owner = %(owner)s AND public_id = %(public_id)s"
+)
 INSERT_THREAD_COPY_SQL = """
 INSERT INTO threads (thread_id, owner, metadata, status)
 VALUES (%(thread_id)s, %(owner)s, %(metadata)s, %(status)s)
@@ -82,7 +96,7 @@ SELECT * FROM threads
 WHERE owner = %(owner)s
   AND metadata @> %(metadata)s
   AND (%(status)s::text IS NULL OR status = %(status)s)
-  AND (%(ids)s::uuid[] IS NULL OR thread_id = ANY(%(ids)s))
+  AND (%(ids)s::uuid[] IS NULL OR public_id = ANY(%(ids)s))
   AND (%(title_like)s::text IS NULL OR metadata->>'title' ILIKE %(title_like)s)
 ORDER BY {order}
 LIMIT %(limit)s OFFSET %(offset)s
@@ -146,7 +160,8 @@ SELECT r.* FROM runs r JOIN threads t USING (thread_id)
 WHERE r.run_id = %(run_id)s AND r.thread_id = %(thread_id)s AND t.owner = %(owner)s
 """
 GET_RUN_BY_ID_SQL = """
-SELECT r.*, t.owner AS user_id FROM runs r JOIN threads t USING (thread_id)
+SELECT r.*, t.owner AS user_id, t.public_id AS thread_public_id
+FROM runs r JOIN threads t USING (thread_id)
 WHERE r.run_id = %(run_id)s
 """
 RUN_STATUS_SQL = "SELECT status FROM runs WHERE run_id = %(run_id)s"
@@ -409,19 +424,53 @@ class RunStore:
     def create_thread(
         self, thread_id: str | None, owner: str, metadata: JSONObject, if_exists: str
     ) -> Thread:
-        """Create a thread; `if_exists` is 'raise' or 'do_nothing' (return the existing one)."""
-        tid = thread_id or str(uuid.uuid4())
+        """Create a thread; `if_exists` is 'raise' or 'do_nothing' (return the existing one).
+
+        `thread_id` is the client's choice (its public id), stored under the owner's own
+        storage id (A4, shared/runs/thread_ids.py): only the owner's threads can conflict,
+        another user's thread with that id is neither met nor revealed."""
+        public = thread_id or str(uuid.uuid4())
+        tid = thread_ids.storage_id(owner, public) if thread_id else public
+        params = {"thread_id": tid, "public_id": public, "owner": owner}
         with self._pool.connection() as conn:
             row = conn.execute(
-                INSERT_THREAD_SQL, {"thread_id": tid, "owner": owner, "metadata": _json(metadata)}
+                INSERT_THREAD_SQL, {**params, "metadata": _json(metadata)}
             ).fetchone()
             if row is not None:
                 return Thread.from_row(row)
-            existing = conn.execute(GET_THREAD_SQL, {"thread_id": tid, "owner": owner}).fetchone()
-        # Another user's thread id conflicts exactly like our own would; it is never handed out.
-        if existing is None or if_exists == "raise":
-            raise ThreadExists(f"thread {tid} already exists")
+            existing = conn.execute(GET_THREAD_BY_PUBLIC_SQL, params).fetchone()
+        if existing is None or if_exists == "raise":  # None: deleted meanwhile
+            raise ThreadExists(f"thread {public} already exists")
         return Thread.from_row(existing)
+
+    def resolve_thread_id(self, owner: str, public_id: str) -> str:
+        """The storage id of `owner`'s thread with the client's id `public_id` (A4); for
+        one it has not, the storage id such a thread would have (every lookup with it then
+        answers 404 like any missing thread, and `if_not_exists=create` makes it there)."""
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                RESOLVE_THREAD_SQL, {"owner": owner, "public_id": public_id}
+            ).fetchone()
+        return str(row["thread_id"]) if row is not None else thread_ids.storage_id(owner, public_id)
+
+    def public_ids(self, owner: str, storage_ids: Collection[str]) -> dict[str, str]:
+        """Storage id -> public id of those of `owner`'s threads whose ids differ."""
+        ids = [i for i in storage_ids if _is_uuid(i)]
+        if not ids:
+            return {}
+        with self._pool.connection() as conn:
+            rows = conn.execute(PUBLIC_IDS_SQL, {"owner": owner, "ids": ids}).fetchall()
+        return {r["thread_id"]: r["public_id"] for r in rows}
+
+    def get_thread_by_public_id(self, public_id: str, owner: str) -> Thread:
+        """`owner`'s thread with the client's id `public_id`, or ThreadNotFound."""
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                GET_THREAD_BY_PUBLIC_SQL, {"owner": owner, "public_id": public_id}
+            ).fetchone()
+        if row is None:
+            raise ThreadNotFound(f"thread {public_id} not found")
+        return Thread.from_row(row)
 
     def create_thread_copy(self, source: Thread, thread_id: str) -> Thread:
         """A new thread of `source`'s owner with its metadata and status; the copy of a busy
@@ -496,7 +545,8 @@ class RunStore:
         `metadata.title` contains that text case-insensitively (taken literally)."""
         if sort_by not in THREAD_SORT_COLUMNS:
             raise ValueError(f"sort_by {sort_by!r}")
-        order = f"{sort_by} {'ASC' if sort_order == 'asc' else 'DESC'}, thread_id"
+        column = "public_id" if sort_by == "thread_id" else sort_by  # the ids the client sees
+        order = f"{column} {'ASC' if sort_order == 'asc' else 'DESC'}, thread_id"
         sql = SEARCH_THREADS_SQL.format(order=order)
         with self._pool.connection() as conn:
             rows = conn.execute(
@@ -547,12 +597,19 @@ class RunStore:
         threads cannot deadlock; then the items are admitted in request order (FIFO).
         """
         with self._pool.connection() as conn, conn.transaction():
-            for thread_id, create in sorted(
-                {(i.request.thread_id, i.request.create_thread) for i in items}
+            for thread_id, create, public_id in sorted(
+                {
+                    (i.request.thread_id, i.request.create_thread, i.request.public_thread_id)
+                    for i in items
+                },
+                key=lambda t: t[0],
             ):
                 params = {"thread_id": thread_id, "owner": owner}
                 if create:
-                    conn.execute(INSERT_THREAD_SQL, {**params, "metadata": _json({})})
+                    conn.execute(
+                        INSERT_THREAD_SQL,
+                        {**params, "public_id": public_id, "metadata": _json({})},
+                    )
                 conn.execute(LOCK_THREAD_SQL, params)
             admissions = []
             for index, item in enumerate(items):
@@ -581,7 +638,10 @@ class RunStore:
         thread_id = request.thread_id
         params = {"thread_id": thread_id, "owner": owner}
         if request.create_thread:
-            conn.execute(INSERT_THREAD_SQL, {**params, "metadata": _json({})})
+            conn.execute(
+                INSERT_THREAD_SQL,
+                {**params, "public_id": request.public_thread_id, "metadata": _json({})},
+            )
         if conn.execute(LOCK_THREAD_SQL, params).fetchone() is None:
             raise ThreadNotFound(f"thread {thread_id} not found")
         inflight = self._inflight(conn, thread_id, limit=inflight_needed(strategy))

@@ -192,11 +192,16 @@ def test_a4_search_and_count_show_bob_nothing_of_alice(world: World) -> None:
         f"{world.url}/threads/search", json={"ids": [world.thread_id]}, headers=h, timeout=30
     )
     assert r.json() == []
-    # Creating a thread with Alice's id conflicts as it would for Bob's own id (409) and
-    # returns nothing of hers (thread ids are random UUIDs; see RunStore.create_thread).
+    # Thread ids are per owner: creating a thread with Alice's id makes Bob a thread of his
+    # own under that id, exactly as a fresh id would (no 409 telling hers exists), with
+    # nothing of hers (shared/runs/thread_ids.py; tests/e2e/test_thread_ids.py goes on).
     body = {"thread_id": world.thread_id, "if_exists": "do_nothing"}
     r = httpx.post(f"{world.url}/threads", json=body, headers=h, timeout=30)
-    assert r.status_code == 409 and SECRET_TEXT not in r.text and "metadata" not in r.text
+    assert r.status_code == 200 and SECRET_TEXT not in r.text, r.text
+    assert r.json()["thread_id"] == world.thread_id and r.json()["metadata"] == {}
+    r = httpx.delete(f"{world.url}/threads/{world.thread_id}", headers=h, timeout=30)
+    assert r.status_code == 204
+    assert snapshot(world.url, world.thread_id, world.run_id) == world.before
 
 
 def _ws_frames(url: str, path: str, key: str, frames: list[dict[str, Any]]) -> list[Any]:

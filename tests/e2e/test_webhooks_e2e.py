@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +24,7 @@ import orjson
 import pytest
 from langgraph_sdk.client import LangGraphClient
 
+from shared.runs.thread_ids import storage_id
 from shared.testing import Cluster, wait_for
 from tests.e2e.conftest import ALICE, FAST_LEASES, ClusterFactory, human
 from tests.e2e.conftest import run_sdk as run
@@ -165,6 +167,29 @@ def test_a_thread_run_delivers_the_run_and_final_values_signed(
     (event,) = events(hooks, thread["thread_id"], run_obj["run_id"])
     assert event["payload"]["outcome"] == "delivered" and event["payload"]["status_code"] == 200
     assert event["payload"]["url_host"] == "127.0.0.1" and not event["payload"]["will_retry"]
+
+
+def test_a4_a_client_chosen_thread_id_is_reported_in_the_webhook(
+    hooks: Cluster, receiver: Receiver
+) -> None:
+    """A4: the webhook of a run on a thread whose id the client chose (stored under another
+    id, shared/runs/thread_ids.py) reports the client's id, never the storage id."""
+    path = "/hook/client-chosen"
+    chosen = str(uuid.uuid4())
+
+    async def go(c: LangGraphClient) -> str:
+        await c.threads.create(thread_id=chosen)
+        created = await c.runs.create(
+            chosen, "lead_agent", input=human("chosen"), config=knobs(), webhook=receiver.url(path)
+        )
+        await c.runs.join(chosen, created["run_id"])
+        return str(created["run_id"])
+
+    run_id = run(go, hooks.url)
+    (hit,) = received(receiver, path)
+    body = orjson.loads(hit.body)
+    assert body["run_id"] == run_id and body["thread_id"] == chosen
+    assert storage_id("alice", chosen).encode() not in hit.body
 
 
 def test_a_500_is_retried_with_the_same_delivery_id(hooks: Cluster, receiver: Receiver) -> None:

@@ -23,6 +23,7 @@ from shared.runs.model import (
     ThreadStatus,
 )
 from shared.runs.store import Admission, ClaimOutcome, RunStore
+from shared.runs.thread_ids import storage_id
 from shared.settings import Settings
 
 OWNER = "alice"
@@ -67,9 +68,70 @@ def test_a4_threads_are_owned(store: RunStore) -> None:
         store.get_thread(tid, "mallory")
     with pytest.raises(ThreadNotFound):
         admit_as(store, tid, "mallory")
-    with pytest.raises(ThreadExists):
-        store.create_thread(tid, "mallory", {}, "do_nothing")
     assert store.create_thread(tid, OWNER, {}, "do_nothing").thread_id == tid
+    with pytest.raises(ThreadExists):
+        store.create_thread(tid, OWNER, {}, "raise")
+    # Thread ids are per owner: mallory choosing alice's id gets a thread of her own.
+    theirs = store.create_thread(tid, "mallory", {}, "raise")
+    assert theirs.client_id == tid and theirs.thread_id == storage_id("mallory", tid)
+    assert store.get_thread(tid, OWNER).metadata == {"k": "v"}
+
+
+def test_a4_client_chosen_thread_ids_are_per_owner(store: RunStore) -> None:
+    """A4: a client-chosen id is stored under its owner's storage id, whoever else has it;
+    the owner's own id conflicts (409 / do_nothing), resolves and searches by its public id."""
+    public = str(uuid.uuid4())
+    mine = store.create_thread(public, OWNER, {"who": "alice"}, "raise")
+    theirs = store.create_thread(public, "mallory", {"who": "mallory"}, "raise")
+    assert mine.client_id == theirs.client_id == public
+    assert {mine.thread_id, theirs.thread_id} == {
+        storage_id(OWNER, public),
+        storage_id("mallory", public),
+    }
+    with pytest.raises(ThreadExists, match=public):
+        store.create_thread(public, "mallory", {}, "raise")
+    again = store.create_thread(public, "mallory", {"ignored": True}, "do_nothing")
+    assert again.thread_id == theirs.thread_id and again.metadata == {"who": "mallory"}
+    assert store.resolve_thread_id("mallory", public) == theirs.thread_id
+    assert store.public_ids("mallory", [theirs.thread_id, mine.thread_id, "x"]) == {
+        theirs.thread_id: public
+    }
+    assert store.get_thread_by_public_id(public, OWNER).metadata == {"who": "alice"}
+    found = store.search_threads(
+        "mallory",
+        metadata={},
+        status=None,
+        ids=[public],
+        limit=10,
+        offset=0,
+        sort_by="thread_id",
+        sort_order="asc",
+    )
+    assert [t.thread_id for t in found] == [theirs.thread_id]
+    # A server-made id has one id for both; choosing it again meets only that owner's own.
+    made = store.create_thread(None, OWNER, {}, "raise")
+    assert made.thread_id == made.client_id == store.resolve_thread_id(OWNER, made.thread_id)
+    with pytest.raises(ThreadExists):
+        store.create_thread(made.thread_id, OWNER, {}, "raise")
+    assert store.create_thread(made.thread_id, OWNER, {}, "do_nothing").thread_id == made.thread_id
+    # A missing id resolves to where it would be stored: 404 there, or created there.
+    fresh = str(uuid.uuid4())
+    where = store.resolve_thread_id("mallory", fresh)
+    assert where == storage_id("mallory", fresh)
+    with pytest.raises(ThreadNotFound):
+        store.get_thread(where, "mallory")
+    admission = store.admit(
+        RunRequest(
+            thread_id=where, assistant_id="lead_agent", create_thread=True, public_thread_id=fresh
+        ),
+        run_id=str(uuid.uuid4()),
+        owner="mallory",
+        graph_id="lead_agent",
+        strategy=MultitaskStrategy.ENQUEUE,
+    )
+    assert admission.run is not None and admission.run.thread_id == where
+    assert store.get_thread_by_public_id(fresh, "mallory").thread_id == where
+    assert store.get_run_by_id(admission.run.run_id).thread_public_id == fresh  # type: ignore[union-attr]
 
 
 def test_r3_reject_then_enqueue_fifo(store: RunStore) -> None:

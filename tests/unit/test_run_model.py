@@ -184,6 +184,7 @@ def run_row() -> dict[str, Any]:
         "last_message": "hi",
         "user_id": "alice",
         "webhook": "https://hooks.example.com/in",
+        "thread_public_id": uuid.UUID("9d2c4a1e-3b5f-4c7d-8e9f-0a1b2c3d4e5f"),
     }
 
 
@@ -262,10 +263,16 @@ def test_thread_from_a_row() -> None:
         "status": "busy",
         "created_at": T0,
         "updated_at": T1,
+        "public_id": uuid.UUID("9d2c4a1e-3b5f-4c7d-8e9f-0a1b2c3d4e5f"),
     }
     thread = Thread.from_row(row)
     assert thread.status is ThreadStatus.BUSY
-    assert dataclasses.asdict(thread) == {**row, "thread_id": str(row["thread_id"])}
+    assert thread.client_id == str(row["public_id"])  # the id its owner sees (A4)
+    assert dataclasses.asdict(thread) == {
+        **row,
+        "thread_id": str(row["thread_id"]),
+        "public_id": str(row["public_id"]),
+    }
     assert Thread.from_row(dataclasses.asdict(thread)) == thread
     bare = Thread.from_row({**row, "metadata": None, "status": "idle"})
     assert bare.metadata == {} and bare.status is ThreadStatus.IDLE
