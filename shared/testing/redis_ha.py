@@ -107,15 +107,24 @@ class RedisHA:
         while time.monotonic() < deadline:
             with contextlib.suppress(redis.RedisError):
                 info = self.node("node1").info("replication")
+                masters = [self._master_info(i) for i in range(self.sentinel_count)]
                 if info.get("master_link_status") == "up" and all(
-                    int(self.sentinel(i).sentinel_master(MASTER).get("num-slaves", 0)) >= 1
-                    and int(self.sentinel(i).sentinel_master(MASTER).get("num-other-sentinels", 0))
-                    >= self.sentinel_count - 1
-                    for i in range(self.sentinel_count)
+                    int(m.get("num-slaves", 0)) >= 1
+                    and int(m.get("num-other-sentinels", 0)) >= self.sentinel_count - 1
+                    for m in masters
                 ):
                     return
             time.sleep(0.1)
         raise RuntimeError(f"the Redis HA group did not come up (logs in {self.workdir})")
+
+    def _master_info(self, i: int) -> dict[str, Any]:
+        info: Any = self.sentinel(i).execute_command("SENTINEL MASTER", MASTER)  # type: ignore[no-untyped-call]
+        if isinstance(info, list):
+            info = dict(zip(info[::2], info[1::2], strict=True))
+        return {
+            (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in dict(info).items()
+        }
 
     def stop(self) -> None:
         """Stop every process this group started, by PID."""
@@ -169,7 +178,9 @@ class RedisHA:
         """The master port a Sentinel announces now (None if none answers)."""
         for i in range(self.sentinel_count):
             with contextlib.suppress(redis.RedisError):
-                host_port = self.sentinel(i).sentinel_get_master_addr_by_name(MASTER)
+                host_port: Any = self.sentinel(i).execute_command(  # type: ignore[no-untyped-call]
+                    "SENTINEL GET-MASTER-ADDR-BY-NAME", MASTER
+                )
                 if host_port:
                     return int(host_port[1])
         return None
