@@ -130,6 +130,7 @@ class Publisher:
         self.call(self.client.aclose())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
+        self.loop.close()
 
 
 @pytest.fixture
