@@ -23,7 +23,7 @@ import redis.asyncio as aredis
 from shared import lua, metrics, serde
 from shared.bridge.base import END_EVENT, LOST_EVENT
 from shared.bridge.codec import CodecSettings, Dictionary, EventEncoder, encode_plain, needed
-from shared.errors import LeaseLost
+from shared.errors import LeaseLost, StreamTailLost
 from shared.redis_keys import STREAM_TTL_RUNNING_S, Keys
 from shared.settings import Settings
 
@@ -43,15 +43,6 @@ TAIL_KEEP_BYTES = 512 * 1024
 """What a sink keeps of the events Redis acknowledged, to republish them when a failover
 promotes a replica that lacked them (asynchronous replication loses milliseconds of writes,
 so the newest few hundred events cover it); beyond this a `lost` marker stands for them."""
-
-
-class TailLost(Exception):
-    """The stream lacks this attempt's events after sequence number `done` (a failover
-    promoted a replica that had not received them): the sink repairs the tail."""
-
-    def __init__(self, run_id: str, done: int) -> None:
-        super().__init__(f"run {run_id}: the stream lost the events after #{done}")
-        self.done = done
 
 
 def trim_slack(maxlen: int) -> int:
@@ -154,7 +145,7 @@ class StreamPublisher:
         if head == "!dict":  # resent with its dictionaries and still refused: a bug
             return RuntimeError(f"run {call.run_id}: publish refused its own dictionaries")
         if head == "!tail":
-            return TailLost(call.run_id, int(out[1]))
+            return StreamTailLost(call.run_id, int(out[1]))
         return PublishResult(ids=[i.decode() for i in out[1:]], cancel_action=head)
 
     async def publish_many(self, calls: list[PublishCall]) -> list[PublishResult | Exception]:
@@ -387,7 +378,7 @@ class EventSink:
             self._held_bytes -= len(self._held.popleft()[2])
 
     def _complete(self, call: PublishCall, res: PublishResult | Exception) -> None:
-        if isinstance(res, TailLost):
+        if isinstance(res, StreamTailLost):
             self._repair = (res.done, call)
             self.batcher.schedule(self)
             return
