@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any
 
 import redis
+from pydantic import SecretStr
 
 from shared.devservices import free_port, parent_death_signal, pid_alive, stop_pid
 
@@ -40,7 +41,18 @@ def redis_server() -> str:
 class RedisHA:
     """A primary, a replica and three Sentinels monitoring them as `MASTER`."""
 
-    def __init__(self, workdir: Path, *, sentinels: int = 3) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        sentinels: int = 3,
+        password: str = "",
+        sentinel_password: str = "",
+    ) -> None:
+        """`password`: the data nodes' (requirepass/masterauth); `sentinel_password`: the
+        Sentinels' own (requirepass on them)."""
+        self.password = password
+        self.sentinel_password = sentinel_password
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -72,6 +84,8 @@ class RedisHA:
             "--appendonly", "no",
             "--protected-mode", "no",
         ]  # fmt: skip
+        if self.password:
+            argv += ["--requirepass", self.password, "--masterauth", self.password]
         if replica_of is not None:
             argv += ["--replicaof", "127.0.0.1", str(replica_of)]
         return argv
@@ -94,6 +108,8 @@ class RedisHA:
                     f"sentinel down-after-milliseconds {MASTER} {DOWN_AFTER_MS}\n"
                     f"sentinel failover-timeout {MASTER} 10000\n"
                     f"sentinel parallel-syncs {MASTER} 1\n"
+                    + (f"sentinel auth-pass {MASTER} {self.password}\n" if self.password else "")
+                    + (f"requirepass {self.sentinel_password}\n" if self.sentinel_password else "")
                 )
                 self._spawn(name, [redis_server(), str(conf), "--sentinel"])
             self._wait_ready()
@@ -146,12 +162,20 @@ class RedisHA:
     # --- access ------------------------------------------------------------------------
     def node(self, name: str) -> redis.Redis:
         """A direct client of one data node."""
-        return redis.Redis(port=self.ports[name], socket_timeout=2, socket_connect_timeout=1)
+        return redis.Redis(
+            port=self.ports[name],
+            password=self.password or None,
+            socket_timeout=2,
+            socket_connect_timeout=1,
+        )
 
     def sentinel(self, i: int) -> redis.Redis:
         """A direct client of one Sentinel."""
         return redis.Redis(
-            port=self.ports[f"sentinel{i}"], socket_timeout=2, socket_connect_timeout=1
+            port=self.ports[f"sentinel{i}"],
+            password=self.sentinel_password or None,
+            socket_timeout=2,
+            socket_connect_timeout=1,
         )
 
     @property
@@ -163,16 +187,21 @@ class RedisHA:
 
     def settings_update(self, db: int = 0) -> dict[str, Any]:
         """Settings fields that point a process at this group through its Sentinels."""
+        auth = f":{self.password}@" if self.password else ""
         return {
             "redis_sentinels": self.sentinels,
             "redis_sentinel_master": MASTER,
+            "redis_sentinel_password": SecretStr(self.sentinel_password),
             # Host and port are the Sentinels' business; db (and a password) stay here.
-            "redis_url": f"redis://127.0.0.1:{self.ports[self.primary]}/{db}",
+            "redis_url": f"redis://{auth}127.0.0.1:{self.ports[self.primary]}/{db}",
         }
 
     def env(self, db: int = 0) -> dict[str, str]:
         """The same as THREADRUN_* environment variables (for child processes)."""
-        return {f"THREADRUN_{k.upper()}": str(v) for k, v in self.settings_update(db).items()}
+        return {
+            f"THREADRUN_{k.upper()}": v.get_secret_value() if isinstance(v, SecretStr) else str(v)
+            for k, v in self.settings_update(db).items()
+        }
 
     def master_port(self) -> int | None:
         """The master port a Sentinel announces now (None if none answers)."""

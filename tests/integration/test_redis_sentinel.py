@@ -51,6 +51,17 @@ def ha(tmp_path: Path) -> Iterator[RedisHA]:
 
 
 @pytest.fixture
+def ha_auth(tmp_path: Path) -> Iterator[RedisHA]:
+    """The HA group with a password on the data nodes and another on the Sentinels."""
+    group = RedisHA(tmp_path / "ha", password="node-pw", sentinel_password="sentinel-pw")
+    group.start()
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture
 def hsettings(settings: Settings, ha: RedisHA) -> Settings:
     return settings.model_copy(
         update={**ha.settings_update(db=0), "stream_heartbeat_s": 0.5, "redis_prefix": "ha:"}
@@ -126,10 +137,15 @@ def expected(n: int) -> list[str]:
     return [f'{{"i": {i}}}' for i in range(n)]
 
 
-def test_l1_b1_sentinel_clients_follow_a_failover(ha: RedisHA, hsettings: Settings) -> None:
-    """L1, B1, R4: with THREADRUN_REDIS_SENTINELS every client finds the master; after the
+def test_l1_b1_sentinel_clients_follow_a_failover(ha_auth: RedisHA, settings: Settings) -> None:
+    """L1, B1, R4: with THREADRUN_REDIS_SENTINELS every client finds the master (the node's
+    password from the URL, the Sentinels' from THREADRUN_REDIS_SENTINEL_PASSWORD); after the
     primary is SIGKILLed and the replica promoted, the same clients (web pool, worker async
     client, Celery's broker) renew leases, publish, read and dispatch on the new master."""
+    ha = ha_auth
+    hsettings = settings.model_copy(
+        update={**ha.settings_update(db=0), "stream_heartbeat_s": 0.5, "redis_prefix": "ha:"}
+    )
     run_id = str(uuid.uuid4())
     web = redis_clients.sync_client(hsettings, blocking=True, max_connections=8, timeout=5)
     sub = StreamSubscriber(web, Keys(hsettings.redis_prefix), hsettings)
