@@ -270,6 +270,9 @@ def cluster_round(workdir: Path, base: Settings) -> ClusterRound:
                     run_id = http.post(f"/threads/{tid}/runs", json=body).json()["run_id"]
                 wait_for(lambda: store.run_status(run_id) == "running", 30, what="the run")
                 time.sleep(1.0)
+                key = Keys(settings.redis_prefix).stream(run_id)
+                newest = ha.node(ha.primary).xrevrange(key, count=1)
+                before_kill = newest[0][0].decode() if newest else "0-0"
                 killed_wall_ms = int(time.time() * 1000)
                 killed = ha.kill_primary()
                 # A run committed at the kill whose message went down with the primary.
@@ -289,10 +292,10 @@ def cluster_round(workdir: Path, base: Settings) -> ClusterRound:
                 ha.wait_for_promotion()
                 promoted = time.monotonic()
                 master = ha.node(ha.primary)
-                key = Keys(settings.redis_prefix).stream(run_id)
 
                 def first_after() -> int | None:
-                    got = master.xrange(key, min=str(killed_wall_ms), count=1)
+                    """The first entry after the newest one the old primary had."""
+                    got = master.xrange(key, min=f"({before_kill}", count=1)
                     return int(got[0][0].decode().split("-")[0]) if got else None
 
                 first_ms = wait_for(first_after, 60, what="the run's first event after the kill")
