@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import redis
 from flask import current_app
 
+from shared import redis_clients
 from shared.agent.graphs import GraphRegistry
 from shared.assistants.manager import AssistantManager
 from shared.assistants.store import AssistantStore
@@ -57,16 +58,15 @@ class Services:
         # (redis-py's default is 5 s, equal to the default heartbeat): give them a margin.
         # A bounded pool that waits: under gevent thousands of connections may need Redis at
         # once, and redis-py's default pool fails beyond 100 (MaxConnectionsError).
-        client = redis.Redis(
-            connection_pool=redis.BlockingConnectionPool.from_url(
-                settings.redis_url,
-                max_connections=settings.web_redis_connections,
-                timeout=settings.web_redis_wait_s,
-                health_check_interval=30,
-                socket_timeout=settings.stream_heartbeat_s + 10,
-                socket_connect_timeout=5,
-                socket_keepalive=True,
-            )
+        client = redis_clients.sync_client(
+            settings,
+            blocking=True,
+            max_connections=settings.web_redis_connections,
+            timeout=settings.web_redis_wait_s,
+            health_check_interval=30,
+            socket_timeout=settings.stream_heartbeat_s + 10,
+            socket_connect_timeout=5,
+            socket_keepalive=True,
         )
         keys = Keys(settings.redis_prefix)
         registry = GraphRegistry.from_config(settings.config)

@@ -102,6 +102,17 @@ class LeaseLost(StoreError):
     code = "lease_lost"
 
 
+class StreamTailLost(StoreError):
+    """The run's stream lacks events its publisher was answered for (a Redis failover
+    promoted a replica that had not received them); the publisher repairs the tail (B5)."""
+
+    code = "stream_tail_lost"
+
+    def __init__(self, run_id: str, done: int) -> None:
+        super().__init__(f"run {run_id}: the stream lost the events after #{done}")
+        self.done = done
+
+
 class UpstreamFailed(ThreadrunError):
     """A model (or other upstream service) a request depends on failed (502)."""
 

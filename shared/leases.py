@@ -8,6 +8,7 @@ Lua scripts (publish, renew) can reject a stale owner without a database round t
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 import redis.asyncio as aredis
 
@@ -20,6 +21,15 @@ class RenewOutcome(enum.Enum):
 
     RENEWED = "renewed"
     LOST = "lost"
+
+
+class Renewal(NamedTuple):
+    """One lease's renewal: the outcome, a pending cancel action ('' if none) and the
+    attempt's newest event sequence number its stream still has (-1 when not asked)."""
+
+    outcome: RenewOutcome
+    cancel: str
+    stream_seq: int = -1
 
 
 def lease_value(epoch: int, owner: str) -> str:
@@ -48,28 +58,32 @@ class LeaseManager:
 
     async def renew(self, run_id: str, value: str) -> tuple[RenewOutcome, str]:
         """Extend the lease if still ours; also return a pending cancel action ('' if none)."""
-        ok, cancel = await self._renew(
+        ok, cancel, _ = await self._renew(
             keys=[self._keys.lease(run_id), self._keys.cancel(run_id)],
             args=[value, self._ttl_ms],
         )
         action = cancel.decode() if isinstance(cancel, bytes) else str(cancel or "")
         return (RenewOutcome.RENEWED if ok else RenewOutcome.LOST), action
 
-    async def renew_many(self, leases: list[tuple[str, str]]) -> list[tuple[RenewOutcome, str]]:
-        """Renew many leases in one round trip: [(run_id, value)] -> [(outcome, cancel)]."""
+    async def renew_many(
+        self, leases: list[tuple[str, str]], *, stream_seq: bool = False
+    ) -> list[Renewal]:
+        """Renew many leases in one round trip: [(run_id, value)] -> [Renewal]; with
+        `stream_seq`, each also says how far its stream has the attempt's events (a
+        publisher that was answered for more repairs the tail, shared/bridge/publisher.py)."""
         if not leases:
             return []
         pipe = self._client.pipeline(transaction=False)
         for run_id, value in leases:
-            await self._renew(
-                keys=[self._keys.lease(run_id), self._keys.cancel(run_id)],
-                args=[value, self._ttl_ms],
-                client=pipe,
-            )
+            keys = [self._keys.lease(run_id), self._keys.cancel(run_id)]
+            if stream_seq:
+                keys.append(self._keys.stream_meta(run_id))
+            await self._renew(keys=keys, args=[value, self._ttl_ms], client=pipe)
         out = []
-        for ok, cancel in await pipe.execute():
+        for ok, cancel, seq in await pipe.execute():
             action = cancel.decode() if isinstance(cancel, bytes) else str(cancel or "")
-            out.append((RenewOutcome.RENEWED if ok else RenewOutcome.LOST, action))
+            outcome = RenewOutcome.RENEWED if ok else RenewOutcome.LOST
+            out.append(Renewal(outcome, action, int(seq)))
         return out
 
     async def release(self, run_id: str, value: str) -> bool:

@@ -30,6 +30,19 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=PROJECT_ROOT / ".threadrun")
     redis_url: str = "redis://127.0.0.1:6379/0"
     database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/threadrun")
+    redis_sentinels: str = Field(
+        default="",
+        description=(
+            "Comma-separated host:port of Redis Sentinels; empty = talk to THREADRUN_REDIS_URL"
+            " directly. With sentinels, the URL still gives the data node's password and db."
+        ),
+    )
+    redis_sentinel_master: str = Field(
+        default="threadrun", description="The Sentinel master (service) name."
+    )
+    redis_sentinel_password: SecretStr = Field(
+        default=SecretStr(""), description="Password of the Sentinels (empty: no auth)."
+    )
     redis_prefix: str = Field(
         default="threadrun:",
         description="Prefix of every Redis key we write, Celery's included (isolation).",
@@ -557,6 +570,26 @@ class Settings(BaseSettings):
     web_redis_wait_s: float = Field(
         default=10.0, gt=0, description="Longest wait for a free Redis connection in the web."
     )
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinels_are_host_ports(cls, v: str) -> str:
+        for node in filter(None, (p.strip() for p in v.split(","))):
+            host, _, port = node.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(
+                    f"redis_sentinels must be comma-separated host:port entries, not {node!r}"
+                )
+        return v
+
+    @property
+    def sentinel_nodes(self) -> list[tuple[str, int]]:
+        """The configured Sentinels as (host, port); empty when Sentinel is off."""
+        out = []
+        for node in filter(None, (p.strip() for p in self.redis_sentinels.split(","))):
+            host, _, port = node.rpartition(":")
+            out.append((host.strip("[]"), int(port)))
+        return out
 
     @field_validator("redis_prefix")
     @classmethod

@@ -12,6 +12,7 @@ import redis
 from celery import Celery
 from kombu.entity import Exchange, Queue
 
+from shared import redis_clients
 from shared.redis_keys import Keys
 from shared.settings import Settings
 
@@ -27,11 +28,15 @@ log = logging.getLogger(__name__)
 
 def make_celery(settings: Settings) -> Celery:
     """A Celery app bound to our Redis, with every choice explained."""
-    app = Celery("threadrun", broker=settings.redis_url, set_as_current=False)
+    # With Sentinel: kombu's `sentinel://` transport finds the master (and the new one after
+    # a failover); no result backend is used (task_ignore_result below).
+    broker, sentinel_options = redis_clients.celery_broker(settings)
+    app = Celery("threadrun", broker=broker, set_as_current=False)
     app.conf.update(
         # Every key Celery writes carries our prefix, so deployments and test runs that
         # share one Redis never see each other's queues.
         broker_transport_options={
+            **sentinel_options,
             "global_keyprefix": Keys(settings.redis_prefix).celery_prefix(),
             # Early acks (below) mean no message is ever "unacked", so the visibility
             # timeout never fires a redelivery of a long run; keep it long anyway.

@@ -7,7 +7,7 @@ import logging
 import redis
 from celery import signals
 
-from shared import logs, metrics
+from shared import logs, metrics, redis_clients
 from shared.agent.providers import preflight
 from shared.settings import Settings
 from shared.taskqueue import drop_stale_bindings, make_celery
@@ -31,7 +31,7 @@ def _on_init(**_: object) -> None:
             log.critical("cannot start: %s", problem)
         raise SystemExit(f"threadrun worker: {'; '.join(problems)}")
     metrics.configure_worker(settings)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_clients.sync_client(settings)
     try:
         if removed := drop_stale_bindings(client, settings):
             log.warning("removed %d stale queue binding(s) of an older release", removed)

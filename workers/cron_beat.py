@@ -38,9 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import redis
 from celery.beat import Scheduler
 
+from shared import redis_clients
 from shared.agent.graphs import GraphRegistry
 from shared.assistants.manager import AssistantManager
 from shared.assistants.store import AssistantStore
@@ -68,7 +68,7 @@ def build_cron_manager(settings: Settings) -> CronManager:
     runs = RunManager(
         RunStore(pool),
         Dispatcher(make_celery(settings)),
-        redis.Redis.from_url(settings.redis_url),
+        redis_clients.sync_client(settings),
         Keys(settings.redis_prefix),
         assistants=assistants,
         default_strategy=settings.default_multitask_strategy,

@@ -271,9 +271,14 @@ async def keep_leases(rt: WorkerRuntime) -> None:
     while True:
         await asyncio.sleep(tick)
         attempts = list(rt.active.values())
+        # What each sink was answered for before the renewal is sent: the stream has at
+        # least that much unless a failover lost it (then the sink repairs its tail, B5).
+        acked = [a.sink.acked_seq if a.sink is not None else 0 for a in attempts]
         now = time.monotonic()
         try:
-            results = await rt.leases.renew_many([(a.run_id, a.lease) for a in attempts])
+            results = await rt.leases.renew_many(
+                [(a.run_id, a.lease) for a in attempts], stream_seq=True
+            )
         except Exception as exc:  # noqa: BLE001 - Redis hiccup: keep trying until a TTL runs out
             for a in attempts:
                 if now - last_ok.get(a.run_id, a.started) > s.lease_ttl_s:
@@ -282,10 +287,14 @@ async def keep_leases(rt: WorkerRuntime) -> None:
                     )
                     a.stop(StopReason.LEASE_LOST)
             continue
-        for a, (outcome, cancel) in zip(attempts, results, strict=True):
+        for a, was_acked, (outcome, cancel, stream_seq) in zip(
+            attempts, acked, results, strict=True
+        ):
             if outcome is RenewOutcome.LOST:
                 a.stop(StopReason.LEASE_LOST)
                 continue
+            if a.sink is not None and stream_seq < was_acked:
+                a.sink.check_tail()
             last_ok[a.run_id] = now
             if cancel:
                 a.cancel(cancel)

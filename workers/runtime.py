@@ -18,10 +18,9 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-import redis.asyncio as aredis
 from langgraph.pregel import Pregel
 
-from shared import lua
+from shared import lua, redis_clients
 from shared.agent.graphs import GraphRegistry
 from shared.bridge.publisher import PublishBatcher, StreamPublisher
 from shared.db import make_async_pool, make_pool
@@ -89,7 +88,7 @@ class WorkerRuntime:
 
     async def _setup(self) -> None:
         s = self.settings
-        self.redis = aredis.Redis.from_url(s.redis_url, health_check_interval=30)
+        self.redis = redis_clients.async_client(s, health_check_interval=30)
         self.release_run = lua.register(self.redis, "limit_release_run")  # once per process
         # Every use of this pool goes through a saver, and a saver holds its lock for the
         # whole call: at most `checkpoint_savers` connections are ever in use at once.

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from shared.bridge.publisher import PublishCall, PublishResult
 
 END_EVENT = "end"
+LOST_EVENT = "threadrun.lost"
+"""The marker entry a publisher writes where a failover lost events it no longer holds
+(shared/lua/publish.lua): a subscriber that reaches it gets a `Gap`, never the marker."""
 MESSAGE_EVENTS = ("messages/metadata", "messages/partial", "messages/complete")
 """The events of the `messages` stream mode (the `messages-tuple` mode's event is `messages`)."""
 START_CURSORS = frozenset({"", "-1", "0", "-"})
@@ -130,6 +133,9 @@ class StreamBridge(BridgePublisher, BridgeSubscriber, Protocol):
       trimmed; a stream not created yet is waited for, as with '-1'); another id: the
       events after it. A malformed id, or one beyond the last id
       issued, raises `StreamCursorInvalid` (`check_cursor` says so before any byte is sent);
+      a cursor beyond the last id that the Redis clock could have issued, of a stream
+      without its `end`, may be the tail a failover lost: it is re-checked for up to one
+      heartbeat interval (the publisher repairs the tail) before it is refused;
     - the events after the cursor in order, each once, then the live ones as they come;
     - a `Heartbeat` after every heartbeat interval without an event (B6);
     - the `end` event (an `Event` named END_EVENT), after which the iteration stops; joining
@@ -140,6 +146,9 @@ class StreamBridge(BridgePublisher, BridgeSubscriber, Protocol):
     - an entry after the cursor was trimmed, or the cursor is older than the stream itself
       (the stream was lost and re-created), or '0-0' was asked and something was trimmed;
     - while following live, the next entry's count is not the last one's plus one;
+    - the cursor is in a range of ids a failover lost (the promoted replica lacked them;
+      the publisher republished what it still held with new ids), or the reader reaches the
+      `LOST_EVENT` marker of events the publisher no longer held;
     - the stream does not exist and a cursor other than '0-0' was given or the run is
       terminal (expired or lost), or the run is terminal and the stream has stayed silent for two heartbeat
       intervals without its `end` (lost with a publisher that gave up).
@@ -186,6 +195,15 @@ class StreamMeta:
     origin: str | None  # o: first id of this incarnation
     last: str | None  # l: last id issued
     trimmed: str | None  # t: newest id trimmed away
+    lost: tuple[tuple[str, str], ...] = ()  # h: (lo, hi] ranges of ids lost in a failover
+
+    @staticmethod
+    def parse_lost(raw: bytes | str | None) -> tuple[tuple[str, str], ...]:
+        """The `h` field ("lo hi lo hi ...") as (lo, hi) pairs."""
+        if not raw:
+            return ()
+        parts = (raw.decode() if isinstance(raw, bytes) else raw).split()
+        return tuple(zip(parts[::2], parts[1::2], strict=False))
 
 
 def id_key(event_id: str) -> tuple[int, int]:
@@ -203,6 +221,8 @@ def classify_read(cursor: str, meta: StreamMeta) -> ReadKind:
     if cursor == BEFORE_FIRST:
         return ReadKind.GAP if meta.trimmed is not None else ReadKind.OK
     c = id_key(cursor)
+    if any(id_key(lo) < c <= id_key(hi) for lo, hi in meta.lost):
+        return ReadKind.GAP  # the cursor saw an entry a failover lost (republished or not)
     if meta.last is not None and c > id_key(meta.last):
         return ReadKind.BEYOND
     if meta.origin is not None and c < id_key(meta.origin):

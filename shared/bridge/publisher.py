@@ -13,16 +13,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
 import redis.asyncio as aredis
 
-from shared import lua, metrics
-from shared.bridge.base import END_EVENT
-from shared.bridge.codec import CodecSettings, Dictionary, EventEncoder, encode_plain
-from shared.errors import LeaseLost
+from shared import lua, metrics, serde
+from shared.bridge.base import END_EVENT, LOST_EVENT
+from shared.bridge.codec import CodecSettings, Dictionary, EventEncoder, encode_plain, needed
+from shared.errors import LeaseLost, StreamTailLost
 from shared.redis_keys import STREAM_TTL_RUNNING_S, Keys
 from shared.settings import Settings
 
@@ -35,6 +36,13 @@ MAX_EVENTS_PER_CALL = 256
 """Cap on one script call: a huge call would block Redis (and every other run) for its whole
 length; after a stall the backlog drains in bounded steps instead (bench: 13k events in one
 call blocked Redis for 135 ms)."""
+
+
+TAIL_KEEP_EVENTS = 512
+TAIL_KEEP_BYTES = 512 * 1024
+"""What a sink keeps of the events Redis acknowledged, to republish them when a failover
+promotes a replica that lacked them (asynchronous replication loses milliseconds of writes,
+so the newest few hundred events cover it); beyond this a `lost` marker stands for them."""
 
 
 def trim_slack(maxlen: int) -> int:
@@ -68,6 +76,7 @@ class PublishCall:
     dictionaries: tuple[Dictionary, ...] = ()
     new_dictionaries: int = 0
     encoded: bool = False
+    repair: str = ""  # a repair call: the last id the attempt was answered (publish.lua)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +116,7 @@ class StreamPublisher:
             call.first_seq,
             call.new_dictionaries,
             len(call.dictionaries) - call.new_dictionaries,
+            call.repair,
         ]
         for i, dictionary in enumerate(call.dictionaries):
             argv.append(dictionary.id)
@@ -134,6 +144,8 @@ class StreamPublisher:
             )
         if head == "!dict":  # resent with its dictionaries and still refused: a bug
             return RuntimeError(f"run {call.run_id}: publish refused its own dictionaries")
+        if head == "!tail":
+            return StreamTailLost(call.run_id, int(out[1]))
         return PublishResult(ids=[i.decode() for i in out[1:]], cancel_action=head)
 
     async def publish_many(self, calls: list[PublishCall]) -> list[PublishResult | Exception]:
@@ -215,8 +227,8 @@ class PublishBatcher:
             results = await self._send_with_retry(calls)
             self.round_trips += 1
             self.calls += len(calls)
-            for sink, res in zip(sinks, results, strict=True):
-                sink._complete(res)
+            for sink, call, res in zip(sinks, calls, results, strict=True):
+                sink._complete(call, res)
 
     async def _send_with_retry(self, calls: list[PublishCall]) -> list[PublishResult | Exception]:
         """Retry connection errors; idempotent thanks to each call's sequence numbers."""
@@ -235,7 +247,13 @@ class PublishBatcher:
 
 @dataclass(eq=False)
 class EventSink:
-    """One run attempt's ordered event buffer; `emit` never waits for Redis."""
+    """One run attempt's ordered event buffer; `emit` never waits for Redis.
+
+    It also keeps the newest events Redis acknowledged (TAIL_KEEP_*): when a failover
+    promoted a replica that lacked some of them, the publish script answers `!tail` and the
+    sink republishes them, behind a LOST_EVENT marker for any it no longer holds
+    (shared/lua/publish.lua, "Tail repair").
+    """
 
     batcher: PublishBatcher
     run_id: str
@@ -245,15 +263,29 @@ class EventSink:
     lost: LeaseLost | None = None
     error: Exception | None = None
     published: int = 0
+    repairs: int = 0  # tail repairs made (republished or marked lost)
+    republished: int = 0  # events sent again by those repairs
+    marked_lost: int = 0  # events a marker stands for (no longer held)
     _buf: list[tuple[str, bytes]] = field(default_factory=list)
     _end: bool = False
     _next_seq: int = 1
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
     _encoder: EventEncoder | None = None
+    _held: deque[tuple[int, str, bytes]] = field(default_factory=deque)
+    _held_bytes: int = 0
+    _dicts: dict[str, Dictionary] = field(default_factory=dict)
+    _last_id: str = ""
+    _repair: tuple[int, PublishCall] | None = None
+    _check: bool = False
 
     def __post_init__(self) -> None:
         self._idle.set()
         self._encoder = self.batcher.encoder(self.lease_value)
+
+    @property
+    def acked_seq(self) -> int:
+        """The sequence number of the newest event Redis acknowledged (0: none yet)."""
+        return self._held[-1][0] if self._held else 0
 
     def emit(self, event: str, data: bytes) -> None:
         """Queue one event (in order)."""
@@ -263,10 +295,28 @@ class EventSink:
         self._idle.clear()
         self.batcher.schedule(self)
 
+    def check_tail(self) -> None:
+        """Ask Redis whether the stream still has every acknowledged event (an empty call;
+        the lease keeper asks after a renewal saw the stream behind, L1/B5)."""
+        if self.lost is not None or self.error is not None or self._end:
+            return
+        self._check = True
+        self._idle.clear()
+        self.batcher.schedule(self)
+
     def _take(self) -> PublishCall:
+        if self._repair is not None:
+            done, failed = self._repair
+            self._repair = None
+            if self._buf:
+                self.batcher.schedule(self)  # the rest goes after the repair, in order
+            return self._repair_call(done, failed)
+        self._check = False
         events, self._buf = self._buf[:MAX_EVENTS_PER_CALL], self._buf[MAX_EVENTS_PER_CALL:]
         assert self._encoder is not None
         batch = self._encoder.encode(events)
+        for d in batch.dictionaries:
+            self._dicts[d.id] = d
         call = PublishCall(
             self.run_id,
             self.lease_value,
@@ -282,7 +332,56 @@ class EventSink:
             self.batcher.schedule(self)  # the rest goes in the next round trip, in order
         return call
 
-    def _complete(self, res: PublishResult | Exception) -> None:
+    def _repair_call(self, done: int, failed: PublishCall) -> PublishCall:
+        """Everything after `done` again: held events, a marker for the ones not held, then
+        the call that found the tail missing. Every dictionary goes along (Redis may have
+        lost them with the tail)."""
+        tail = [(name, data) for seq, name, data in self._held if seq > done]
+        first_held = failed.first_seq - len(tail)
+        events = [*tail, *failed.events]
+        first = done + 1
+        if first_held > first:
+            missing = first_held - first
+            marker = encode_plain(serde.dumps({"lost_events": missing}))
+            events.insert(0, (LOST_EVENT, marker))
+            first = first_held - 1
+            self.marked_lost += missing
+        dictionaries = tuple(self._dicts[r] for r in sorted(needed(d for _, d in events)))
+        self.repairs += 1
+        self.republished += len(tail)
+        log.warning(
+            "stream tail lost (failover?): republishing %d held events%s",
+            len(tail),
+            f", marking {first_held - done - 1} lost" if first_held > done + 1 else "",
+            extra={"run_id": self.run_id, "acknowledged": failed.first_seq - 1, "kept": done},
+        )
+        return dataclasses.replace(
+            failed,
+            first_seq=first,
+            events=events,
+            dictionaries=dictionaries,
+            new_dictionaries=len(dictionaries),
+            repair=self._last_id or "0-0",
+        )
+
+    def _hold(self, call: PublishCall) -> None:
+        """Keep the acknowledged events of `call` (newest TAIL_KEEP_* of them)."""
+        newest = self.acked_seq
+        for i, (name, data) in enumerate(call.events):
+            seq = call.first_seq + i
+            if seq > newest:
+                self._held.append((seq, name, data))
+                self._held_bytes += len(data)
+        while len(self._held) > 1 and (
+            len(self._held) > TAIL_KEEP_EVENTS or self._held_bytes > TAIL_KEEP_BYTES
+        ):
+            self._held_bytes -= len(self._held.popleft()[2])
+
+    def _complete(self, call: PublishCall, res: PublishResult | Exception) -> None:
+        if isinstance(res, StreamTailLost):
+            self._repair = (res.done, call)
+            self.batcher.schedule(self)
+            return
         if isinstance(res, LeaseLost):
             self.lost = res
             self._buf = []
@@ -292,9 +391,12 @@ class EventSink:
             self._buf = []
         else:
             self.published += len(res.ids)
+            if res.ids:
+                self._last_id = res.ids[-1]
+            self._hold(call)
             if res.cancel_action:
                 self.on_cancel(res.cancel_action)
-        if not self._buf:
+        if not self._buf and not self._check:
             self._idle.set()
 
     async def drain(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -17,6 +18,7 @@ from shared import serde
 from shared.bridge.base import (
     BEFORE_FIRST,
     END_EVENT,
+    LOST_EVENT,
     Event,
     Gap,
     Heartbeat,
@@ -177,17 +179,18 @@ class StreamSubscriber:
         k = self._keys
         pipe = self._client.pipeline(transaction=True)
         pipe.exists(k.stream(run_id))
-        pipe.hmget(k.stream_meta(run_id), ["n", "o", "l", "t"])
+        pipe.hmget(k.stream_meta(run_id), ["n", "o", "l", "t", "h"])
         pipe.xrange(k.stream(run_id), min=f"({cursor}" if cursor else "-", count=self.batch)
         pipe.xrange(k.stream(run_id), count=1)
         pipe.xrevrange(k.stream(run_id), count=1)
-        exists, (n, origin, last, trimmed), entries, first, newest = pipe.execute()
+        exists, (n, origin, last, trimmed, lost), entries, first, newest = pipe.execute()
         meta = StreamMeta(
             exists=bool(exists),
             count=int(n or 0),
             origin=origin.decode() if origin else None,
             last=last.decode() if last else None,
             trimmed=trimmed.decode() if trimmed else None,
+            lost=StreamMeta.parse_lost(lost),
         )
         first_id = first[0][0].decode() if first else None
         last_event = _fields(newest[0])[1][b"e"].decode() if newest else None
@@ -197,12 +200,32 @@ class StreamSubscriber:
         """Validate a client cursor before any bytes are sent (400 instead of a broken stream)."""
         cursor = parse_cursor(last_event_id)
         if cursor:
-            snap = self.snapshot(run_id, cursor)
+            snap = self._settled(run_id, cursor, self.snapshot(run_id, cursor))
             if snap.kind is ReadKind.BEYOND:
                 raise StreamCursorInvalid(
                     f"Last-Event-ID {cursor} is beyond the last event {snap.meta.last} of run {run_id}"
                 )
         return cursor
+
+    def _settled(self, run_id: str, cursor: str, snap: Snapshot) -> Snapshot:
+        """A BEYOND read re-checked while it may be the tail a failover lost (B4, B5).
+
+        A replica promoted by a failover can lack the newest entries, so a client that saw
+        them rejoins with a cursor beyond the stream's end. Until the publisher repairs the
+        tail (it records the lost ids, shared/lua/publish.lua) that looks like a made-up
+        cursor. A cursor the Redis clock has not reached yet, or one past a stream's `end`,
+        is refused at once; another is read again for up to one heartbeat interval.
+        """
+        if snap.kind is not ReadKind.BEYOND or snap.last_event == END_EVENT:
+            return snap
+        now_s, now_us = self._client.time()
+        if id_key(cursor)[0] > now_s * 1000 + now_us // 1000:
+            return snap
+        deadline = time.monotonic() + self._heartbeat_s
+        while snap.kind is ReadKind.BEYOND and time.monotonic() < deadline:
+            time.sleep(min(0.1, self._heartbeat_s / 10))
+            snap = self.snapshot(run_id, cursor)
+        return snap
 
     def _gap(self, run_id: str, requested: str, reason: str, snap: Snapshot | None = None) -> Gap:
         """The gap for a subscriber after `requested`, logged with why (B5: every
@@ -281,7 +304,7 @@ class StreamSubscriber:
             # Phase 1: catch up with atomic, gap-checked reads.
             last_n: int | None = None
             while True:
-                snap = self.snapshot(run_id, cursor)
+                snap = self._settled(run_id, cursor, self.snapshot(run_id, cursor))
                 if snap.kind is ReadKind.MISSING:
                     # 0-0 ("before the first event") waits like -1: no stream yet means
                     # nothing was published, so nothing it asks for can be gone.
@@ -300,7 +323,11 @@ class StreamSubscriber:
                         f"Last-Event-ID {cursor} is beyond the last event {snap.meta.last} of run {run_id}"
                     )
                 if snap.kind is ReadKind.GAP:
-                    yield [self._gap(run_id, requested, "the cursor's events were trimmed", snap)]
+                    yield [
+                        self._gap(
+                            run_id, requested, "the cursor's events were trimmed or lost", snap
+                        )
+                    ]
                     return
                 try:
                     entries = self.decoder.entries(run_id, snap.entries)
@@ -309,6 +336,10 @@ class StreamSubscriber:
                     return
                 out: list[StreamItem] = []
                 for eid, name, data, n in entries:
+                    if name == LOST_EVENT:
+                        out.append(self._gap(run_id, requested, "events were lost in a failover"))
+                        yield out
+                        return
                     out.append(Event(eid, name, data))
                     if name == END_EVENT:
                         yield out
@@ -431,6 +462,9 @@ class StreamSubscriber:
                 continue  # already delivered (the hub re-read for another subscriber)
             if st.last_n is not None and n != st.last_n + 1:
                 out.append(self._gap(run_id, st.cursor, f"entry {n} follows {st.last_n}"))
+                return out, True
+            if name == LOST_EVENT:
+                out.append(self._gap(run_id, st.cursor, "events were lost in a failover"))
                 return out, True
             out.append(Event(eid, name, data))
             if name == END_EVENT:

@@ -12,6 +12,7 @@ import threading
 
 import redis
 
+from shared import redis_clients
 from shared.db import make_pool
 from shared.memory.base import FailurePolicy, MemoryBackend
 from shared.memory.manager import MemoryManager
@@ -56,7 +57,11 @@ def make_queue(settings: Settings, client: redis.Redis) -> MemoryQueue:
 
 def build_manager(settings: Settings) -> MemoryManager:
     """A new manager with its own pool and Redis client."""
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+    # No command retries: a retried admission (RPUSH) whose reply was lost would admit the
+    # update twice (shared/redis_clients.py).
+    client = redis_clients.sync_client(
+        settings, retry_commands=False, socket_timeout=10, socket_connect_timeout=5
+    )
     return MemoryManager(
         make_backend(settings),
         make_queue(settings, client),

@@ -173,6 +173,45 @@ def test_l2_frozen_owner_is_fenced_when_it_wakes(fast: Cluster, store: RunStore)
         assert owner_pid(store, run_id) != pid
 
 
+def test_l2_lease_forgotten_by_redis_while_the_owner_lives_has_one_outcome(
+    fast: Cluster, store: RunStore
+) -> None:
+    """L2, L4: Redis forgets a live owner's lease (a failover promoted a replica that never
+    saw it); the reaper lets another attempt claim with a higher epoch while the first owner
+    still runs. The Postgres epoch fences the first owner's checkpoints, receipt and status:
+    one terminal status, one receipt (the new attempt's), one `end`."""
+    rclient = redis.Redis.from_url(fast.settings.redis_url)
+    with api(fast) as client:
+        tid = client.post("/threads", json={}).json()["thread_id"]
+        run_id = slow_run(client, tid, tokens=200, delay_ms=20)
+        wait_for(lambda: store.run_status(run_id) == "running", 15, what="the run to start")
+        wait_published(fast, run_id)
+        pid = owner_pid(store, run_id)
+        assert rclient.delete(Keys(fast.settings.redis_prefix).lease(run_id)) == 1
+        wait_for(
+            lambda: getattr(store.get_run_by_id(run_id), "attempt", None) == 2,
+            30,
+            what="a second attempt",
+        )
+        wait_for(
+            lambda: store.run_status(run_id) in TERMINAL_STATUSES, 60, what="the run to finish"
+        )
+        time.sleep(1.5)  # give the first owner time to try its writes
+        assert os.path.exists(f"/proc/{pid}")  # the first owner lived through it
+        row = client.get(f"/threads/{tid}/runs/{run_id}").json()
+        assert row["status"] == "success" and row["attempt"] == 2
+        journal = store.run_events(run_id)
+        kinds = [e["type"] for e in journal if e["category"] == "lifecycle"]
+        assert sum(k in {"success", "error", "timeout", "interrupted"} for k in kinds) == 1
+        receipts = [e for e in journal if e["category"] == "delivery"]
+        assert [r["payload"]["attempt"] for r in receipts] == [2]
+        events = read_stream(client, tid, run_id)
+        assert [e.event for e in events].count("end") == 1
+        metas = [i for i, e in enumerate(events) if e.event == "metadata"]
+        assert len(metas) == 2
+    rclient.close()
+
+
 def test_l3_duplicate_delivery_runs_once(fast: Cluster, store: RunStore) -> None:
     """L3: the same run task delivered twice more (to any worker) starts one executor."""
     from shared.taskqueue import Dispatcher, make_celery

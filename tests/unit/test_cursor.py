@@ -96,3 +96,15 @@ def test_b5_before_first_cursor_is_checked() -> None:
     """B4/B5: 0-0 means "before the first event": a gap once the start was trimmed."""
     assert classify_read("0-0", meta(10, 1)) is ReadKind.OK
     assert classify_read("0-0", meta(10, 4)) is ReadKind.GAP
+
+
+def test_b5_a_cursor_in_a_range_lost_in_a_failover_is_a_gap() -> None:
+    """B5: ids (lo, hi] were issued and lost with a failover (the publisher republished their
+    events with ids after hi): a cursor in that range is a gap, its bounds are not."""
+    repaired = StreamMeta(True, 9, "1-0", "20-0", None, StreamMeta.parse_lost(b"5-0 8-0 "))
+    assert repaired.lost == (("5-0", "8-0"),)
+    assert classify_read("5-0", repaired) is ReadKind.OK  # the last entry that survived
+    assert classify_read("6-0", repaired) is ReadKind.GAP
+    assert classify_read("8-0", repaired) is ReadKind.GAP
+    assert classify_read("9-0", repaired) is ReadKind.OK
+    assert StreamMeta.parse_lost(None) == ()

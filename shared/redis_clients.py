@@ -1,0 +1,174 @@
+"""The one place Redis clients are built: direct (THREADRUN_REDIS_URL) or through Sentinel.
+
+Every process component (web, worker runtime, memory queue, cron scheduler, Celery's broker)
+gets its clients here, so that turning on `THREADRUN_REDIS_SENTINELS` moves all of them to
+the Sentinel-managed master at once. The data node's password, user and db index always come
+from `THREADRUN_REDIS_URL`; its host and port are then only the Sentinels' business.
+
+After a failover a Sentinel-managed connection asks the Sentinels for the new master on its
+next connect, and a connection still open to a demoted master turns its `READONLY` reply into
+a ConnectionError (redis-py's `SentinelManagedConnection`), so both kinds of failure reach
+the retry policy below as connection errors.
+
+Why retrying a command after a connection error is safe here (`RETRIED_ERRORS`): a command
+whose reply was lost may have run, so a retry may apply it twice. Everything we send is
+either idempotent or fails safe under that:
+- lease scripts (shared/lua/lease_*.lua): claim sets the same `{epoch}|{owner}` value again
+  (a claim never lowers the epoch), renew is compare-and-extend, release compare-and-delete;
+  running any of them twice equals running it once. The ownership itself is fenced by the
+  Postgres epoch (L2), never by the Redis reply, so even a lease lost with a failover can
+  produce no second owner's writes;
+- the publish script numbers each attempt's events (`first_seq`): a repeat adds nothing
+  (and StreamPublisher has its own, longer retry loop on top);
+- slot scripts (limit_reserve_run, limit_acquire_connection, limit_bind_run,
+  limit_release_run) add or remove a named member: idempotent;
+- the rate limiter (limit_rate.lua) is the one counter: a retried call may charge a request
+  twice, which can only refuse a later request early (fail closed, never over-admit);
+- the memory queue's admission RPUSHes an update: a retry could admit it twice, so the memory
+  queue's client is built with `retry_commands=False` (an admission that fails is reported
+  by the caller, M4/M5), see shared/memory/services.py;
+- Celery's broker connection is kombu's (its own reconnect loop; tasks are acked early and
+  a lost dispatch is the reaper's to repair, R4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import redis
+import redis.asyncio as aredis
+import redis.asyncio.retry as aretry
+import redis.asyncio.sentinel as asentinel
+import redis.sentinel as sentinel
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.connection import parse_url
+from redis.exceptions import ConnectionError, ReadOnlyError, RedisError, TimeoutError
+from redis.retry import Retry
+
+from shared.settings import Settings
+
+RETRIES = 8
+"""Command retries after a connection error, with jittered exponential back-off (each wait
+uniform in [0, min(RETRY_CAP_S, RETRY_BASE_S * 2^n)]): at most ~5.5 s in all, so a request
+usually rides through a Sentinel failover (the replica is promoted ~2.3 s after the primary
+dies with down-after-milliseconds 1000, bench/failover.py) instead of failing, while no
+single wait overshoots the promotion by more than RETRY_CAP_S (a 2 s cap measured 4.4 s to
+a publisher's first event after the kill, this one 2.8 s in two of three rounds)."""
+RETRY_BASE_S = 0.1
+RETRY_CAP_S = 1.0
+RETRIED_ERRORS: tuple[type[RedisError], ...] = (ConnectionError, TimeoutError, ReadOnlyError)
+SENTINEL_TIMEOUT_S = 2.0
+"""Socket timeouts of the connections to the Sentinels themselves."""
+
+
+def sentinel_enabled(settings: Settings) -> bool:
+    """Whether Redis is reached through Sentinel."""
+    return bool(settings.sentinel_nodes)
+
+
+def _retry(retry_commands: bool) -> Retry:
+    return Retry(
+        ExponentialWithJitterBackoff(base=RETRY_BASE_S, cap=RETRY_CAP_S),
+        RETRIES if retry_commands else 0,
+        supported_errors=RETRIED_ERRORS,
+    )
+
+
+def _aretry(retry_commands: bool) -> aretry.Retry:
+    return aretry.Retry(
+        ExponentialWithJitterBackoff(base=RETRY_BASE_S, cap=RETRY_CAP_S),
+        RETRIES if retry_commands else 0,
+        supported_errors=RETRIED_ERRORS,
+    )
+
+
+def _node_kwargs(settings: Settings) -> dict[str, Any]:
+    """The data node's credentials and db from the URL (its host/port come from Sentinel)."""
+    parsed: dict[str, Any] = parse_url(settings.redis_url)  # type: ignore[no-untyped-call]
+    out: dict[str, Any] = {"db": parsed.get("db", 0)}
+    for name in ("username", "password"):
+        if parsed.get(name):
+            out[name] = parsed[name]
+    if parsed.get("connection_class") is redis.SSLConnection:
+        out["ssl"] = True
+    return out
+
+
+def _sentinel_kwargs(settings: Settings) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "socket_timeout": SENTINEL_TIMEOUT_S,
+        "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+    }
+    password = settings.redis_sentinel_password.get_secret_value()
+    if password:
+        out["password"] = password
+    return out
+
+
+class SentinelBlockingConnectionPool(sentinel.SentinelConnectionPool, redis.BlockingConnectionPool):
+    """A Sentinel-managed pool that waits for a free connection (the web's pool, under
+    gevent) instead of failing beyond `max_connections`."""
+
+
+def sync_client(
+    settings: Settings,
+    *,
+    blocking: bool = False,
+    retry_commands: bool = True,
+    **kwargs: Any,
+) -> redis.Redis:
+    """A redis-py client of the data node. `blocking`: a BlockingConnectionPool (kwargs
+    `max_connections`, `timeout` apply); other kwargs are connection options."""
+    kwargs.setdefault("retry", _retry(retry_commands))
+    if not sentinel_enabled(settings):
+        if blocking:
+            return redis.Redis(
+                connection_pool=redis.BlockingConnectionPool.from_url(settings.redis_url, **kwargs)
+            )
+        return redis.Redis.from_url(settings.redis_url, **kwargs)
+    manager = sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        settings.sentinel_nodes,
+        sentinel_kwargs=_sentinel_kwargs(settings),
+        **_node_kwargs(settings),
+    )
+    pool_class = SentinelBlockingConnectionPool if blocking else sentinel.SentinelConnectionPool
+    client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
+        settings.redis_sentinel_master, connection_pool_class=pool_class, **kwargs
+    )
+    return client
+
+
+def async_client(settings: Settings, *, retry_commands: bool = True, **kwargs: Any) -> aredis.Redis:
+    """A redis.asyncio client of the data node (the worker runtime's)."""
+    kwargs.setdefault("retry", _aretry(retry_commands))
+    if not sentinel_enabled(settings):
+        return aredis.Redis.from_url(settings.redis_url, **kwargs)
+    manager = asentinel.Sentinel(  # type: ignore[no-untyped-call]
+        settings.sentinel_nodes,
+        sentinel_kwargs=_sentinel_kwargs(settings),
+        **_node_kwargs(settings),
+    )
+    client: aredis.Redis = manager.master_for(settings.redis_sentinel_master, **kwargs)
+    return client
+
+
+def celery_broker(settings: Settings) -> tuple[str, dict[str, Any]]:
+    """Celery's broker URL and the transport options it needs: the Redis URL itself, or
+    kombu's `sentinel://` transport (one URL per Sentinel, the data node's credentials and
+    db in each) with `master_name` and the Sentinels' own connection options."""
+    if not sentinel_enabled(settings):
+        return settings.redis_url, {}
+    node = _node_kwargs(settings)
+    auth = ""
+    if node.get("password"):
+        auth = f"{quote(node.get('username', ''), safe='')}:{quote(node['password'], safe='')}@"
+    urls = [
+        f"sentinel://{auth}{'[' + h + ']' if ':' in h else h}:{p}/{node['db']}"
+        for h, p in settings.sentinel_nodes
+    ]
+    options: dict[str, Any] = {
+        "master_name": settings.redis_sentinel_master,
+        "sentinel_kwargs": _sentinel_kwargs(settings),
+    }
+    return ";".join(urls), options
