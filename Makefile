@@ -100,7 +100,7 @@ fmt: install ## ruff format and ruff check --fix
 	$(PY) -m ruff format $(LINT_PATHS)
 	$(PY) -m ruff check --fix $(LINT_PATHS)
 
-bench: install ## the internals, checkpoint-mode, memory, store, assistants, cron, webhook and stream-memory benchmarks (bench/internals.py, checkpoints.py, memory.py, store.py, assistants.py, crons.py, webhooks.py, stream_memory.py)
+bench: install ## the internals, checkpoint-mode, memory, store, assistants, cron, webhook, stream-memory and system CPU-per-run benchmarks (bench/internals.py, checkpoints.py, memory.py, store.py, assistants.py, crons.py, webhooks.py, stream_memory.py, system_cpu.py)
 	$(PY) -m bench.internals
 	$(PY) -m bench.checkpoints
 	$(PY) -m bench.memory
@@ -109,6 +109,7 @@ bench: install ## the internals, checkpoint-mode, memory, store, assistants, cro
 	$(PY) -m bench.crons
 	$(PY) -m bench.webhooks
 	$(PY) -m bench.stream_memory
+	$(PY) -m bench.system_cpu
 
 scale-bench: install ## runs/s and events/s with 1, 2, 3 runs workers (bench/scale.py, ~2 min)
 	@envs="$$($(PY) -m shared.devservices env)" || exit 1; \

@@ -61,6 +61,14 @@ if worker_class == "gevent":
     _raise_nofile_limit(worker_connections + FD_HEADROOM)
 
 
+def post_worker_init(worker: object) -> None:
+    """The app is loaded: freeze its start-up heap, fewer young collections
+    (shared/gc_tuning.py, THREADRUN_GC_THRESHOLD0)."""
+    from shared import gc_tuning
+
+    gc_tuning.settle(_settings.gc_threshold0)
+
+
 def worker_exit(server: object, worker: object) -> None:
     """Close the worker's PostgreSQL pools before the interpreter does: under gevent a pool
     closed by its finalizer prints a `greenlet is being finalized` traceback (Ctrl-C on

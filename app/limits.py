@@ -415,7 +415,10 @@ class _SlotStream:
     def close(self) -> None:
         try:
             if self._watcher is not None:
-                self._watcher.kill(block=False)
+                # Dead before this returns: on a keep-alive connection gunicorn reads the
+                # next request from the same socket right after, and two greenlets waiting
+                # on one socket fail both (ConcurrentObjectUseError: a 500 to the client).
+                self._watcher.kill(block=True)
             close = getattr(self._body, "close", None)
             if close is not None:
                 close()

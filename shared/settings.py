@@ -553,6 +553,13 @@ class Settings(BaseSettings):
         default="gevent",
         description="gunicorn worker: gevent (one greenlet per connection) or gthread.",
     )
+    gc_threshold0: int = Field(
+        default=10_000,
+        ge=0,
+        description="Web and worker processes freeze their start-up heap and run a young "
+        "garbage collection every this many allocations (shared/gc_tuning.py); 0 = "
+        "Python's defaults.",
+    )
     web_workers: int = Field(default=2, ge=1, description="gunicorn worker processes.")
     web_threads: int = Field(default=64, ge=1, description="Threads per gthread worker.")
     web_worker_connections: int = Field(

@@ -7,7 +7,7 @@ import logging
 import redis
 from celery import signals
 
-from shared import logs, metrics, redis_clients
+from shared import gc_tuning, logs, metrics, redis_clients
 from shared.agent.providers import preflight
 from shared.settings import Settings
 from shared.taskqueue import drop_stale_bindings, make_celery
@@ -52,6 +52,9 @@ def _on_ready(sender: object = None, **_: object) -> None:
     queues = {q.name for q in task_consumer.queues} if task_consumer else set()
     if not queues or "runs" in queues:
         start_runs_services()
+    # Start-up is done (the runs runtime and its graphs are built): freeze that heap and
+    # collect young objects less often (shared/gc_tuning.py).
+    gc_tuning.settle(Settings().gc_threshold0)
 
 
 @signals.worker_shutting_down.connect
