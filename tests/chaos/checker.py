@@ -9,9 +9,11 @@ Invariants (each anomaly names its run):
 - `stuck`: no run is pending/running after heal + recovery without a live owner (a worker
   process of ours holding the run's Redis lease) (L4, R4).
 - `single_writer`: no two attempts' writes both in the state: a run's checkpoints, ordered by
-  id (time-ordered), never go back from attempt n+1 to attempt n; no message chunk on a
-  stream carries another attempt than the last `metadata` before it; no answer appears twice
-  in a thread's state (L2, L5).
+  id (time-ordered), never go back from attempt n+1 to attempt n; the terminal lifecycle
+  event was written by the run's current epoch; at most one delivery receipt per attempt and
+  none from an attempt the run never reached; no message chunk on a stream carries another
+  attempt than the last `metadata` before it; no answer appears twice in a thread's state
+  (L2, L5, J5).
 - `checkpoints`: every checkpoint seen committed (the harness's snapshots of the table, the
   clients' state reloads) is still there at the end.
 - `tokens`: within one attempt a client sees each token at most once and in order, and for a
@@ -90,18 +92,30 @@ def db_state(
             " extract(epoch FROM ended_at)::float8 AS ended FROM runs"
         ).fetchall()
         events = conn.execute(
-            "SELECT run_id::text, type FROM run_events WHERE category = 'lifecycle'"
-            " AND type = ANY(%s) ORDER BY run_id, seq",
+            "SELECT run_id::text, type, (payload->>'epoch')::bigint AS epoch FROM run_events"
+            " WHERE category = 'lifecycle' AND type = ANY(%s) ORDER BY run_id, seq",
             (list(TERMINAL),),
+        ).fetchall()
+        receipts = conn.execute(
+            "SELECT run_id::text, (payload->>'attempt')::int AS attempt FROM run_events"
+            " WHERE category = 'delivery' AND type = 'run.delivery'"
         ).fetchall()
         cps = conn.execute(
             "SELECT thread_id::text, checkpoint_id, metadata->>'run_id' AS run_id,"
             " (metadata->>'attempt')::int AS attempt FROM checkpoints WHERE checkpoint_ns = ''"
         ).fetchall()
     terminal: dict[str, list[str]] = defaultdict(list)
+    by_run = {r["run_id"]: r for r in runs}
     for e in events:
         terminal[e["run_id"]].append(e["type"])
-    return {r["run_id"]: r for r in runs}, terminal, cps
+        row = by_run.get(e["run_id"])
+        if row is not None and e["epoch"] is not None:
+            row.setdefault("terminal_epochs", []).append((e["type"], e["epoch"]))
+    for rc in receipts:
+        row = by_run.get(rc["run_id"])
+        if row is not None:
+            row.setdefault("receipts", []).append(rc["attempt"])
+    return by_run, terminal, cps
 
 
 def check(
@@ -186,6 +200,29 @@ def check(
                 "single_writer",
                 run_id,
                 f"a checkpoint of attempt {top} > the run's attempt {row['attempt']}",
+            )
+
+    # --- single writer: the terminal write and the receipts (L2, J5) ------------------------
+    for run_id, row in runs.items():
+        # the reaper ends a run out of attempts fenced by the old epoch and takes epoch + 1
+        current = row["owner_epoch"]
+        stale = [
+            e
+            for kind, e in row.get("terminal_epochs", [])
+            if e != current and not (kind == "error" and e == current - 1)
+        ]
+        if stale:
+            rep.add(
+                "single_writer",
+                run_id,
+                f"terminal status written by epoch {stale}, owner epoch {row['owner_epoch']}",
+            )
+        atts = row.get("receipts", [])
+        if len(atts) != len(set(atts)) or any(a > row["attempt"] for a in atts):
+            rep.add(
+                "single_writer",
+                run_id,
+                f"delivery receipts of attempts {sorted(atts)}, the run's attempt is {row['attempt']}",
             )
 
     # --- checkpoints durable ----------------------------------------------------------------

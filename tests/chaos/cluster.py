@@ -325,8 +325,8 @@ class ChaosCluster:
 
     def stop(self) -> None:
         """SIGCONT (a frozen process ignores SIGTERM until then), SIGTERM, wait, SIGKILL;
-        app processes first, then the servers."""
-        order = ("web", "worker", "sentinel", "redis", "pg")
+        the workload and app processes first, then the servers."""
+        order = ("client", "web", "worker", "sentinel", "redis", "pg")
         for role in order:
             targets = [p for p in self.procs if p.role == role and p.alive()]
             for p in targets:

@@ -119,9 +119,8 @@ def settle(c: ChaosCluster, timeout: float) -> float:
 
 def run_chaos(cfg: Config) -> Result:
     """The whole run; raises on a harness failure (not on anomalies: see Result.ok)."""
-    rng = random.Random(cfg.seed)
     kinds = list(cfg.kinds)
-    net = Network(rng)
+    net = Network(random.Random())  # names and subnet: unique per run, not per seed
     workdir = Path(tempfile.mkdtemp(prefix="threadrun-chaos-"))
     c = ChaosCluster(
         net,
@@ -231,14 +230,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.randrange(1, 1_000_000)
     cfg = Config(seed, args.duration, args.recovery, args.webs, args.workers, args.sentinels,
                  args.sse_clients, args.ws_clients, [k for k in args.kinds.split(",") if k], args.keep)  # fmt: skip
-    old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # SIGINT too: a shell that starts us in the background has it ignored, which Python keeps
+    old = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         res = run_chaos(cfg)
     except KeyboardInterrupt:
         log("chaos: interrupted")
         return 130
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     print(f"threadrun chaos: seed {seed}, duration {cfg.duration_s:g} s, {len(res.faults)} faults")
     print(res.text)
     print(f"replay: make chaos SEED={seed} DURATION={cfg.duration_s:g}")
