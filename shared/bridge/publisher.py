@@ -250,6 +250,9 @@ class EventSink:
     _next_seq: int = 1
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
     _encoder: EventEncoder | None = None
+    _sent_seq: int = 0  # the last sequence number of the call in flight
+    _acked_seq: int = 0  # every event up to this sequence number is in the stream
+    _progress: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -278,6 +281,7 @@ class EventSink:
             encoded=True,
         )
         self._next_seq += len(events)
+        self._sent_seq = self._next_seq - 1
         if self._buf:
             self.batcher.schedule(self)  # the rest goes in the next round trip, in order
         return call
@@ -292,10 +296,27 @@ class EventSink:
             self._buf = []
         else:
             self.published += len(res.ids)
+            self._acked_seq = self._sent_seq
             if res.cancel_action:
                 self.on_cancel(res.cancel_action)
         if not self._buf:
             self._idle.set()
+        self._progress.set()  # wake the flushes waiting on this call
+        self._progress = asyncio.Event()
+
+    async def flush(self) -> None:
+        """Wait until every event emitted before this call is in the stream; events emitted
+        meanwhile are not waited for (unlike `drain`). Raises LeaseLost, or the publish
+        error, if one of them cannot be published or an event was already dropped."""
+        target = self._next_seq - 1 + len(self._buf)
+        while True:
+            if self.lost is not None:
+                raise self.lost
+            if self.error is not None:
+                raise self.error
+            if self._acked_seq >= target:
+                return
+            await self._progress.wait()
 
     async def drain(self) -> None:
         """Wait until everything emitted so far is published; raise if it cannot be."""
