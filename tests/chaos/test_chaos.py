@@ -2,9 +2,9 @@
 
 One web host, two worker hosts, Redis primary + replica, PostgreSQL and a client host, each
 its own network namespace; 24 s of SSE and WebSocket chat clients under a seeded schedule of
-worker kills and pauses, PostgreSQL restarts and partitions (worker to PostgreSQL or Redis, web
-to Redis); every
-invariant of tests/chaos/checker.py must hold (L2 fencing, L4/L5 recovery, B5/B9 gaps).
+worker kills and pauses, PostgreSQL restarts and partitions (worker to PostgreSQL or Redis,
+web to Redis); every invariant of tests/chaos/checker.py must hold (L2 fencing, L4/L5
+recovery, B5/B9 gaps).
 The full run with every fault kind is `make chaos` (~3 min). Needs root for the namespaces:
 skipped, saying so, otherwise.
 """
@@ -18,7 +18,7 @@ from tests.chaos.net import netns_available
 
 pytestmark = pytest.mark.e2e
 
-SEED = 44
+SEED = 42
 KINDS = [
     "worker_kill",
     "pg_restart",
@@ -28,7 +28,8 @@ KINDS = [
     "worker_pause",
 ]
 """The fault kinds of the short run (`make chaos` adds worker_delay and, with Sentinel,
-redis_failover)."""
+redis_failover). SEED draws a worker pause, a PostgreSQL restart and a worker cut from Redis
+past the lease's TTL (the lost tail at a resumed attempt, B5: docs/chaos.md)."""
 
 
 @pytest.mark.timeout(240)

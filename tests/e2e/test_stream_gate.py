@@ -100,9 +100,7 @@ def test_b5_l5_worker_cut_from_redis_mid_stream_leaves_no_silent_hole(
         proxy.cut()
         time.sleep(PARTITION_S)
         proxy.heal()
-        wait_for(
-            lambda: store.run_status(run_id) in TERMINAL_STATUSES, 60, what="the run to end"
-        )
+        wait_for(lambda: store.run_status(run_id) in TERMINAL_STATUSES, 60, what="the run to end")
         row = api.get(f"/threads/{tid}/runs/{run_id}").json()
         assert row["status"] == "success", row
         state = api.get(f"/threads/{tid}/state").json()
