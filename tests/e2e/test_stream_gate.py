@@ -12,6 +12,8 @@ streamed only `metadata` and `end`: the tail of the answer was on no stream, and
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -37,7 +39,7 @@ CUT_BEFORE_END = 12
 """The link is cut when this many tokens are left (~0.5 s): the model step ends during the
 partition, well within the lease's TTL (3 s), so attempt 1 reaches its checkpoint write."""
 PARTITION_S = 12.0
-"""Longer than the publisher's retries (~8 s) and the lease's TTL."""
+"""Longer than the publisher's retries (~8 s) and as long as the longer lease TTL."""
 
 
 def proxied(url: str, port: int) -> str:
@@ -48,10 +50,21 @@ def proxied(url: str, port: int) -> str:
     return urlunsplit(parts._replace(netloc=host))
 
 
-@pytest.fixture(scope="module")
-def gated(private_cluster: ClusterFactory) -> Iterator[tuple[Cluster, CuttableProxy]]:
-    """A web process and worker `w1`, whose Redis (runs, leases, broker) is behind a proxy."""
-    with private_cluster("stream-gate", FAST_LEASES) as c:
+LEASES = {
+    "lease-expires-first": FAST_LEASES,
+    "publish-fails-first": {**FAST_LEASES, "THREADRUN_LEASE_TTL_S": "12"},
+}
+"""With a 3 s lease the keeper stops attempt 1 while the gate still waits for the publish;
+with a 12 s one the publish gives up first (~8 s) and the gate stops the attempt."""
+
+
+@pytest.fixture(scope="module", params=list(LEASES))
+def gated(
+    request: pytest.FixtureRequest, private_cluster: ClusterFactory
+) -> Iterator[tuple[Cluster, CuttableProxy]]:
+    """A web process, worker `w1`, whose Redis (runs, leases, broker) is behind a proxy, and
+    worker `w2` on Redis directly."""
+    with private_cluster(f"stream-gate-{request.param}", LEASES[request.param]) as c:
         target = urlsplit(c.settings.redis_url)
         proxy = CuttableProxy(target.hostname or "127.0.0.1", target.port or 6379)
         try:
@@ -62,6 +75,7 @@ def gated(private_cluster: ClusterFactory) -> Iterator[tuple[Cluster, CuttablePr
             }
             w1 = c.spawn("w1", worker_argv("w1", 4), env, role="worker")
             c.wait_log(w1, "ready.")
+            c.start_worker("w2", 4)  # its reaper takes the run over after the cut
             yield c, proxy
         finally:
             proxy.close()
@@ -88,21 +102,28 @@ def test_b5_l5_worker_cut_from_redis_mid_stream_leaves_no_silent_hole(
             "stream_mode": ["messages-tuple", "values"],
             "config": {"configurable": {"tokens": TOKENS, "token_delay_ms": DELAY_MS}},
         }
-        run_id = str(api.post(f"/threads/{tid}/runs", json=body).json()["run_id"])
+        w1, w2 = (next(p for p in c.procs if p.name == n) for n in ("w1", "w2"))
+        os.kill(w2.pid, signal.SIGSTOP)  # so that w1 takes the run
+        try:
+            run_id = str(api.post(f"/threads/{tid}/runs", json=body).json()["run_id"])
+            wait_for(lambda: store.run_status(run_id) == "running", 30, what="w1 to claim")
+        finally:
+            os.kill(w2.pid, signal.SIGCONT)
+        run = store.get_run_by_id(run_id)
+        assert run is not None and run.owner and int(run.owner.split(":")[1]) == w1.pid
         key = Keys(c.settings.redis_prefix).stream(run_id)
-        # The other worker starts meanwhile: its reaper takes the run over after the cut.
-        c.start_worker("w2", 4)
         wait_for(
             lambda: tokens_published(direct, key) >= TOKENS - CUT_BEFORE_END,
             60,
             what="attempt 1 to stream most of its answer",
         )
         proxy.cut()
+        assert store.run_status(run_id) == "running", "the run ended before the cut"
         time.sleep(PARTITION_S)
         proxy.heal()
         wait_for(lambda: store.run_status(run_id) in TERMINAL_STATUSES, 60, what="the run to end")
         row = api.get(f"/threads/{tid}/runs/{run_id}").json()
-        assert row["status"] == "success", row
+        assert row["status"] == "success" and row["attempt"] >= 2, row
         state = api.get(f"/threads/{tid}/state").json()
         answer = state["values"]["messages"][-1]
         assert answer["type"] == "ai" and len(answer["content"].split()) == TOKENS, answer
