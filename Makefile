@@ -29,7 +29,7 @@ TEST_DB ?= threadrun_test
 TEST_REDIS_DB ?= 1
 DEVSERVICES_ENV := $(PY) -m shared.devservices env --db-name $(TEST_DB) --redis-db $(TEST_REDIS_DB)
 
-.PHONY: chromium help venv install run flower test test-unit test-integration test-e2e lint fmt bench scale-bench clean migrate services-env services-stop
+.PHONY: chromium help venv install run flower test test-unit test-integration test-e2e test-chaos chaos lint fmt bench scale-bench clean migrate services-env services-stop
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -79,8 +79,8 @@ define run_pytest
 	exit $$rc
 endef
 
-test: install chromium ## the whole suite: tests/unit, tests/integration, tests/e2e
-	$(call run_pytest,tests/unit tests/integration tests/e2e)
+test: install chromium ## the whole suite: tests/unit, tests/integration, tests/e2e, tests/chaos (the short chaos run needs root, else it skips)
+	$(call run_pytest,tests/unit tests/integration tests/e2e tests/chaos)
 
 test-unit: install ## tests/unit only
 	$(call run_pytest,tests/unit)
@@ -110,6 +110,16 @@ bench: install ## the internals, checkpoint-mode, memory, store, assistants, cro
 	$(PY) -m bench.webhooks
 	$(PY) -m bench.stream_memory
 	$(PY) -m bench.system_cpu
+
+# The chaos run brings its own Redis, Sentinels and PostgreSQL in network namespaces (root
+# only); it never touches the machine's services. SEED replays a schedule.
+SEED ?=
+DURATION ?= 180
+chaos: install ## hosts as network namespaces, a seeded nemesis and a history checker (root; ~4 min; SEED=n DURATION=s replays)
+	$(PY) -m tests.chaos $(if $(SEED),--seed $(SEED)) --duration $(DURATION)
+
+test-chaos: install ## the short fixed-seed chaos test only (tests/chaos, root)
+	$(PY) -m pytest -q tests/chaos $(PYTEST_ARGS)
 
 scale-bench: install ## runs/s and events/s with 1, 2, 3 runs workers (bench/scale.py, ~2 min)
 	@envs="$$($(PY) -m shared.devservices env)" || exit 1; \

@@ -3,7 +3,10 @@
 An error answers with the row of the most specific class in its MRO, so a subclass of a
 kind (`RunNotFound` of `NotFound`) answers as the kind unless it has a row of its own.
 Flask and werkzeug errors (`HTTPException`) and driver errors PostgreSQL refuses as data
-(`psycopg.errors.DataError`) have rows too; anything else is a 500 without detail.
+(`psycopg.errors.DataError`) have rows too, and so has a service this process cannot reach
+(Redis or PostgreSQL: 503 `service_unavailable` with Retry-After, naming the service; the
+client retries, as from a request the server refused while it restarts). Anything else is
+a 500 without detail.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import psycopg
+import redis
 from flask import Flask, Response
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
@@ -56,6 +60,24 @@ def _data_error(exc: psycopg.errors.DataError) -> Reply:
     return Reply(422, error_body("invalid_request", "a value is out of range or cannot be stored"))
 
 
+SERVICE_RETRY_AFTER_S = 5
+"""Retry-After of a 503 for an unreachable service: about one reconnect of its clients."""
+
+
+def _unavailable(exc: Exception) -> Reply:
+    # Connection refused or lost, a timeout, an exhausted pool (PoolTimeout), a server
+    # shutting down: the request may succeed once the service is back, so 503 + Retry-After
+    # (never the driver's text: it can carry addresses).
+    service = "Redis" if isinstance(exc, redis.RedisError) else "PostgreSQL"
+    log.warning("%s unavailable: %s: %s", service, type(exc).__name__, exc)
+    message = f"{service} is unavailable to this server; retry in a few seconds"
+    return Reply(
+        503,
+        error_body("service_unavailable", message),
+        {"Retry-After": str(SERVICE_RETRY_AFTER_S)},
+    )
+
+
 def _ours(exc: ThreadrunError) -> Reply:
     log.exception("unhandled threadrun error")
     return Reply(500, error_body(exc.code, str(exc)))
@@ -83,6 +105,9 @@ REPLIES: dict[type[Exception], Callable[[Any], Reply]] = {
     UpstreamFailed: lambda e: Reply(502, error_body(e.code, str(e))),
     ConfigError: _unexpected,  # the server's fault: no detail for the client
     psycopg.errors.DataError: _data_error,
+    redis.ConnectionError: _unavailable,  # refused, reset, Sentinel without a primary, loading
+    redis.TimeoutError: _unavailable,
+    psycopg.OperationalError: _unavailable,  # no connection, PoolTimeout, server shutdown
     ThreadrunError: _ours,
     HTTPException: _http,
     Exception: _unexpected,

@@ -61,8 +61,10 @@ from shared.runs.admission import AdmissionOutcome
 from shared.runs.model import MultitaskStrategy, RunRequest, RunStatus, ThreadStatus
 from shared.runs.store import Admission, ClaimOutcome, RunStore
 from shared.settings import Settings
+from shared.state.savers import GATE_KEY, FencedPostgresSaver
 from shared.taskqueue import RUNS_QUEUE, Dispatcher, make_celery
 from shared.testing import Sandbox
+from workers.executor import GATE_YIELDS
 
 OWNER = "bench-user"
 WORKER = "bench-worker"
@@ -687,6 +689,65 @@ async def stage_checkpoint(b: Bench) -> list[Row]:
     ]
 
 
+async def stage_stream_gate(b: Bench) -> list[Row]:
+    """The stream gate of every fenced checkpoint write (B5): FencedPostgresSaver.aput with
+    the gate vs without it, when the run's sink has published everything (the gate only
+    checks) and when it has just emitted 10 events (the gate waits for their publish)."""
+    saver = FencedPostgresSaver(b.apool, mode=b.settings.checkpoint_mode)
+    batcher = PublishBatcher(b.publisher)
+
+    async def new_sink() -> EventSink:
+        run_id = str(uuid.uuid4())
+        assert await b.leases.acquire(run_id, 1, WORKER)
+        sink = EventSink(batcher, run_id, LEASE, on_cancel=lambda _a: None, on_lost=lambda _e: None)
+        sink.emit("metadata", METADATA_EVENT)
+        await sink.drain()
+        return sink
+
+    def gated(sink: EventSink) -> tuple[Any, ...]:
+        config, *rest = _checkpoint_args(saver)
+
+        async def gate() -> None:  # as workers.executor.stream_gate
+            for _ in range(GATE_YIELDS):
+                await asyncio.sleep(0)
+            await sink.flush()
+
+        config["configurable"][GATE_KEY] = gate
+        return (config, *rest)
+
+    async def plain(i: int) -> float:
+        args = _checkpoint_args(saver)
+        t0 = time.perf_counter()
+        await saver.aput(*args)  # type: ignore[arg-type]
+        return _ms_since(t0)
+
+    async def idle(i: int) -> float:
+        args = gated(await new_sink())
+        t0 = time.perf_counter()
+        await saver.aput(*args)
+        return _ms_since(t0)
+
+    async def pending(i: int) -> float:
+        sink = await new_sink()
+        args = gated(sink)
+        for _ in range(10):
+            sink.emit("messages", METADATA_EVENT)
+        t0 = time.perf_counter()
+        await saver.aput(*args)
+        return _ms_since(t0)
+
+    s_plain, s_idle, s_pending = await interleave(b.n, [plain, idle, pending])
+    return [
+        Row("aput, gate (sink published)", Stats.of(s_idle), "aput, no gate", Stats.of(s_plain)),
+        Row(
+            "aput, gate (10 events pending)",
+            Stats.of(s_pending),
+            "aput, no gate",
+            Stats.of(s_plain),
+        ),
+    ]
+
+
 # --- 5. first publish and publish -> subscriber latency -----------------------------------------------------
 class Waiter:
     """A thread that runs one blocking read per job and stamps when it returned."""
@@ -1014,6 +1075,7 @@ STAGES: tuple[Callable[[Bench], Awaitable[list[Row]]], ...] = (
     stage_claim,
     stage_pool,
     stage_checkpoint,
+    stage_stream_gate,
     stage_publish,
     stage_sustained,
     stage_replay,

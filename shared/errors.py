@@ -113,6 +113,13 @@ class StreamTailLost(StoreError):
         self.done = done
 
 
+class EventsUnpublished(StoreError):
+    """A run attempt's events could not be published to its stream, so its checkpoint
+    writes stop (B5: the next attempt re-runs the step rather than leaving a hole)."""
+
+    code = "events_unpublished"
+
+
 class UpstreamFailed(ThreadrunError):
     """A model (or other upstream service) a request depends on failed (502)."""
 

@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -30,7 +30,7 @@ from langgraph.types import Command
 from shared import logs, metrics, serde, workspaces
 from shared.agent.providers import describe_model_error
 from shared.bridge.publisher import EventSink
-from shared.errors import LeaseLost
+from shared.errors import EventsUnpublished, LeaseLost
 from shared.journal import RunJournal, settle_delivery, write_delivery_receipt
 from shared.leases import RenewOutcome, lease_value
 from shared.redis_keys import ENDED_RUN_TTL_MS, LimitKeys
@@ -41,7 +41,7 @@ from shared.runs.result import final_result
 from shared.runs.store import ClaimOutcome, Finish
 from shared.state import head_copies
 from shared.state.accessor import ThreadHead
-from shared.state.savers import LEASE_KEY, RUN_KEY
+from shared.state.savers import GATE_KEY, LEASE_KEY, RUN_KEY
 from workers.runtime import WorkerRuntime
 from workers.stopped import MODEL_NODE, PartialReplies
 from workers.stream_modes import StreamTranslator, graph_modes
@@ -55,6 +55,7 @@ class StopReason(enum.Enum):
     CANCEL_INTERRUPT = "interrupt"
     CANCEL_ROLLBACK = "rollback"  # stop, then restore the pre-run state (R5)
     LEASE_LOST = "lease_lost"
+    STREAM_LOST = "stream_lost"  # events could not be published: checkpoints stop (B5)
     SHUTDOWN = "shutdown"
     INFRASTRUCTURE = "infrastructure"  # Postgres or Redis went away under the run
     TIMEOUT = "timeout"  # the run reached `run_timeout_s` (it ends `timeout`)
@@ -70,6 +71,7 @@ class AttemptOutcome(enum.StrEnum):
     NOT_CLAIMED = "not_claimed"  # duplicate delivery, not the head, or a newer lease (L3)
     FINISHED = "finished"  # the terminal status is committed and `end` published
     LEASE_LOST = "lease_lost"  # a newer owner exists: nothing was finalized
+    STREAM_LOST = "stream_lost"  # events unpublished: nothing finalized, the lease expires
     FENCED = "fenced"  # a sink refused a write of this epoch (L2): a newer owner exists
     HANDED_BACK = "handed_back"  # requeued for another attempt (R7, a service failure)
     HAND_BACK_DEFERRED = "hand_back_deferred"  # could not requeue: the lease will expire (L4)
@@ -190,6 +192,13 @@ async def execute_run(rt: WorkerRuntime, run_id: str) -> AttemptResult:
         if attempt.stop_reason is StopReason.LEASE_LOST:
             log.warning("lease lost; skipping finalization", extra={"run_id": run_id})
             return AttemptResult(AttemptOutcome.LEASE_LOST)
+        if attempt.stop_reason is StopReason.STREAM_LOST:
+            # Like a lost lease: no finalization; the lease expires and the reaper's next
+            # attempt re-runs the step whose events were lost (L4, L5, B5).
+            log.warning(
+                "events could not be published; skipping finalization", extra={"run_id": run_id}
+            )
+            return AttemptResult(AttemptOutcome.STREAM_LOST)
         if attempt.stop_reason is StopReason.SHUTDOWN:
             return await hand_back(rt, attempt, "worker shutdown")
         if (
@@ -362,6 +371,35 @@ def open_sink(rt: WorkerRuntime, attempt: RunAttempt) -> EventSink:
     return attempt.sink
 
 
+GATE_YIELDS = 3
+"""Loop turns the stream gate lets pass before it counts the attempt's events: LangGraph
+schedules a finished task's write in the same turn as it wakes our stream consumer, and the
+last chunks it queued reach the sink only when the consumer runs."""
+
+
+def stream_gate(attempt: RunAttempt, sink: EventSink) -> Callable[[], Awaitable[None]]:
+    """The gate every fenced checkpoint write of the attempt awaits (B5, shared/state/
+    savers.py): the events emitted so far are in the stream, or the write does not happen
+    and the attempt stops without finalizing, so the next one re-runs the step and streams
+    it whole. A fenced publish (LeaseLost) already stopped the attempt (`on_lost`)."""
+
+    async def gate() -> None:
+        for _ in range(GATE_YIELDS):
+            await asyncio.sleep(0)
+        try:
+            await sink.flush()
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            attempt.stop(StopReason.STREAM_LOST)
+            raise EventsUnpublished(
+                f"run {attempt.run_id}: events could not be published ({exc}); "
+                "the checkpoint is not written"
+            ) from exc
+
+    return gate
+
+
 async def restore_pre_run_state(rt: WorkerRuntime, attempt: RunAttempt) -> None:
     """R5 rollback: the pre-run state becomes the thread's new head checkpoint.
 
@@ -393,8 +431,10 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
     sink = open_sink(rt, attempt)
     await asyncio.sleep(0)  # let the batcher send it before the synchronous set-up below
     config = run_config(run)
-    # L2 for checkpoints: the saver writes only while this epoch owns the run.
+    # L2 for checkpoints: the saver writes only while this epoch owns the run; and only
+    # once the events emitted before the write are in the stream (B5).
     config["configurable"].update(attempt.fence)
+    config["configurable"][GATE_KEY] = stream_gate(attempt, sink)
     if rt.settings.journal_enabled:
         attempt.journal = RunJournal(
             rt.events,
@@ -468,6 +508,10 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
     except LeaseLost:
         metrics.fenced_write(Sink.CHECKPOINT)
         attempt.stop(StopReason.LEASE_LOST)
+        return GraphOutcome(RunStatus.ERROR, None, ThreadStatus.ERROR)
+    except EventsUnpublished as exc:  # the gate stopped the attempt (B5)
+        log.warning("%s", exc, extra={"run_id": attempt.run_id})
+        attempt.stop(StopReason.STREAM_LOST)
         return GraphOutcome(RunStatus.ERROR, None, ThreadStatus.ERROR)
     except TRANSIENT_ERRORS as exc:
         # A service restart is not the graph's fault: hand the run to a new attempt that

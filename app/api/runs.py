@@ -38,7 +38,7 @@ from app.services import current_services
 from app.streaming.frames import event_filter
 from app.streaming.sse import sse_body
 from shared import serde
-from shared.bridge.base import END_EVENT, Event, Gap
+from shared.bridge.base import BEFORE_FIRST, END_EVENT, Event, Gap
 from shared.errors import NotFound
 from shared.runs.model import CancelAction, OnDisconnect, Run
 from shared.runs.result import final_result
@@ -80,7 +80,13 @@ def _stream_response(
     svc = current_services()
     run_id, thread_id = run.run_id, run.thread_id
     owner = principal().user_id
-    cursor = svc.subscriber.check_cursor(run_id, last_event_id)  # 400 before any byte is sent
+    # 400 before any byte is sent. A stream created with its run reads from before the first
+    # event, so a start trimmed before the first read (a web host cut from Redis meanwhile)
+    # is a gap, never a silent hole (B5); that cursor cannot be beyond the last event.
+    if last_event_id == BEFORE_FIRST:
+        cursor = BEFORE_FIRST
+    else:
+        cursor = svc.subscriber.check_cursor(run_id, last_event_id)
 
     def on_close(ended: bool) -> None:
         if not ended and cancel_on_disconnect:
@@ -197,7 +203,7 @@ def create_stream(thread_id: str) -> Response:
     """Create a run and stream its events (SSE)."""
     run, body = _admit(thread_id)
     cancel_on_disconnect = body.on_disconnect is OnDisconnect.CANCEL
-    return _stream_response(run, None, cancel_on_disconnect=cancel_on_disconnect)
+    return _stream_response(run, BEFORE_FIRST, cancel_on_disconnect=cancel_on_disconnect)
 
 
 @bp.post("/threads/<thread_id>/runs/wait")
@@ -219,7 +225,7 @@ def create_stateless_stream() -> Response:
     """Create a run on a new temporary thread and stream its events (SSE)."""
     run, body = _admit_stateless()
     cancel_on_disconnect = body.on_disconnect is OnDisconnect.CANCEL
-    return _stream_response(run, None, cancel_on_disconnect=cancel_on_disconnect)
+    return _stream_response(run, BEFORE_FIRST, cancel_on_disconnect=cancel_on_disconnect)
 
 
 @bp.post("/runs/wait")

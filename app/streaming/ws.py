@@ -46,7 +46,7 @@ from app.services import Services, current_services
 from app.streaming import frames
 from app.streaming.frames import EndFrame, EventFrame, Frame, GapFrame, HeartbeatFrame
 from shared import serde
-from shared.bridge.base import END_EVENT
+from shared.bridge.base import BEFORE_FIRST, END_EVENT
 from shared.bridge.subscriber import StreamSubscriber
 from shared.errors import StreamCursorInvalid, ThreadrunError, ValidationFailed
 from shared.ops.connections import TRACKER
@@ -564,7 +564,7 @@ class _Session:
             _Subscription(
                 run_id=run.run_id,
                 thread_id=run.thread_id,
-                cursor="",
+                cursor=BEFORE_FIRST,  # a start trimmed before the first read is a gap (B5)
                 request_id=request_id,
                 cancel_on_disconnect=spec.on_disconnect is OnDisconnect.CANCEL,
                 modes=None,

