@@ -33,6 +33,8 @@ either idempotent or fails safe under that:
 
 from __future__ import annotations
 
+import math
+import random
 from typing import Any
 from urllib.parse import quote
 
@@ -67,9 +69,23 @@ def sentinel_enabled(settings: Settings) -> bool:
     return bool(settings.sentinel_nodes)
 
 
+class _PrivateJitterBackoff(ExponentialWithJitterBackoff):
+    """redis-py's jittered exponential back-off drawn from a generator of its own: the
+    library's draws from the process-wide `random` module, so a client retrying in a
+    background thread would move the state that other code (seeded simulations, hypothesis)
+    expects to own."""
+
+    def __init__(self) -> None:
+        super().__init__(cap=RETRY_CAP_S, base=RETRY_BASE_S)
+        self._rng = random.Random()
+
+    def compute(self, failures: int) -> float:
+        return min(RETRY_CAP_S, math.ldexp(self._rng.random() * RETRY_BASE_S, failures))
+
+
 def _retry(retry_commands: bool) -> Retry:
     return Retry(
-        ExponentialWithJitterBackoff(base=RETRY_BASE_S, cap=RETRY_CAP_S),
+        _PrivateJitterBackoff(),
         RETRIES if retry_commands else 0,
         supported_errors=RETRIED_ERRORS,
     )
@@ -77,7 +93,7 @@ def _retry(retry_commands: bool) -> Retry:
 
 def _aretry(retry_commands: bool) -> aretry.Retry:
     return aretry.Retry(
-        ExponentialWithJitterBackoff(base=RETRY_BASE_S, cap=RETRY_CAP_S),
+        _PrivateJitterBackoff(),
         RETRIES if retry_commands else 0,
         supported_errors=RETRIED_ERRORS,
     )

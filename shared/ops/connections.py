@@ -110,10 +110,14 @@ class ConnectionReporter:
                 )
                 self._thread.start()
 
-    def stop(self) -> None:
-        """Stop reporting and remove this process's record."""
+    def halt(self) -> None:
+        """Stop reporting; the record expires by itself (for a Redis that is gone)."""
         self._stop.set()
         self.tracker.changed.set()
+
+    def stop(self) -> None:
+        """Stop reporting and remove this process's record."""
+        self.halt()
         try:
             self.client.delete(self.keys.ops_web(self.proc))
             self.client.zrem(self.keys.ops_web_index(), self.proc)
