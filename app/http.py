@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from flask import Response, request
@@ -23,12 +24,18 @@ def checked_thread_id(thread_id: str) -> str:
     return thread_ids.resolve(thread_id)
 
 
+def canonical_id(value: str, missing: Callable[[str], Exception]) -> str:
+    """The canonical form of a UUID in a path; one that is not a UUID cannot exist, so it
+    raises `missing(message)` exactly like a missing one (a 404)."""
+    try:
+        return str(uuid.UUID(value))
+    except ValueError as exc:
+        raise missing(f"{value[:64]} not found") from exc
+
+
 def checked_run_id(run_id: str) -> str:
     """A run id that is not a UUID cannot exist: 404, exactly like a missing one."""
-    try:
-        return str(uuid.UUID(run_id))
-    except ValueError as exc:
-        raise RunNotFound(f"run {run_id[:64]} not found") from exc
+    return canonical_id(run_id, lambda m: RunNotFound(f"run {m}"))
 
 
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -13,12 +13,12 @@ The ops endpoints and page (cross-owner, the ops role) show storage ids.
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from flask import Flask, Response, g
 
+from app.http import canonical_id
 from shared.errors import ThreadNotFound
 from shared.runs.model import RunRequest, Thread
 from shared.runs.thread_ids import AliasRewriter
@@ -29,10 +29,7 @@ REWRITTEN_TYPES = ("application/json", "text/event-stream")
 
 def parsed(thread_id: str) -> str:
     """The canonical form of a client's thread id; not a UUID: 404 like a missing thread."""
-    try:
-        return str(uuid.UUID(thread_id))
-    except ValueError as exc:
-        raise ThreadNotFound(f"thread {thread_id[:64]} not found") from exc
+    return canonical_id(thread_id, lambda m: ThreadNotFound(f"thread {m}"))
 
 
 def aliases() -> dict[str, str]:

@@ -8,13 +8,12 @@ threads: another user's cron id answers exactly like a missing one.
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from typing import Any
 
 from flask import Blueprint, Response, request
 
 from app.auth import principal
-from app.http import checked_thread_id, json_response, parse_body, validate
+from app.http import canonical_id, checked_thread_id, json_response, parse_body, validate
 from app.limits import LimitExceeded, check_run_sizes
 from app.schemas import CronCount, CronCreate, CronPayload, CronSearch, CronUpdate
 from app.services import current_services
@@ -27,10 +26,7 @@ bp = Blueprint("crons", __name__)
 
 def _checked_cron_id(cron_id: str) -> str:
     """A cron id that is not a UUID cannot exist: 404, exactly like a missing one."""
-    try:
-        return str(uuid.UUID(cron_id))
-    except ValueError as exc:
-        raise CronNotFound(f"cron {cron_id[:64]} not found") from exc
+    return canonical_id(cron_id, lambda m: CronNotFound(f"cron {m}"))
 
 
 def _raw_body() -> dict[str, Any]:

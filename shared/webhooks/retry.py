@@ -46,6 +46,11 @@ def outcome_of_status(status: int) -> AttemptOutcome:
     return AttemptOutcome.REJECTED
 
 
+_JITTER = random.Random()
+"""The jitter's own generator, as the Redis client retries have (shared/redis_clients.py):
+never the process-wide `random` state that other code may seed or own."""
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """The retry schedule: base * 2^(n-1), capped, with jitter; Retry-After up to a cap."""
@@ -60,7 +65,7 @@ class Backoff:
         the exponential step fixed and half random, so retries of many deliveries that
         failed together spread out but never come back at once."""
         step = min(self.cap_s, self.base_s * 2.0 ** min(max(attempt - 1, 0), 32))
-        jitter: float = (rng or random).uniform(0, step / 2)
+        jitter: float = (rng or _JITTER).uniform(0, step / 2)
         return step / 2 + jitter
 
     def next_delay(
