@@ -41,7 +41,7 @@ from shared.runs.result import final_result
 from shared.runs.store import ClaimOutcome, Finish
 from shared.state import head_copies
 from shared.state.accessor import ThreadHead
-from shared.state.savers import GATE_KEY, LEASE_KEY, RUN_KEY
+from shared.state.savers import GATE_KEY, HEAD_KEY, LEASE_KEY, RUN_KEY, ReadHead
 from workers.runtime import WorkerRuntime
 from workers.stopped import MODEL_NODE, PartialReplies
 from workers.stream_modes import StreamTranslator, graph_modes
@@ -333,24 +333,27 @@ def run_config(run: Run) -> dict[str, Any]:
     return config
 
 
-async def graph_input(rt: WorkerRuntime, attempt: RunAttempt) -> Any:
+async def graph_input(rt: WorkerRuntime, attempt: RunAttempt, config: dict[str, Any]) -> Any:
     """The input of this attempt: the request's, or None to resume from the checkpoint (L5).
 
     The first attempt that gets here records the pre-run rollback point (R5) before the
     graph writes anything: the head checkpoint's id ('' for a thread with none yet) and a
     copy of its pending writes. A later attempt that finds the head moved past that
-    point resumes from the head.
+    point resumes from the head. The head read here is handed to the graph's own first
+    read under `HEAD_KEY` (one query and decode less before the first token).
     """
     run = attempt.run
+    head = await rt.state.ahead_tuple(attempt.thread_id)
+    config["configurable"][HEAD_KEY] = ReadHead(head)  # the graph's first read (savers.py)
     if run.pre_run_checkpoint_id is None:
-        head_id, writes = await rt.state.arollback_point(attempt.thread_id)
+        head_id, writes = rt.state.rollback_point(head)
         await asyncio.to_thread(
             rt.store.set_pre_run_checkpoint, attempt.run_id, attempt.epoch, head_id or "", writes
         )
         attempt.run = dataclasses.replace(
             run, pre_run_checkpoint_id=head_id or "", pre_run_writes=writes
         )
-    elif (await rt.state.ahead_id(attempt.thread_id) or "") != run.pre_run_checkpoint_id:
+    elif (str(head.checkpoint["id"]) if head else "") != run.pre_run_checkpoint_id:
         return None  # a previous attempt checkpointed progress: resume from it
     if run.command:
         return Command(**run.command)
@@ -452,7 +455,7 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
     subgraphs = bool(kwargs.get("stream_subgraphs"))
     translator = StreamTranslator(requested, subgraphs=subgraphs)
     try:
-        inp = await graph_input(rt, attempt)
+        inp = await graph_input(rt, attempt, config)
         options: dict[str, Any] = {
             "stream_mode": graph_modes(requested),
             "subgraphs": subgraphs,

@@ -16,7 +16,7 @@ from shared.journal.inmemory import MemoryEventStore
 from shared.journal.journal import RunJournal, journal_from_config
 from shared.journal.pages import parse_thread_cursor
 from shared.journal.payload import truncate_payload
-from shared.journal.postgres import RunEventStore, append_in
+from shared.journal.postgres import RunEventStore, append_in, queue_in
 from shared.journal.usage import summarize_usage
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "build_receipt",
     "journal_from_config",
     "parse_thread_cursor",
+    "queue_in",
     "settle_delivery",
     "summarize_usage",
     "truncate_payload",

@@ -193,15 +193,34 @@ def append_in(
     module docstring). The event is stamped with the transaction's `now()` and its
     payload is kept whole (the caller's own small payloads, not a tool's output).
     """
-    params = {
+    row = conn.execute(APPEND_EVENT_SQL, _append_params(run_id, category, type, payload))
+    got = row.fetchone()
+    return None if got is None else int(got["seq"])
+
+
+def queue_in(
+    conn: psycopg.Connection[DictRow],
+    run_id: str,
+    category: Category,
+    type: str,
+    payload: Mapping[str, Any],
+) -> None:
+    """`append_in` without reading its seq back: in pipeline mode (`conn.pipeline()`) the
+    insert goes with the transaction's other statements in one round trip instead of
+    forcing one of its own."""
+    conn.execute(APPEND_EVENT_SQL, _append_params(run_id, category, type, payload))
+
+
+def _append_params(
+    run_id: str, category: Category, type: str, payload: Mapping[str, Any]
+) -> dict[str, Any]:
+    return {
         "run_id": run_id,
         "category": check_category(category),
         "type": type,
         "payload": payload_json(payload),
         "created_at": None,
     }
-    row = conn.execute(APPEND_EVENT_SQL, params).fetchone()
-    return None if row is None else int(row["seq"])
 
 
 def _row_event(row: Mapping[str, Any]) -> RunEvent:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 from shared import serde
 from shared.db import DictPool
 from shared.errors import Conflict, RunNotFound, ThreadBusy, ThreadExists, ThreadNotFound
-from shared.journal import Category, append_in
+from shared.journal import Category, queue_in
 from shared.runs import thread_ids
 from shared.runs.admission import (
     AdmissionDecision,
@@ -335,6 +335,10 @@ def _is_uuid(value: str) -> bool:
     return True
 
 
+def _as_inflight(rows: Iterable[DictRow]) -> list[Inflight]:
+    return [Inflight(r["run_id"], RunStatus(r["status"]), int(r["attempt"])) for r in rows]
+
+
 def _lock_timeout(conn: psycopg.Connection[DictRow], seconds: float | None) -> None:
     """A transaction-local lock_timeout (no-op for None)."""
     if seconds is not None:
@@ -586,7 +590,8 @@ class RunStore:
         """Write what `admission.decide` decides (R2): the thread row lock serialises admissions,
         and nothing but SQL happens between reading the inflight runs and the insert."""
         item = AdmitItem(request, run_id, graph_id, strategy)
-        with self._pool.connection() as conn, conn.transaction():
+        # In pipeline mode BEGIN goes with the first reads and COMMIT after the writes.
+        with self._pool.connection() as conn, conn.pipeline(), conn.transaction():
             return self._admit_in(conn, owner, item)
 
     def admit_many(self, owner: str, items: Sequence[AdmitItem]) -> list[Admission]:
@@ -637,14 +642,23 @@ class RunStore:
         request, run_id, strategy = item.request, item.run_id, item.strategy
         thread_id = request.thread_id
         params = {"thread_id": thread_id, "owner": owner}
-        if request.create_thread:
-            conn.execute(
-                INSERT_THREAD_SQL,
-                {**params, "public_id": request.public_thread_id, "metadata": _json({})},
+        # Pipeline mode (libpq): the statements of each block below go in one round trip,
+        # results read when the block needs them; an admission costs three round trips
+        # (these reads, the writes, COMMIT) instead of one per statement. A run's first
+        # token waits on every round trip before it (docs/performance.md).
+        with conn.pipeline():
+            if request.create_thread:
+                conn.execute(
+                    INSERT_THREAD_SQL,
+                    {**params, "public_id": request.public_thread_id, "metadata": _json({})},
+                )
+            locked = conn.execute(LOCK_THREAD_SQL, params)
+            inflight_rows = conn.execute(
+                INFLIGHT_RUNS_SQL, {"thread_id": thread_id, "limit": inflight_needed(strategy)}
             )
-        if conn.execute(LOCK_THREAD_SQL, params).fetchone() is None:
-            raise ThreadNotFound(f"thread {thread_id} not found")
-        inflight = self._inflight(conn, thread_id, limit=inflight_needed(strategy))
+            if locked.fetchone() is None:
+                raise ThreadNotFound(f"thread {thread_id} not found")
+            inflight = _as_inflight(inflight_rows)
         decision = decide(strategy, inflight, delayed=request.after_seconds > 0)
         if not decision.creates:
             return Admission(decision, None, [], [])
@@ -656,35 +670,37 @@ class RunStore:
                 cancel_running.append(victim.run_id)  # its owner must hear of it
             elif outcome is CancelOutcome.CANCELLED:
                 ended.append(victim.run_id)
-        row = conn.execute(
-            INSERT_RUN_SQL,
-            {
-                **params,
-                "run_id": run_id,
-                "assistant_id": request.assistant_id,
-                "graph_id": item.graph_id,
-                "input": _json(request.input),
-                "command": _json(request.command),
-                "config": _json(request.config),
-                "context": _json(request.context),
-                "metadata": _json(request.metadata),
-                "kwargs": _json(request.kwargs),
-                "multitask_strategy": strategy,
-                "on_disconnect": request.on_disconnect,
-                "on_completion": request.on_completion,
-                "webhook": request.webhook,
-                "dispatch": decision.dispatch_now,
-                "after_s": request.after_seconds,
-            },
-        ).fetchone()
+        with conn.pipeline():
+            inserted = conn.execute(
+                INSERT_RUN_SQL,
+                {
+                    **params,
+                    "run_id": run_id,
+                    "assistant_id": request.assistant_id,
+                    "graph_id": item.graph_id,
+                    "input": _json(request.input),
+                    "command": _json(request.command),
+                    "config": _json(request.config),
+                    "context": _json(request.context),
+                    "metadata": _json(request.metadata),
+                    "kwargs": _json(request.kwargs),
+                    "multitask_strategy": strategy,
+                    "on_disconnect": request.on_disconnect,
+                    "on_completion": request.on_completion,
+                    "webhook": request.webhook,
+                    "dispatch": decision.dispatch_now,
+                    "after_s": request.after_seconds,
+                },
+            )
+            if request.webhook is not None:  # the outbox row commits with the run
+                webhooks.insert_in(conn, run_id, thread_id, request.webhook)
+            conn.execute(
+                MARK_THREAD_BUSY_SQL,
+                {**params, "graph_id": item.graph_id, "assistant_id": request.assistant_id},
+            )
+            self._lifecycle(conn, run_id, thread_id, "created", {"outcome": decision.outcome.value})
+            row = inserted.fetchone()
         assert row is not None
-        if request.webhook is not None:  # the outbox row commits with the run
-            webhooks.insert_in(conn, run_id, thread_id, request.webhook)
-        conn.execute(
-            MARK_THREAD_BUSY_SQL,
-            {**params, "graph_id": item.graph_id, "assistant_id": request.assistant_id},
-        )
-        self._lifecycle(conn, run_id, thread_id, "created", {"outcome": decision.outcome.value})
         dispatch = [run_id] if decision.dispatch_now else []
         return Admission(decision, Run.from_row(row), dispatch, cancel_running, tuple(ended))
 
@@ -692,8 +708,9 @@ class RunStore:
         self, conn: psycopg.Connection[DictRow], thread_id: str, *, limit: int | None
     ) -> list[Inflight]:
         """The thread's pending and running runs in FIFO order (at most `limit`)."""
-        rows = conn.execute(INFLIGHT_RUNS_SQL, {"thread_id": thread_id, "limit": limit})
-        return [Inflight(r["run_id"], RunStatus(r["status"]), int(r["attempt"])) for r in rows]
+        return _as_inflight(
+            conn.execute(INFLIGHT_RUNS_SQL, {"thread_id": thread_id, "limit": limit})
+        )
 
     def _cancel_victim(
         self,
@@ -913,7 +930,10 @@ class RunStore:
     def claim(self, run_id: str, owner: str) -> Claim:
         """Make the run ours: status running, epoch + 1, attempt + 1 (L1, L3)."""
         try:
-            with self._pool.connection() as conn, conn.transaction():
+            # Pipeline mode: BEGIN and the claim in one round trip, the lifecycle event and
+            # COMMIT in the next (four round trips before, on every run's path to its first
+            # token).
+            with self._pool.connection() as conn, conn.pipeline(), conn.transaction():
                 row = conn.execute(CLAIM_SQL, {"run_id": run_id, "owner": owner}).fetchone()
                 if row is not None:
                     self._lifecycle(
@@ -1020,8 +1040,9 @@ class RunStore:
         payload: dict[str, Any],
     ) -> None:
         """Append a `lifecycle` audit event in the caller's transaction (same seq counter as
-        the journal, so concurrent appenders never collide)."""
-        append_in(conn, run_id, Category.LIFECYCLE, kind, payload)
+        the journal, so concurrent appenders never collide). Its seq is not read back, so in
+        pipeline mode it travels with the transaction's other statements."""
+        queue_in(conn, run_id, Category.LIFECYCLE, kind, payload)
 
     def run_events(self, run_id: str) -> list[dict[str, Any]]:
         """The run's audit events in order."""

@@ -524,7 +524,14 @@ class CheckpointStateAccessor:
         The copy matters: a run that resumes the head (a Command, an interrupt answered)
         adds its own writes to that same checkpoint.
         """
-        head = await self._saver.aget_tuple(self._config(thread_id))
+        return self.rollback_point(await self.ahead_tuple(thread_id))
+
+    async def ahead_tuple(self, thread_id: str) -> CheckpointTuple | None:
+        """The thread's head checkpoint as the saver reads it (mode-checked), or None."""
+        return await self._saver.aget_tuple(self._config(thread_id))
+
+    def rollback_point(self, head: CheckpointTuple | None) -> tuple[str | None, list[list[str]]]:
+        """`arollback_point` of a head already read."""
         if head is None:
             return None, []
         return str(head.checkpoint["id"]), self.dump_writes(head.pending_writes or [])

@@ -77,6 +77,37 @@ GATE_KEY = "__threadrun_stream_gate"
 
 StreamGate = Callable[[], Awaitable[None]]
 
+HEAD_KEY = "__threadrun_head"
+"""configurable key of a `ReadHead`: the head checkpoint the attempt already read."""
+
+
+class ReadHead:
+    """The thread's head checkpoint a run attempt read before starting its graph (for its
+    rollback point, R5), handed to the graph's own first read of the head instead of a
+    second identical query and decode on the path to the first token.
+
+    One-shot: only the first read of the root head (no checkpoint id, namespace '') takes
+    it; later reads, subgraphs' and a run from a given checkpoint go to the database. While
+    the attempt is being set up nothing else writes the thread's checkpoints (the thread's
+    running run is this one), so the copy is the head the graph would read.
+    """
+
+    __slots__ = ("_tuple", "_taken")
+
+    def __init__(self, head: CheckpointTuple | None) -> None:
+        self._tuple = head
+        self._taken = False
+
+    def take(self, config: RunnableConfig) -> tuple[bool, CheckpointTuple | None]:
+        """(True, the head) the first time `config` reads the root head, else (False, None)."""
+        conf = config.get("configurable") or {}
+        if self._taken or conf.get("checkpoint_id") or conf.get("checkpoint_ns", ""):
+            return False, None
+        self._taken = True
+        head, self._tuple = self._tuple, None
+        return True, head
+
+
 FENCE_SQL = """
 SELECT 1 FROM runs, (SELECT set_config('idle_in_transaction_session_timeout', %s, true)) AS t
 WHERE run_id = %s::uuid AND owner_epoch = %s AND status = 'running'
@@ -335,7 +366,13 @@ class FencedPostgresSaver(AsyncPostgresSaver):
             _fence.reset(token)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """A checkpoint this process can read, or CheckpointModeMismatch."""
+        """A checkpoint this process can read, or CheckpointModeMismatch; the attempt's
+        `ReadHead` when it has one for this read."""
+        held: ReadHead | None = (config.get("configurable") or {}).get(HEAD_KEY)
+        if held is not None:
+            taken, head = held.take(config)
+            if taken:
+                return head  # read (and mode-checked) by this saver moments ago
         return _checked(await super().aget_tuple(config), self.mode)
 
     async def alist(
