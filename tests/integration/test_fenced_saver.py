@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
 from shared.agent.lead_agent import build_lead_agent
 from shared.db import make_async_pool, make_pool
@@ -20,7 +21,14 @@ from shared.leases import lease_value
 from shared.runs.model import MultitaskStrategy, RunRequest
 from shared.runs.store import ClaimOutcome, RunStore
 from shared.settings import Settings
-from shared.state.savers import FENCE_SQL, LEASE_KEY, RUN_KEY, FencedPostgresSaver
+from shared.state.savers import (
+    FENCE_SQL,
+    HEAD_KEY,
+    LEASE_KEY,
+    RUN_KEY,
+    FencedPostgresSaver,
+    ReadHead,
+)
 
 
 def _claimed_run(store: RunStore, owner: str) -> tuple[str, str, int]:
@@ -163,4 +171,61 @@ def test_l2_a_frozen_writer_does_not_hold_the_run_row(settings: Settings) -> Non
             frozen.commit()
     finally:
         frozen.close()
+        pool.close()
+
+
+def test_r5_the_graph_starts_from_the_head_read_for_the_rollback_point(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """R5: the head checkpoint an attempt reads for its rollback point is the one its graph
+    starts from (ReadHead, handed over under HEAD_KEY): the graph's first read of the root
+    head takes it without a query; any later read, and a read of a given checkpoint, queries."""
+    pool = make_pool(settings, name="test-read-head-store", max_size=2)
+    store = RunStore(pool)
+    tid, run_id, epoch = _claimed_run(store, "w")
+
+    async def scenario() -> None:
+        apool = await make_async_pool(settings, name="test-read-head", max_size=2)
+        try:
+            saver = FencedPostgresSaver(apool, mode="full")
+            graph = build_lead_agent(settings).copy(update={"checkpointer": saver})
+            config = _config(tid, run_id, epoch, "w", tmp_path)
+            await graph.ainvoke(_hi("first"), config)
+            root = {"configurable": {"thread_id": tid}}
+            head = await saver.aget_tuple(root)
+            assert head is not None
+            queried: list[dict[str, Any]] = []
+            upstream = AsyncPostgresSaver.aget_tuple
+
+            async def counting(self: AsyncPostgresSaver, cfg: Any) -> Any:
+                queried.append(dict(cfg.get("configurable") or {}))
+                return await upstream(self, cfg)
+
+            AsyncPostgresSaver.aget_tuple = counting  # type: ignore[method-assign]
+            try:
+                held = ReadHead(head)
+                await graph.ainvoke(
+                    _hi("second"),
+                    {**config, "configurable": {**config["configurable"], HEAD_KEY: held}},
+                )
+                assert queried == [], "the graph read the head again"
+                # One-shot: a second read of the root head queries.
+                assert held.take(root) == (False, None)
+                given = {"configurable": {"thread_id": tid, "checkpoint_id": head.checkpoint["id"]}}
+                assert ReadHead(head).take(given) == (False, None)
+                sub = {"configurable": {"thread_id": tid, "checkpoint_ns": "child"}}
+                assert ReadHead(head).take(sub) == (False, None)
+            finally:
+                AsyncPostgresSaver.aget_tuple = upstream  # type: ignore[method-assign]
+            states = [c async for c in saver.alist(root)]
+            # The second run continued the first conversation (it started from that head).
+            newest = states[0].checkpoint["channel_values"]["messages"]
+            texts = [m.content for m in newest if m.type == "human"]
+            assert texts == ["first", "second"]
+        finally:
+            await apool.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
         pool.close()
