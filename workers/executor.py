@@ -119,6 +119,7 @@ class RunAttempt:
     task: asyncio.Task[None] | None = None
     stop_reason: StopReason | None = None
     started: float = field(default_factory=time.monotonic)
+    pre_run_recorded: asyncio.Future[None] | None = None  # see `record_pre_run`
 
     @property
     def run_id(self) -> str:
@@ -347,9 +348,7 @@ async def graph_input(rt: WorkerRuntime, attempt: RunAttempt, config: dict[str, 
     config["configurable"][HEAD_KEY] = ReadHead(head)  # the graph's first read (savers.py)
     if run.pre_run_checkpoint_id is None:
         head_id, writes = rt.state.rollback_point(head)
-        await asyncio.to_thread(
-            rt.store.set_pre_run_checkpoint, attempt.run_id, attempt.epoch, head_id or "", writes
-        )
+        record_pre_run(rt, attempt, head_id or "", writes)
         attempt.run = dataclasses.replace(
             run, pre_run_checkpoint_id=head_id or "", pre_run_writes=writes
         )
@@ -358,6 +357,27 @@ async def graph_input(rt: WorkerRuntime, attempt: RunAttempt, config: dict[str, 
     if run.command:
         return Command(**run.command)
     return run.input
+
+
+def record_pre_run(
+    rt: WorkerRuntime, attempt: RunAttempt, head_id: str, writes: list[list[str]]
+) -> None:
+    """Record the rollback point (R5) while the graph starts, off the first token's path:
+    every fenced checkpoint write of the attempt awaits it first (`stream_gate`), so it is
+    committed before the graph writes anything, as the next attempt and a rollback need.
+    A failure reaches the graph through that write (a service failure: hand back, L5)."""
+    task = asyncio.ensure_future(
+        asyncio.to_thread(
+            rt.store.set_pre_run_checkpoint, attempt.run_id, attempt.epoch, head_id, writes
+        )
+    )
+    task.add_done_callback(_consume_error)  # awaited by the gate; may end unawaited
+    attempt.pre_run_recorded = task
+
+
+def _consume_error(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("recording the rollback point failed", exc_info=fut.exception())
 
 
 def open_sink(rt: WorkerRuntime, attempt: RunAttempt) -> EventSink:
@@ -382,11 +402,15 @@ last chunks it queued reach the sink only when the consumer runs."""
 
 def stream_gate(attempt: RunAttempt, sink: EventSink) -> Callable[[], Awaitable[None]]:
     """The gate every fenced checkpoint write of the attempt awaits (B5, shared/state/
-    savers.py): the events emitted so far are in the stream, or the write does not happen
+    savers.py): the rollback point is recorded (`record_pre_run`, R5) and the events
+    emitted so far are in the stream, or the write does not happen
     and the attempt stops without finalizing, so the next one re-runs the step and streams
     it whole. A fenced publish (LeaseLost) already stopped the attempt (`on_lost`)."""
 
     async def gate() -> None:
+        if attempt.pre_run_recorded is not None:
+            # shield: a write cancelled meanwhile must not cancel the recording itself
+            await asyncio.shield(attempt.pre_run_recorded)
         for _ in range(GATE_YIELDS):
             await asyncio.sleep(0)
         try:
