@@ -437,6 +437,8 @@ async def restore_pre_run_state(rt: WorkerRuntime, attempt: RunAttempt) -> None:
     pre = attempt.run.pre_run_checkpoint_id
     if pre is None:
         return  # the graph never started: nothing to undo
+    if attempt.pre_run_recorded is not None:  # like every write of the attempt (stream_gate)
+        await asyncio.shield(attempt.pre_run_recorded)
     restored = await rt.state.arollback(
         attempt.thread_id,
         attempt.run.graph_id,
