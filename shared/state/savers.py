@@ -320,9 +320,13 @@ class FencedPostgresSaver(AsyncPostgresSaver):
             async with super()._cursor(pipeline=pipeline) as cur:
                 yield cur
             return
+        # Pipeline mode, as LangGraph's own writes use: BEGIN and the fence go in one round
+        # trip (its answer is needed before writing), the checkpoint's statements and COMMIT
+        # in the next; five round trips a checkpoint before.
         async with (
             self.lock,
             saver_connection(self.conn) as conn,
+            conn.pipeline(),
             conn.transaction(),
             conn.cursor(binary=True, row_factory=dict_row) as cur,
         ):
