@@ -156,7 +156,7 @@ def test_compose_roles_health_checks_and_dependencies() -> None:
     """Every role is a service with a health check; web and workers start after the one-shot
     migration; runs workers scale with deploy.replicas; no beat (the reaper runs inside every
     runs worker, R4/L4); a stopping worker has time to hand its runs back (R7)."""
-    services = compose()["services"]
+    services = {n: s for n, s in compose()["services"].items() if "profiles" not in s}
     assert set(services) == {
         "redis",
         "postgres",
@@ -201,6 +201,79 @@ def test_compose_roles_health_checks_and_dependencies() -> None:
     flower = argv(services["flower"]["command"])
     assert flower[:4] == ["celery", "-A", "workers.celery_app:celery", "flower"]
     assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"] == "ops:secret"
+
+
+HA = {"redis-replica", "sentinel1", "sentinel2", "sentinel3"}
+HA_ENV = re.compile(r"^#\s+(THREADRUN_REDIS_SENTINELS=\S+)\s+\\$", re.MULTILINE)
+
+
+def sentinel_script(service: dict[str, Any]) -> str:
+    """The shell script a compose Sentinel runs (`sh -c <script>`)."""
+    args = service["command"]
+    assert args[:2] == ["sh", "-c"]
+    return str(args[2])
+
+
+def test_compose_ha_profile_has_a_replica_and_a_sentinel_majority() -> None:
+    """Profile `ha`: a replica of `redis` and three Sentinels (quorum 2) monitoring `redis`
+    under the master name the app asks for, each with its own config volume; the replica
+    persists and never evicts like the primary; every node is known by its service name."""
+    services = compose()["services"]
+    assert {n for n, s in services.items() if s.get("profiles")} == HA
+    assert all(services[n]["profiles"] == ["ha"] for n in HA)
+    replica = argv(services["redis-replica"]["command"])
+    assert replica[replica.index("--replicaof") + 1 : replica.index("--replicaof") + 3] == [
+        "redis",
+        "6379",
+    ]
+    assert option(replica, "--replica-announce-ip") == "redis-replica"
+    assert option(argv(services["redis"]["command"]), "--replica-announce-ip") == "redis"
+    primary = argv(services["redis"]["command"])
+    for flag in ("--maxmemory-policy", "--maxmemory", "--appendonly", "--appendfsync"):
+        assert option(replica, flag) == option(primary, flag), flag
+    volumes = set()
+    for i in (1, 2, 3):
+        svc = services[f"sentinel{i}"]
+        assert svc["hostname"] == f"sentinel{i}"
+        (vol,) = svc["volumes"]
+        assert vol.endswith(":/data")
+        volumes.add(vol)
+        env = svc["environment"]
+        assert env["SENTINEL_MASTER"] == DEFAULTS.redis_sentinel_master
+        assert int(env["SENTINEL_QUORUM"]) == 2  # a majority of three
+        script = sentinel_script(svc)
+        assert 'echo "port 26379"' in script and "--sentinel" in script
+        assert "sentinel monitor $SENTINEL_MASTER redis 6379 $SENTINEL_QUORUM" in script
+        assert svc["healthcheck"]["test"][0] == "CMD-SHELL"
+    assert len(volumes) == 3
+    assert {v.split(":")[0] for v in volumes} | {"redis-replica-data"} <= set(compose()["volumes"])
+
+
+def test_compose_ha_settings_point_every_role_at_the_sentinels() -> None:
+    """Without THREADRUN_REDIS_SENTINELS the app uses `redis` directly (Sentinel off); with
+    the value the file's header documents, every role parses it to the three Sentinel
+    services on 26379 and waits for them (not required: absent without the profile)."""
+    raw = compose_raw()
+    roles = {"migrate", "web", "worker", "memory-worker", "flower", "scheduler"}
+    off = compose()["services"]
+    for name in roles:
+        env = off[name]["environment"]
+        assert env["THREADRUN_REDIS_SENTINELS"] == ""
+        assert Settings(redis_sentinels=env["THREADRUN_REDIS_SENTINELS"]).sentinel_nodes == []
+    (line,) = HA_ENV.findall(COMPOSE.read_text())
+    key, value = line.split("=", 1)
+    on = interpolate(raw, {**REQUIRED_ENV, key: value})["services"]
+    for name in roles:
+        env = on[name]["environment"]
+        s = Settings(
+            redis_sentinels=env["THREADRUN_REDIS_SENTINELS"],
+            redis_sentinel_master=env["THREADRUN_REDIS_SENTINEL_MASTER"],
+        )
+        assert s.sentinel_nodes == [(f"sentinel{i}", 26379) for i in (1, 2, 3)], name
+        assert s.redis_sentinel_master == on["sentinel1"]["environment"]["SENTINEL_MASTER"]
+        deps = on[name]["depends_on"]
+        for i in (1, 2, 3):
+            assert deps[f"sentinel{i}"] == {"condition": "service_healthy", "required": False}
 
 
 def test_compose_redis_never_evicts_and_persists() -> None:
