@@ -12,6 +12,8 @@ import copy
 import json
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+import redis
 import yaml
 
 import shared.metrics
@@ -542,3 +545,120 @@ def test_alert_rules_cover_the_issue_and_use_only_contract_metrics() -> None:
         for metric in counters:
             if metric in r["expr"]:
                 assert re.search(rf"(rate|increase)\({metric}", r["expr"]), r["alert"]
+
+
+# ----------------------------------------------------------------------------------------
+# Kubernetes with Redis Sentinel (deploy/redis-sentinel, an overlay of deploy/k8s)
+# ----------------------------------------------------------------------------------------
+
+SENTINEL_K8S = ROOT / "deploy" / "redis-sentinel"
+
+
+def sentinel_example() -> dict[tuple[str, str], dict[str, Any]]:
+    """(kind, name) -> object of every file of the example but its kustomization."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in sorted(SENTINEL_K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                key = (doc["kind"], doc["metadata"]["name"])
+                out[key if path.name != "settings.yaml" else ("patch:" + key[0], key[1])] = doc
+    return out
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_k8s_sentinel_example_points_the_app_at_its_own_sentinels() -> None:
+    """The overlay adds a Redis StatefulSet (2 nodes, noeviction, appendonly) and a Sentinel
+    StatefulSet (3, quorum a majority), validating strictly; it patches the base's settings
+    so that THREADRUN_REDIS_SENTINELS names exactly those Sentinel pods by their headless
+    service, with the master name, data password and Sentinel password they use."""
+    kust = yaml.safe_load((SENTINEL_K8S / "kustomization.yaml").read_text())
+    files_ = {p.name for p in SENTINEL_K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert kust["resources"][0] == "../k8s" and kust["namespace"] == "threadrun"
+    assert set(kust["resources"][1:]) | {p["path"] for p in kust["patches"]} == files_
+    docs = sentinel_example()
+    for key, doc in docs.items():
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        assert "namespace" not in doc["metadata"], key
+    # the patches target objects of the base
+    for kind, name in docs:
+        if kind.startswith("patch:"):
+            assert name in by_kind(kind[len("patch:") :]), name
+    (cm,) = by_kind("ConfigMap").values()
+    (secret,) = by_kind("Secret").values()
+    data = {
+        **cm["data"],
+        **secret["stringData"],
+        **docs[("patch:ConfigMap", "threadrun-config")]["data"],
+        **docs[("patch:Secret", "threadrun-secrets")]["stringData"],
+    }
+    s = Settings.model_validate(
+        {k[10:].lower(): v for k, v in data.items() if k[10:].lower() in Settings.model_fields}
+    )
+    redis_sts = docs[("StatefulSet", "threadrun-redis")]
+    sent_sts = docs[("StatefulSet", "threadrun-sentinel")]
+    sent_svc = docs[("Service", sent_sts["spec"]["serviceName"])]
+    redis_svc = docs[("Service", redis_sts["spec"]["serviceName"])]
+    sent = _container(sent_sts)
+    redis_c = _container(redis_sts)
+    (port,) = [p["containerPort"] for p in sent["ports"]]
+    assert {p["port"] for p in sent_svc["spec"]["ports"]} == {port}
+    n = sent_sts["spec"]["replicas"]
+    assert n == 3 and int(_env(sent)["QUORUM"]) == n // 2 + 1
+    assert s.sentinel_nodes == [
+        (f"{sent_sts['metadata']['name']}-{i}.{sent_svc['metadata']['name']}", port)
+        for i in range(n)
+    ]
+    assert s.redis_sentinel_master == _env(sent)["MASTER"] == _env(redis_c)["MASTER"]
+    auth = docs[("Secret", "threadrun-redis")]["stringData"]
+    assert redis.connection.parse_url(s.redis_url)["password"] == auth["REDIS_PASSWORD"]
+    assert s.redis_sentinel_password.get_secret_value() == auth["SENTINEL_PASSWORD"]
+    for svc, sts in ((sent_svc, sent_sts), (redis_svc, redis_sts)):
+        assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        assert svc["spec"]["selector"].items() <= labels.items()
+        assert sts["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        pdb = docs[("PodDisruptionBudget", sts["metadata"]["name"])]
+        assert pdb["spec"]["maxUnavailable"] == 1
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        c = _container(sts)
+        assert sts["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert c["readinessProbe"] and c["livenessProbe"] and "memory" in c["resources"]["limits"]
+        for e in c["env"]:
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+            assert ref is None or ref["key"] in auth, e
+        script = c["command"][-1]
+        check = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+    assert redis_sts["spec"]["replicas"] >= 2 and redis_sts["spec"]["volumeClaimTemplates"]
+    script = redis_c["command"][-1]
+    assert "--maxmemory-policy noeviction" in script and "--appendonly yes" in script
+    assert "--replica-announce-ip" in script and "--masterauth" in script
+    assert "sentinel monitor $MASTER $master 6379 $QUORUM" in sent["command"][-1]
+
+
+def test_k8s_sentinel_example_builds_with_kustomize() -> None:
+    """`kubectl kustomize deploy/redis-sentinel` (offline) renders the base and the example
+    into one valid set: every object in the namespace, the settings patched."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    res = subprocess.run(
+        ["kubectl", "kustomize", str(SENTINEL_K8S)], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    docs = [d for d in yaml.safe_load_all(res.stdout) if d]
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert {("StatefulSet", "threadrun-redis"), ("StatefulSet", "threadrun-sentinel")} <= kinds
+    assert ("Deployment", "threadrun-web") in kinds
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == "threadrun", doc["metadata"]["name"]
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert cm["data"]["THREADRUN_REDIS_SENTINELS"].count(":26379") == 3
+    assert cm["data"]["THREADRUN_REDIS_PREFIX"] == "threadrun:"  # the base's data is kept
