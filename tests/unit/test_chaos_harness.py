@@ -229,3 +229,45 @@ def test_owner_alive_checks_the_pid_and_its_start_time() -> None:
                           capture_output=True, text=True, check=True)  # fmt: skip
     assert not owner_alive({"pid": int(done.stdout), "start": 0})
     assert not owner_alive({}) and not owner_alive(json.loads('{"pid": "x"}'))
+
+
+class _LocalHost:
+    """A chaos host without a namespace: its argv runs as is."""
+
+    name = "local"
+
+    def exec_argv(self, argv: list[str]) -> list[str]:
+        return argv
+
+
+def test_l4_a_process_the_nemesis_thread_starts_outlives_that_thread(tmp_path: Path) -> None:
+    """The parent-death signal follows the forking *thread*: a replacement worker started
+    from the nemesis thread must not die when that thread ends (it did: a single-worker run
+    then never recovered from a worker_kill). The control shows the kernel's behaviour."""
+    from shared.devservices import parent_death_signal
+    from tests.chaos.cluster import ChaosCluster
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    got: list[Any] = []
+
+    def plain() -> None:
+        got.append(subprocess.Popen(sleeper, preexec_fn=parent_death_signal(signal.SIGKILL)))
+
+    t = threading.Thread(target=plain)
+    t.start()
+    t.join()
+    assert got[0].wait(timeout=60) == -signal.SIGKILL  # the control: killed with its thread
+
+    c = ChaosCluster(None, tmp_path, webs=0, workers=0, sentinels=0)  # type: ignore[arg-type]
+    procs: list[Proc] = []
+    t = threading.Thread(
+        target=lambda: procs.append(c.spawn(_LocalHost(), "w", sleeper, role="worker"))
+    )  # type: ignore[arg-type]
+    t.start()
+    t.join()
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            procs[0].popen.wait(timeout=1)  # still running once its starting thread is gone
+    finally:
+        c.stop()
+    assert procs[0].popen.returncode is not None
