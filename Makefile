@@ -7,6 +7,8 @@
 #
 # Redis and PostgreSQL: THREADRUN_REDIS_URL / THREADRUN_DATABASE_URL if set, else the local
 # servers on 127.0.0.1:6379 / :5432, else embedded ones under .threadrun/ (shared/devservices.py).
+# With THREADRUN_REDIS_SENTINELS set, Redis is the master those Sentinels name (never local or
+# embedded), and every process gets the Sentinel settings (docs/operations.md).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c

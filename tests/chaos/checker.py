@@ -7,7 +7,10 @@ Invariants (each anomaly names its run):
   exactly one terminal status: a terminal row status and exactly one terminal `lifecycle`
   audit event; the status an `end` frame announced is the committed one (A1, L2, R8).
 - `stuck`: no run is pending/running after heal + recovery without a live owner (a worker
-  process of ours holding the run's Redis lease) (L4, R4).
+  process of ours holding the run's Redis lease) (L4, R4); and every client of the workload
+  finished its loop: a client still busy when the workload had to end (hung on a stream, a
+  status poll, a request) is one anomaly naming the client, its run and thread, what it was
+  doing and its last observations (`stuck_clients`).
 - `single_writer`: no two attempts' writes both in the state: a run's checkpoints, ordered by
   id (time-ordered), never go back from attempt n+1 to attempt n; the terminal lifecycle
   event was written by the run's current epoch; at most one delivery receipt per attempt and
@@ -55,6 +58,8 @@ class Report:
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)
     faults: list[dict[str, Any]] = field(default_factory=list)
     checkpoints_checked: int = 0
+    workload_end: str | None = None
+    """How the workload ended when it did not finish by itself (None: it did)."""
 
     def add(self, invariant: str, run_id: str, detail: str) -> None:
         self.anomalies.append(Anomaly(invariant, run_id, detail))
@@ -64,7 +69,8 @@ class Report:
         return {a.run_id for a in self.anomalies}
 
     def passed_failed(self) -> tuple[int, int]:
-        """Runs without an anomaly, and runs (or checkpoints of no known run) with one."""
+        """Runs without an anomaly, and runs (or checkpoints of no known run, hung clients
+        between runs, a workload that never finished) with one."""
         bad = self.failed_runs
         return len(set(self.runs) - bad), len(bad)
 
@@ -118,6 +124,75 @@ def db_state(
     return by_run, terminal, cps
 
 
+def describe(h: dict[str, Any]) -> str:
+    """One history line, short: `ev messages/partial 1733-0 (attempt 1)`, `drop (why)`."""
+    k = h.get("k")
+    if k == "ev":
+        return f"ev {h.get('ev')} {h.get('id')} (attempt {h.get('att')})"
+    if k == "drop":
+        return f"drop ({str(h.get('why'))[:80]})"
+    if k in ("final", "end") and h.get("status"):
+        return f"{k} {h['status']}"
+    if k in ("client_error", "create_error"):
+        return f"{k} ({str(h.get('error'))[:80]})"
+    if k == "state":
+        return f"state ({h.get('why')}) checkpoint {h.get('checkpoint')}"
+    return str(k)
+
+
+def stuck_clients(
+    history: list[dict[str, Any]],
+    runs: dict[str, dict[str, Any]],
+    workload_end: str | None,
+    last_n: int = 3,
+) -> list[Anomaly]:
+    """The `stuck` anomalies of clients that never finished their loop (a `client_start`
+    without its `client_done`), from the history alone plus each run's final status.
+
+    `workload_end` says how the workload ended when it did not finish by itself (timed out
+    and killed, or its exit code); with it and no unfinished client in the history (it
+    died before writing them), one anomaly names the workload."""
+    started: list[str] = []
+    done: set[str] = set()
+    hung: dict[str, dict[str, Any]] = {}
+    seen: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for h in history:
+        c, k = h.get("c"), h.get("k")
+        if k == "client_start" and c not in started:
+            started.append(c)
+        elif k == "client_done":
+            done.add(c)
+        elif k == "hung":
+            hung[c] = h
+        elif k != "client_start":
+            seen[c].append(h)
+    out: list[Anomaly] = []
+    why = workload_end or "the workload ended without it"
+    for c in started:
+        if c in done:
+            continue
+        rec = hung.get(c, {})
+        mine = seen[c]
+        run_id = rec.get("run") or next((h["run"] for h in reversed(mine) if h.get("run")), None)
+        tid = rec.get("thread") or next(
+            (h["thread"] for h in reversed(mine) if h.get("thread")), None
+        )
+        status = runs.get(run_id, {}).get("status") if run_id else None
+        parts = [f"client {c} never finished its loop ({why})"]
+        if rec:
+            busy = rec.get("t", 0.0) - rec.get("since", 0.0)
+            parts.append(f"busy with '{rec.get('phase')}' for {busy:.0f} s")
+        parts.append(f"run {run_id} (status {status}), thread {tid}")
+        if rec.get("last"):
+            parts.append(f"last event id {rec['last']}")
+        last = [describe(h) for h in mine[-last_n:]]
+        parts.append("last seen: " + ("; ".join(last) if last else "nothing"))
+        out.append(Anomaly("stuck", run_id or f"client {c}", ", ".join(parts)))
+    if workload_end and not out:
+        out.append(Anomaly("stuck", "workload", f"the workload did not finish: {workload_end}"))
+    return out
+
+
 def check(
     history: list[dict[str, Any]],
     faults: list[dict[str, Any]],
@@ -126,8 +201,11 @@ def check(
     redis_url: str,
     prefix: str,
     live_worker_pids: set[int],
+    workload_end: str | None = None,
 ) -> Report:
-    rep = Report(faults=faults)
+    """Every invariant; `workload_end` says how the workload ended when it did not finish by
+    itself (see `stuck_clients`)."""
+    rep = Report(faults=faults, workload_end=workload_end)
     runs, terminal, cps = db_state(dsn)
     rep.runs = runs
     created = {h["run"]: h for h in history if h["k"] == "create"}
@@ -176,6 +254,7 @@ def check(
             )
     finally:
         r.close()
+    rep.anomalies.extend(stuck_clients(history, rep.runs, workload_end))
 
     # --- single writer: checkpoints ---------------------------------------------------------
     per_run: dict[str, list[tuple[str, int]]] = defaultdict(list)
@@ -397,6 +476,8 @@ def summary(rep: Report, now: float) -> str:
     lines = [table(rep, now), ""]
     lines.append("runs by status: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
     lines.append(f"checkpoints seen committed and checked: {rep.checkpoints_checked}")
+    if rep.workload_end:
+        lines.append(f"workload: {rep.workload_end}")
     lines.append(
         "invariants: "
         + ", ".join(f"{k} {'ok' if v == 0 else f'{v} anomalies'}" for k, v in counts.items())

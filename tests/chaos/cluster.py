@@ -10,6 +10,7 @@ and stopped by that pid.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import glob
 import os
@@ -92,6 +93,11 @@ class ChaosCluster:
         self.settings: Settings | None = None
         self.env: dict[str, str] = {}
         self.extra_env = dict(env or {})
+        # Every process is forked by this one thread, which lives until stop(): the kernel
+        # sends the parent-death signal when the *thread* that forked a child ends, so a
+        # process the nemesis thread started (a replacement worker, the old primary back as
+        # a replica) would otherwise be killed as soon as the nemesis finishes its schedule.
+        self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spawner")
 
     # --- hosts --------------------------------------------------------------------------
     def make_hosts(self) -> None:
@@ -133,15 +139,19 @@ class ChaosCluster:
     ) -> Proc:
         """Start `argv` inside `host` with its output in `<logs>/<name>.log`."""
         log = self.logs / f"{name}.log"
-        with log.open("ab") as fh:
-            popen = subprocess.Popen(
-                host.exec_argv(argv),
-                env=dict(env) if env is not None else None,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                cwd=PROJECT,
-                preexec_fn=parent_death_signal(signal.SIGKILL),
-            )
+
+        def fork() -> subprocess.Popen[bytes]:
+            with log.open("ab") as fh:
+                return subprocess.Popen(
+                    host.exec_argv(argv),
+                    env=dict(env) if env is not None else None,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    cwd=PROJECT,
+                    preexec_fn=parent_death_signal(signal.SIGKILL),
+                )
+
+        popen = self._spawner.submit(fork).result()
         proc = Proc(name, popen, log, role)
         proc.url = host.name
         self.procs.append(proc)
@@ -343,3 +353,4 @@ class ChaosCluster:
         for p in self.procs:  # reap everything, also what died on its own
             with contextlib.suppress(Exception):
                 p.popen.wait(timeout=1)
+        self._spawner.shutdown(wait=False)

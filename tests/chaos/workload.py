@@ -12,7 +12,11 @@ Every observation is one JSON line in the history file, with `t` (wall clock): `
 (run admitted, its id), `create_error`, `ev` (an event: id, name, attempt of the last
 `metadata`, the message chunk's own attempt, the filler token numbers it carried), `gap`,
 `drop` (a stream failed), `end`, `final` (the run's status), `state` (the thread's head:
-checkpoint id and every AI answer's word and filler tokens), `cancel`.
+checkpoint id and every AI answer's word and filler tokens), `cancel`; `client_start` and
+`client_done` bracket each client's loop. A client still busy `--grace-s` seconds after the
+deadline (or when the harness sends SIGTERM) is recorded as `hung` (what it was doing, on which
+run and thread, since when, its last event id) and the workload exits with HUNG_EXIT: the
+checker reports it as `stuck` instead of the harness waiting forever.
 
 The built-in model answers a message with N tokens: `(turn k) You said: <word>` and fillers
 `t0005` .. `t{N-1:04d}` (shared/agent/model.py); the word is unique per run, so an answer
@@ -24,8 +28,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import re
+import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -42,6 +49,8 @@ FILLER = re.compile(r"\bt(\d{4})\b")
 WORD = re.compile(r"You said: (\S+)")
 TERMINAL = {"success", "error", "timeout", "interrupted"}
 MAX_REJOINS = 30
+HUNG_EXIT = 3
+"""The workload's exit code when some client was still busy at the end (see `hung`)."""
 
 
 class History:
@@ -54,10 +63,12 @@ class History:
     def add(self, client: str, kind: str, **fields: Any) -> None:
         line = json.dumps({"t": time.time(), "c": client, "k": kind, **fields})
         with self._lock:
-            self._fh.write(line + "\n")
+            if not self._fh.closed:  # a hung client's late line after the end is dropped
+                self._fh.write(line + "\n")
 
     def close(self) -> None:
-        self._fh.close()
+        with self._lock:
+            self._fh.close()
 
 
 def fillers(text: str) -> list[int]:
@@ -88,6 +99,23 @@ class Client(threading.Thread):
         self.args = args
         self.n = 0
         self.attempt: dict[str, Any] = {}
+        # what the client is doing now (for a `hung` record); plain attribute writes
+        self.phase = "starting"
+        self.phase_since = time.time()
+        self.cur_run: str | None = None
+        self.cur_thread: str | None = None
+        self.last_event: str | None = None
+
+    def doing(self, phase: str, run_id: str | None = None, tid: str | None = None) -> None:
+        self.phase, self.phase_since = phase, time.time()
+        self.cur_run = run_id
+        if tid is not None:
+            self.cur_thread = tid
+
+    def hung(self) -> dict[str, Any]:
+        """The `hung` record's fields: what this client was doing when the workload ended."""
+        return {"phase": self.phase, "since": self.phase_since, "run": self.cur_run,
+                "thread": self.cur_thread, "last": self.last_event}  # fmt: skip
 
     # --- plumbing --------------------------------------------------------------------------
     def url(self) -> str:
@@ -112,12 +140,21 @@ class Client(threading.Thread):
         if event == "metadata" and isinstance(data, dict):
             self.attempt[run_id] = data.get("attempt")
         toks, chunk_att = chunk_info(event, data)
+        self.last_event = ev_id
         self.hist.add(self.cname, "ev", run=run_id, id=ev_id, ev=event, att=self.attempt.get(run_id),
                       catt=chunk_att, tok=toks)  # fmt: skip
 
     # --- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
+        self.hist.add(self.cname, "client_start", transport=self.transport)
         try:
+            self.main_loop()
+        finally:
+            self.hist.add(self.cname, "client_done", runs=self.n)
+
+    def main_loop(self) -> None:
+        try:
+            self.doing("create a thread")
             tid = self.retry(
                 "create a thread",
                 lambda h: h.post("/threads", json={}).raise_for_status().json()["thread_id"],
@@ -125,6 +162,7 @@ class Client(threading.Thread):
             while time.time() < self.deadline:
                 self.n += 1
                 roll = self.rng.random()
+                self.doing("create a run", tid=tid)
                 try:
                     if roll < self.args.cancel_share:
                         self.one_run(tid, cancel_after=self.rng.randrange(3, 15))
@@ -136,6 +174,7 @@ class Client(threading.Thread):
                     self.hist.add(self.cname, "client_error", thread=tid, error=repr(exc)[:300])
                     time.sleep(1)
                 if self.rng.random() < 0.2:
+                    self.doing("create a thread")
                     tid = self.retry(
                         "create a thread",
                         lambda h: (
@@ -166,6 +205,7 @@ class Client(threading.Thread):
             )
             self.hist.add(self.cname, "create", run=res["run_id"], thread=tid, word=word,
                           tokens=body["config"]["configurable"]["tokens"], mode="background")  # fmt: skip
+            self.doing("wait before the rollback run", res["run_id"])
         except RuntimeError as exc:
             self.hist.add(self.cname, "create_error", thread=tid, word=word, error=str(exc)[:300])
             return
@@ -187,6 +227,7 @@ class Client(threading.Thread):
 
     def finish(self, tid: str, run_id: str) -> None:
         """The run's committed status, then the thread's head (answers and checkpoint id)."""
+        self.doing("poll the run's status", run_id)
         end = time.time() + self.args.settle_s
         status = None
         while time.time() < end:
@@ -202,6 +243,7 @@ class Client(threading.Thread):
         self.reload(tid, run_id, "final")
 
     def reload(self, tid: str, run_id: str, why: str) -> None:
+        self.doing(f"reload the state ({why})", run_id)
         with contextlib.suppress(Exception):
             with self.http() as h:
                 st = h.get(f"/threads/{tid}/state").raise_for_status().json()
@@ -246,6 +288,7 @@ class Client(threading.Thread):
                                 tokens=tokens,
                                 mode="sse",
                             )
+                            self.doing("stream (sse)", run_id)
                         if run_id is None:
                             continue
                         last_id = part.id or last_id
@@ -280,6 +323,7 @@ class Client(threading.Thread):
                 if rejoins > MAX_REJOINS:
                     self.hist.add(self.cname, "gave_up", run=run_id)
                     return run_id
+                self.doing(f"rejoin the stream (sse, {rejoins})", run_id)
                 time.sleep(min(2.0, 0.2 * rejoins))
                 client.http.client.close()
                 client = get_sync_client(
@@ -308,6 +352,7 @@ class Client(threading.Thread):
 
     def after_gap(self, tid: str, run_id: str) -> None:
         """B9: reload the durable state once the run has ended (then the state is final)."""
+        self.doing("wait for the end after a gap", run_id)
         end = time.time() + self.args.settle_s
         while time.time() < end:
             with contextlib.suppress(Exception), self.http() as h:
@@ -354,6 +399,7 @@ class Client(threading.Thread):
                             tokens=tokens,
                             mode="ws",
                         )
+                        self.doing("stream (ws)", run_id)
                     elif kind == "error" and run_id is None:
                         self.hist.add(
                             self.cname, "create_error", thread=tid, word=word, error=str(f)[:300]
@@ -403,6 +449,7 @@ class Client(threading.Thread):
             if rejoins > MAX_REJOINS:
                 self.hist.add(self.cname, "gave_up", run=run_id)
                 return run_id
+            self.doing(f"rejoin the stream (ws, {rejoins})", run_id)
             time.sleep(min(2.0, 0.2 * rejoins))
             frame = {
                 "type": "run.join",
@@ -428,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cancel-share", type=float, default=0.15)
     p.add_argument("--rollback-share", type=float, default=0.15)
     p.add_argument("--settle-s", type=float, default=60)
+    p.add_argument("--grace-s", type=float, default=150,
+                   help="seconds after the deadline before busy clients count as hung")  # fmt: skip
     args = p.parse_args(argv)
     hist = History(args.out)
     urls = args.urls.split(",")
@@ -439,12 +488,28 @@ def main(argv: list[str] | None = None) -> int:
         Client(f"w{i}", "ws", urls, hist, args, args.seed * 1000 + 500 + i)
         for i in range(args.ws_clients)
     ]
+    ended = threading.Event()
+
+    def on_term(signum: int, frame: Any) -> None:
+        ended.set()
+
+    # the harness's SIGTERM: record the busy clients, then exit (Event.wait wakes up)
+    signal.signal(signal.SIGTERM, on_term)
     for c in clients:
         c.start()
+    limit = time.time() + args.duration + args.grace_s
     for c in clients:
-        c.join()
-    hist.add("workload", "done")
+        while c.is_alive() and not ended.is_set() and time.time() < limit:
+            ended.wait(min(1.0, max(0.0, limit - time.time())))
+    busy = [c for c in clients if c.is_alive()]
+    for c in busy:
+        hist.add(c.cname, "hung", **c.hung())
+    hist.add("workload", "done", hung=[c.cname for c in busy])
     hist.close()
+    if busy:
+        print(f"workload: {len(busy)} clients still busy: {[c.cname for c in busy]}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        os._exit(HUNG_EXIT)  # the busy threads may sit in a blocking read: do not wait for them
     return 0
 
 

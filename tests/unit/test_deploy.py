@@ -12,6 +12,8 @@ import copy
 import json
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+import redis
 import yaml
 
 import shared.metrics
@@ -156,7 +159,7 @@ def test_compose_roles_health_checks_and_dependencies() -> None:
     """Every role is a service with a health check; web and workers start after the one-shot
     migration; runs workers scale with deploy.replicas; no beat (the reaper runs inside every
     runs worker, R4/L4); a stopping worker has time to hand its runs back (R7)."""
-    services = compose()["services"]
+    services = {n: s for n, s in compose()["services"].items() if "profiles" not in s}
     assert set(services) == {
         "redis",
         "postgres",
@@ -201,6 +204,79 @@ def test_compose_roles_health_checks_and_dependencies() -> None:
     flower = argv(services["flower"]["command"])
     assert flower[:4] == ["celery", "-A", "workers.celery_app:celery", "flower"]
     assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"] == "ops:secret"
+
+
+HA = {"redis-replica", "sentinel1", "sentinel2", "sentinel3"}
+HA_ENV = re.compile(r"^#\s+(THREADRUN_REDIS_SENTINELS=\S+)\s+\\$", re.MULTILINE)
+
+
+def sentinel_script(service: dict[str, Any]) -> str:
+    """The shell script a compose Sentinel runs (`sh -c <script>`)."""
+    args = service["command"]
+    assert args[:2] == ["sh", "-c"]
+    return str(args[2])
+
+
+def test_compose_ha_profile_has_a_replica_and_a_sentinel_majority() -> None:
+    """Profile `ha`: a replica of `redis` and three Sentinels (quorum 2) monitoring `redis`
+    under the master name the app asks for, each with its own config volume; the replica
+    persists and never evicts like the primary; every node is known by its service name."""
+    services = compose()["services"]
+    assert {n for n, s in services.items() if s.get("profiles")} == HA
+    assert all(services[n]["profiles"] == ["ha"] for n in HA)
+    replica = argv(services["redis-replica"]["command"])
+    assert replica[replica.index("--replicaof") + 1 : replica.index("--replicaof") + 3] == [
+        "redis",
+        "6379",
+    ]
+    assert option(replica, "--replica-announce-ip") == "redis-replica"
+    assert option(argv(services["redis"]["command"]), "--replica-announce-ip") == "redis"
+    primary = argv(services["redis"]["command"])
+    for flag in ("--maxmemory-policy", "--maxmemory", "--appendonly", "--appendfsync"):
+        assert option(replica, flag) == option(primary, flag), flag
+    volumes = set()
+    for i in (1, 2, 3):
+        svc = services[f"sentinel{i}"]
+        assert svc["hostname"] == f"sentinel{i}"
+        (vol,) = svc["volumes"]
+        assert vol.endswith(":/data")
+        volumes.add(vol)
+        env = svc["environment"]
+        assert env["SENTINEL_MASTER"] == DEFAULTS.redis_sentinel_master
+        assert int(env["SENTINEL_QUORUM"]) == 2  # a majority of three
+        script = sentinel_script(svc)
+        assert 'echo "port 26379"' in script and "--sentinel" in script
+        assert "sentinel monitor $SENTINEL_MASTER redis 6379 $SENTINEL_QUORUM" in script
+        assert svc["healthcheck"]["test"][0] == "CMD-SHELL"
+    assert len(volumes) == 3
+    assert {v.split(":")[0] for v in volumes} | {"redis-replica-data"} <= set(compose()["volumes"])
+
+
+def test_compose_ha_settings_point_every_role_at_the_sentinels() -> None:
+    """Without THREADRUN_REDIS_SENTINELS the app uses `redis` directly (Sentinel off); with
+    the value the file's header documents, every role parses it to the three Sentinel
+    services on 26379 and waits for them (not required: absent without the profile)."""
+    raw = compose_raw()
+    roles = {"migrate", "web", "worker", "memory-worker", "flower", "scheduler"}
+    off = compose()["services"]
+    for name in roles:
+        env = off[name]["environment"]
+        assert env["THREADRUN_REDIS_SENTINELS"] == ""
+        assert Settings(redis_sentinels=env["THREADRUN_REDIS_SENTINELS"]).sentinel_nodes == []
+    (line,) = HA_ENV.findall(COMPOSE.read_text())
+    key, value = line.split("=", 1)
+    on = interpolate(raw, {**REQUIRED_ENV, key: value})["services"]
+    for name in roles:
+        env = on[name]["environment"]
+        s = Settings(
+            redis_sentinels=env["THREADRUN_REDIS_SENTINELS"],
+            redis_sentinel_master=env["THREADRUN_REDIS_SENTINEL_MASTER"],
+        )
+        assert s.sentinel_nodes == [(f"sentinel{i}", 26379) for i in (1, 2, 3)], name
+        assert s.redis_sentinel_master == on["sentinel1"]["environment"]["SENTINEL_MASTER"]
+        deps = on[name]["depends_on"]
+        for i in (1, 2, 3):
+            assert deps[f"sentinel{i}"] == {"condition": "service_healthy", "required": False}
 
 
 def test_compose_redis_never_evicts_and_persists() -> None:
@@ -469,3 +545,120 @@ def test_alert_rules_cover_the_issue_and_use_only_contract_metrics() -> None:
         for metric in counters:
             if metric in r["expr"]:
                 assert re.search(rf"(rate|increase)\({metric}", r["expr"]), r["alert"]
+
+
+# ----------------------------------------------------------------------------------------
+# Kubernetes with Redis Sentinel (deploy/redis-sentinel, an overlay of deploy/k8s)
+# ----------------------------------------------------------------------------------------
+
+SENTINEL_K8S = ROOT / "deploy" / "redis-sentinel"
+
+
+def sentinel_example() -> dict[tuple[str, str], dict[str, Any]]:
+    """(kind, name) -> object of every file of the example but its kustomization."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in sorted(SENTINEL_K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                key = (doc["kind"], doc["metadata"]["name"])
+                out[key if path.name != "settings.yaml" else ("patch:" + key[0], key[1])] = doc
+    return out
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_k8s_sentinel_example_points_the_app_at_its_own_sentinels() -> None:
+    """The overlay adds a Redis StatefulSet (2 nodes, noeviction, appendonly) and a Sentinel
+    StatefulSet (3, quorum a majority), validating strictly; it patches the base's settings
+    so that THREADRUN_REDIS_SENTINELS names exactly those Sentinel pods by their headless
+    service, with the master name, data password and Sentinel password they use."""
+    kust = yaml.safe_load((SENTINEL_K8S / "kustomization.yaml").read_text())
+    files_ = {p.name for p in SENTINEL_K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert kust["resources"][0] == "../k8s" and kust["namespace"] == "threadrun"
+    assert set(kust["resources"][1:]) | {p["path"] for p in kust["patches"]} == files_
+    docs = sentinel_example()
+    for key, doc in docs.items():
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        assert "namespace" not in doc["metadata"], key
+    # the patches target objects of the base
+    for kind, name in docs:
+        if kind.startswith("patch:"):
+            assert name in by_kind(kind[len("patch:") :]), name
+    (cm,) = by_kind("ConfigMap").values()
+    (secret,) = by_kind("Secret").values()
+    data = {
+        **cm["data"],
+        **secret["stringData"],
+        **docs[("patch:ConfigMap", "threadrun-config")]["data"],
+        **docs[("patch:Secret", "threadrun-secrets")]["stringData"],
+    }
+    s = Settings.model_validate(
+        {k[10:].lower(): v for k, v in data.items() if k[10:].lower() in Settings.model_fields}
+    )
+    redis_sts = docs[("StatefulSet", "threadrun-redis")]
+    sent_sts = docs[("StatefulSet", "threadrun-sentinel")]
+    sent_svc = docs[("Service", sent_sts["spec"]["serviceName"])]
+    redis_svc = docs[("Service", redis_sts["spec"]["serviceName"])]
+    sent = _container(sent_sts)
+    redis_c = _container(redis_sts)
+    (port,) = [p["containerPort"] for p in sent["ports"]]
+    assert {p["port"] for p in sent_svc["spec"]["ports"]} == {port}
+    n = sent_sts["spec"]["replicas"]
+    assert n == 3 and int(_env(sent)["QUORUM"]) == n // 2 + 1
+    assert s.sentinel_nodes == [
+        (f"{sent_sts['metadata']['name']}-{i}.{sent_svc['metadata']['name']}", port)
+        for i in range(n)
+    ]
+    assert s.redis_sentinel_master == _env(sent)["MASTER"] == _env(redis_c)["MASTER"]
+    auth = docs[("Secret", "threadrun-redis")]["stringData"]
+    assert redis.connection.parse_url(s.redis_url)["password"] == auth["REDIS_PASSWORD"]
+    assert s.redis_sentinel_password.get_secret_value() == auth["SENTINEL_PASSWORD"]
+    for svc, sts in ((sent_svc, sent_sts), (redis_svc, redis_sts)):
+        assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        assert svc["spec"]["selector"].items() <= labels.items()
+        assert sts["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        pdb = docs[("PodDisruptionBudget", sts["metadata"]["name"])]
+        assert pdb["spec"]["maxUnavailable"] == 1
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        c = _container(sts)
+        assert sts["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert c["readinessProbe"] and c["livenessProbe"] and "memory" in c["resources"]["limits"]
+        for e in c["env"]:
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+            assert ref is None or ref["key"] in auth, e
+        script = c["command"][-1]
+        check = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+    assert redis_sts["spec"]["replicas"] >= 2 and redis_sts["spec"]["volumeClaimTemplates"]
+    script = redis_c["command"][-1]
+    assert "--maxmemory-policy noeviction" in script and "--appendonly yes" in script
+    assert "--replica-announce-ip" in script and "--masterauth" in script
+    assert "sentinel monitor $MASTER $master 6379 $QUORUM" in sent["command"][-1]
+
+
+def test_k8s_sentinel_example_builds_with_kustomize() -> None:
+    """`kubectl kustomize deploy/redis-sentinel` (offline) renders the base and the example
+    into one valid set: every object in the namespace, the settings patched."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    res = subprocess.run(
+        ["kubectl", "kustomize", str(SENTINEL_K8S)], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    docs = [d for d in yaml.safe_load_all(res.stdout) if d]
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert {("StatefulSet", "threadrun-redis"), ("StatefulSet", "threadrun-sentinel")} <= kinds
+    assert ("Deployment", "threadrun-web") in kinds
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == "threadrun", doc["metadata"]["name"]
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert cm["data"]["THREADRUN_REDIS_SENTINELS"].count(":26379") == 3
+    assert cm["data"]["THREADRUN_REDIS_PREFIX"] == "threadrun:"  # the base's data is kept

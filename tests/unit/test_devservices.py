@@ -270,6 +270,81 @@ def test_failure_stops_what_was_started(monkeypatch: pytest.MonkeyPatch, clean_e
     assert probes.stopped == ["redis"]
 
 
+SENTINELS = "10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379"
+
+
+def test_sentinel_is_resolved_through_the_sentinels_never_local_or_embedded(
+    monkeypatch: pytest.MonkeyPatch, clean_env: Path
+) -> None:
+    """With THREADRUN_REDIS_SENTINELS no plain Redis is probed or started; the Sentinel
+    settings travel with the URLs to every child (Services.env, the export lines)."""
+    probes = Probes(monkeypatch, {LOCAL_REDIS_0, LOCAL_PG_ADMIN})
+    asked: list[Settings] = []
+
+    def sentinel(settings: Settings, timeout: float = 2.0) -> tuple[str, str | None]:
+        asked.append(settings)
+        return "10.0.0.7:6379", None
+
+    monkeypatch.setattr(ds, "probe_sentinel", sentinel)
+    settings = Settings(
+        data_dir=clean_env,
+        redis_sentinels=SENTINELS,
+        redis_sentinel_master="tr-main",
+        redis_sentinel_password=SecretStr("s pw"),
+        redis_url="redis://:node-pw@ignored:6379/0",
+    )
+    services = ds.resolve_services(settings, redis_db_number=5)
+    assert len(asked) == 1
+    assert services.redis_url == "redis://:node-pw@ignored:6379/5"
+    assert services.redis_source == "sentinel: master 'tr-main' at 10.0.0.7:6379"
+    assert not [c for c in probes.calls if c[0] in ("redis", "start")], probes.calls
+    assert services.env == {
+        "THREADRUN_REDIS_URL": "redis://:node-pw@ignored:6379/5",
+        "THREADRUN_DATABASE_URL": services.database_url,
+        "THREADRUN_REDIS_SENTINELS": SENTINELS,
+        "THREADRUN_REDIS_SENTINEL_MASTER": "tr-main",
+        "THREADRUN_REDIS_SENTINEL_PASSWORD": "s pw",
+    }
+    lines = services.export_lines()
+    assert f"export THREADRUN_REDIS_SENTINELS={SENTINELS}" in lines
+    assert "export THREADRUN_REDIS_SENTINEL_PASSWORD='s pw'" in lines
+
+
+def test_sentinel_without_a_master_is_an_error_not_an_embedded_redis(
+    monkeypatch: pytest.MonkeyPatch, clean_env: Path
+) -> None:
+    probes = Probes(monkeypatch, {LOCAL_REDIS_0, LOCAL_PG_ADMIN})
+    monkeypatch.setattr(
+        ds, "probe_sentinel", lambda s, timeout=2.0: ("", "MasterNotFoundError: no master")
+    )
+    settings = Settings(data_dir=clean_env, redis_sentinels=SENTINELS)
+    with pytest.raises(ds.DevServicesError, match="no master 'threadrun'.*MasterNotFoundError"):
+        ds.resolve_services(settings)
+    assert probes.calls == [] and probes.stopped == []
+
+
+def test_supervisor_children_get_the_sentinel_settings(
+    monkeypatch: pytest.MonkeyPatch, clean_env: Path
+) -> None:
+    """Every process the supervisor starts (migrations first, then the rest) sees the
+    Sentinel settings and the resolved URLs."""
+    services = ds.Services(
+        "redis://:pw@x:6379/0",
+        "postgresql://postgres@127.0.0.1:5432/threadrun",
+        sentinel=ds.sentinel_env(Settings(redis_sentinels=SENTINELS)),
+    )
+    monkeypatch.delenv("THREADRUN_REDIS_SENTINELS", raising=False)
+    env = sv.child_env(services.env)
+    buf = io.StringIO()
+    show = "import os; print(os.environ['THREADRUN_REDIS_SENTINELS'], os.environ['THREADRUN_REDIS_SENTINEL_MASTER'], os.environ['THREADRUN_REDIS_URL'])"
+    sup = sv.Supervisor([], env=env, output=sv.Output(buf))
+    for name in ("migrate", "web", "worker", "memory", "scheduler", "flower"):
+        assert sup.run_to_completion(py_child(name, show)) == 0
+    lines = [ln for ln in buf.getvalue().splitlines() if "|" in ln]
+    assert len(lines) == 6
+    assert all(ln.endswith(f"| {SENTINELS} threadrun redis://:pw@x:6379/0") for ln in lines)
+
+
 def test_export_lines_are_shell_safe() -> None:
     services = ds.Services("redis://h:1/0", "postgresql://u:p w@h:2/d", "local", "local")
     lines = services.export_lines()
