@@ -457,8 +457,7 @@ class _Session:
                     msg = self.ws.receive(timeout=RECEIVE_POLL_S)
                 except ConnectionClosed:
                     break
-                if self.conn is not None:
-                    self.conn.maybe_renew()
+                self._renew_slot()
                 if not self._still_authorized(force=False):
                     break
                 if msg is None:
@@ -477,6 +476,17 @@ class _Session:
                 self.handle(data)
         finally:
             self.shutdown()
+
+    def _renew_slot(self) -> None:
+        """Renew the socket's connection slot when due, beside the frame loop: with Redis
+        unreachable the renewal waits out the client's retries, and frames that need no
+        service (a `ping`) must not wait for it. At most one renewal at a time: it is no
+        longer due once started."""
+        conn = self.conn
+        if conn is None or not conn.due():
+            return
+        conn.renewed_at = time.monotonic()
+        threading.Thread(target=conn.renew, name="ws-slot-renew", daemon=True).start()
 
     def _still_authorized(self, *, force: bool) -> bool:
         """Re-check the socket's credential at least once per key-cache TTL,
