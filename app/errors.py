@@ -37,7 +37,16 @@ from shared.errors import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["REPLIES", "Reply", "error_body", "register", "reply_for", "validation_failed"]
+__all__ = [
+    "REPLIES",
+    "SERVICE_ERRORS",
+    "Reply",
+    "error_body",
+    "register",
+    "reply_for",
+    "unavailable_service",
+    "validation_failed",
+]
 
 
 class Reply(NamedTuple):
@@ -64,16 +73,42 @@ SERVICE_RETRY_AFTER_S = 5
 """Retry-After of a 503 for an unreachable service: about one reconnect of its clients."""
 
 
+SERVICE_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,  # refused, reset, Sentinel without a primary, loading
+    redis.TimeoutError,
+    psycopg.OperationalError,  # no connection, PoolTimeout, server shutdown
+)
+"""Errors that mean a service this process needs is unreachable (not a fault of the request)."""
+
+SERVICE_NAMES = {"redis": "Redis", "postgres": "PostgreSQL"}
+
+
+def unavailable_service(exc: BaseException) -> str | None:
+    """`redis` or `postgres` when `exc` says that service is unreachable, else None."""
+    if not isinstance(exc, SERVICE_ERRORS):
+        return None
+    return "redis" if isinstance(exc, redis.RedisError) else "postgres"
+
+
+def unavailable_message(service: str) -> str:
+    """What a client is told about an unreachable service (never the driver's text: it can
+    carry addresses)."""
+    return f"{SERVICE_NAMES[service]} is unavailable to this server; retry in a few seconds"
+
+
+def log_unavailable(service: str, exc: BaseException) -> None:
+    """One warning line for a request an unreachable service failed."""
+    log.warning("%s unavailable: %s: %s", SERVICE_NAMES[service], type(exc).__name__, exc)
+
+
 def _unavailable(exc: Exception) -> Reply:
     # Connection refused or lost, a timeout, an exhausted pool (PoolTimeout), a server
-    # shutting down: the request may succeed once the service is back, so 503 + Retry-After
-    # (never the driver's text: it can carry addresses).
-    service = "Redis" if isinstance(exc, redis.RedisError) else "PostgreSQL"
-    log.warning("%s unavailable: %s: %s", service, type(exc).__name__, exc)
-    message = f"{service} is unavailable to this server; retry in a few seconds"
+    # shutting down: the request may succeed once the service is back, so 503 + Retry-After.
+    service = unavailable_service(exc) or "postgres"
+    log_unavailable(service, exc)
     return Reply(
         503,
-        error_body("service_unavailable", message),
+        error_body("service_unavailable", unavailable_message(service)),
         {"Retry-After": str(SERVICE_RETRY_AFTER_S)},
     )
 
@@ -105,9 +140,7 @@ REPLIES: dict[type[Exception], Callable[[Any], Reply]] = {
     UpstreamFailed: lambda e: Reply(502, error_body(e.code, str(e))),
     ConfigError: _unexpected,  # the server's fault: no detail for the client
     psycopg.errors.DataError: _data_error,
-    redis.ConnectionError: _unavailable,  # refused, reset, Sentinel without a primary, loading
-    redis.TimeoutError: _unavailable,
-    psycopg.OperationalError: _unavailable,  # no connection, PoolTimeout, server shutdown
+    **{cls: _unavailable for cls in SERVICE_ERRORS},  # 503 with Retry-After
     ThreadrunError: _ours,
     HTTPException: _http,
     Exception: _unexpected,

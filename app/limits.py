@@ -191,13 +191,21 @@ class ConnectionSlot:
     def __post_init__(self) -> None:
         self.key = self.key or self.limiter.keys.connections(self.user_id)
 
+    def due(self) -> bool:
+        """Whether a third of the TTL has passed since the last renewal (cheap)."""
+        ttl = self.limiter.settings.limit_slot_ttl_s
+        return not self.released and time.monotonic() - self.renewed_at >= ttl / 3
+
     def maybe_renew(self) -> None:
         """Renew when a third of the TTL has passed (cheap to call often)."""
-        ttl = self.limiter.settings.limit_slot_ttl_s
-        now = time.monotonic()
-        if self.released or now - self.renewed_at < ttl / 3:
+        if not self.due():
             return
-        self.renewed_at = now
+        self.renewed_at = time.monotonic()
+        self.renew()
+
+    def renew(self) -> None:
+        """Extend the slot's TTL now (a failure is logged: the slot lives until its TTL)."""
+        ttl = self.limiter.settings.limit_slot_ttl_s
         try:
             self.limiter.renew_conn(
                 keys=[self.key],

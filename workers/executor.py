@@ -644,7 +644,8 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
         await sink.drain()
     except LeaseLost:  # the publisher counted the fenced write
         return AttemptResult(AttemptOutcome.FENCED, fenced=Sink.STREAM)
-    except Exception:  # the stream is not durable history (B8); go on
+    except Exception:  # the stream is not durable history (B8); go on: the events dropped
+        # get a `lost` marker before the `end` (a gap for readers, B5; publish_end below)
         log.exception("stream drain failed", extra={"run_id": attempt.run_id})
     # (3) terminal status, fenced by the epoch (L2), with the thread's head copy.
     also = await head_copy_writer(rt, attempt, outcome)
@@ -676,16 +677,61 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
     if attempt.run.deletes_thread:
         await keep_result(rt, attempt, settled)
     # (4) `end`, after the status is committed (A1: no stream closes before that).
+    end = {"run_id": attempt.run_id, "status": settled.status}
+    await publish_end(rt, attempt, sink, serde.dumps(end))
     try:
-        end = {"run_id": attempt.run_id, "status": settled.status}
-        await sink.publish_end(serde.dumps(end))
-    except Exception:  # subscribers fall back to the run status
-        log.exception("publishing end failed", extra={"run_id": attempt.run_id})
-    await rt.leases.release(attempt.run_id, attempt.lease)
-    await rt.redis.delete(rt.keys.cancel(attempt.run_id))
+        await rt.leases.release(attempt.run_id, attempt.lease)
+        await rt.redis.delete(rt.keys.cancel(attempt.run_id))
+    except redis.RedisError:  # both expire by themselves
+        log.warning("could not release the lease", extra={"run_id": attempt.run_id})
     if attempt.run.deletes_thread:
         await delete_temporary_thread(rt, attempt)
     return AttemptResult(AttemptOutcome.FINISHED, status=settled.status)
+
+
+END_RETRY_MAX_DELAY_S = 5.0
+"""Longest wait between two tries of a run's `end` while Redis is unreachable."""
+
+
+async def publish_end(rt: WorkerRuntime, attempt: RunAttempt, sink: EventSink, data: bytes) -> bool:
+    """Publish the run's `end` once Redis takes it (B7); False if it never did.
+
+    The terminal status is committed: a stream without its `end` would leave its readers
+    waiting until they give up with a gap, and every later reader too. So a publish that
+    failed (Redis unreachable past the publisher's retries) is tried again until
+    `stream_ttl_after_end_s` has passed; one that was fenced means the lease lapsed while
+    Redis was unreachable. It is taken back for the same epoch, which is safe: the run is
+    terminal under that epoch, so no newer owner can exist (a claim needs a run that is not
+    terminal, L2). Never two `end`s: a retry numbers `end` as the first try did, and the
+    publish script skips what it already added (shared/lua/publish.lua).
+    """
+    ids = {"run_id": attempt.run_id}
+    deadline = time.monotonic() + rt.settings.stream_ttl_after_end_s
+    delay = 0.5
+    while True:
+        fenced = False
+        try:
+            await sink.publish_end(data)
+            return True
+        except LeaseLost:
+            fenced = True
+        except Exception as exc:  # noqa: BLE001 - Redis unreachable: tried again below
+            log.warning("publishing end failed: %s; retrying", exc, extra=ids)
+        if time.monotonic() + delay > deadline:
+            log.error("the run's end could not be published; readers get a gap", extra=ids)
+            return False
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, END_RETRY_MAX_DELAY_S)
+        if fenced:
+            try:
+                retaken = await rt.leases.acquire(attempt.run_id, attempt.epoch, rt.worker_id)
+            except redis.RedisError:
+                continue  # the next try fails again and comes back here
+            if not retaken:  # a higher epoch: never publish past it
+                log.error("a newer lease holds the ended run; no end published", extra=ids)
+                return False
+            log.warning("lease taken back to publish the end of the ended run", extra=ids)
+        sink.rearm()
 
 
 async def finish_once(

@@ -39,6 +39,13 @@ from app import thread_ids
 from app.api.shapes import run_json
 from app.auth import authenticate, principal
 from app.cors import check_ws_origin
+from app.errors import (
+    SERVICE_ERRORS,
+    SERVICE_RETRY_AFTER_S,
+    log_unavailable,
+    unavailable_message,
+    unavailable_service,
+)
 from app.http import checked_run_id, checked_thread_id, validate
 from app.limits import ConnectionSlot, LimitExceeded, TokenBucket, admit_limits, limiter
 from app.schemas import STREAM_MODES, RunCreate
@@ -410,6 +417,26 @@ class _Session:
             frame["run_id"] = run_id
         self.send_obj(frame)
 
+    def unavailable(
+        self, exc: BaseException, request_id: Any = None, *, run_id: str | None = None
+    ) -> None:
+        """A frame failed because Redis or PostgreSQL is unreachable: the HTTP API's 503 as an
+        `error` frame `service_unavailable` naming the service, with `retry_after` seconds
+        (like Retry-After). The socket stays up; the same frame may succeed later."""
+        service = unavailable_service(exc) or "postgres"
+        log_unavailable(service, exc)
+        frame: dict[str, Any] = {
+            "type": "error",
+            "code": "service_unavailable",
+            "service": service,
+            "retry_after": SERVICE_RETRY_AFTER_S,
+            "message": unavailable_message(service),
+            "request_id": request_id,
+        }
+        if run_id:
+            frame["run_id"] = run_id
+        self.send_obj(frame)
+
     def close(self, code: int, reason: str) -> None:
         """Close the socket with `code` (the frame loop then ends)."""
         got = self._send_lock.acquire(timeout=5)  # a send blocked on a stalled peer: go anyway
@@ -430,8 +457,7 @@ class _Session:
                     msg = self.ws.receive(timeout=RECEIVE_POLL_S)
                 except ConnectionClosed:
                     break
-                if self.conn is not None:
-                    self.conn.maybe_renew()
+                self._renew_slot()
                 if not self._still_authorized(force=False):
                     break
                 if msg is None:
@@ -451,6 +477,17 @@ class _Session:
         finally:
             self.shutdown()
 
+    def _renew_slot(self) -> None:
+        """Renew the socket's connection slot when due, beside the frame loop: with Redis
+        unreachable the renewal waits out the client's retries, and frames that need no
+        service (a `ping`) must not wait for it. At most one renewal at a time: it is no
+        longer due once started."""
+        conn = self.conn
+        if conn is None or not conn.due():
+            return
+        conn.renewed_at = time.monotonic()
+        threading.Thread(target=conn.renew, name="ws-slot-renew", daemon=True).start()
+
     def _still_authorized(self, *, force: bool) -> bool:
         """Re-check the socket's credential at least once per key-cache TTL,
         and on `force` (every `run.create`): a key revoked, a token expired or local mode
@@ -464,6 +501,13 @@ class _Session:
             who = authenticate(extra_key=request.args.get("api_key"))
         except HTTPException:
             who = None
+        except SERVICE_ERRORS:
+            if force:
+                raise  # the frame is answered `service_unavailable`
+            # A periodic check that cannot reach the key store keeps the socket; the
+            # credential is checked again at the next frame.
+            log.warning("websocket credential re-check failed: a service is unreachable")
+            return True
         if who is not None and who.user_id == self.owner:
             self._authenticated_at = now
             return True
@@ -528,6 +572,8 @@ class _Session:
         except HTTPException as exc:
             code = (exc.name or "error").lower().replace(" ", "_")
             self.error(code, exc.description or exc.name, request_id)
+        except SERVICE_ERRORS as exc:  # Redis or PostgreSQL unreachable: retry later
+            self.unavailable(exc, request_id)
         except Exception:  # a bad frame never kills the socket
             kind = data.get("type") if isinstance(data, dict) else None
             log.exception("websocket frame failed", extra={"frame_type": str(kind)[:64]})
@@ -684,6 +730,8 @@ class _Session:
                     break
         except StreamCursorInvalid as exc:
             self.error(exc.code, str(exc), sub.request_id, field="last_event_id", run_id=run_id)
+        except SERVICE_ERRORS as exc:  # the subscription ends; a `run.join` resumes it later
+            self.unavailable(exc, sub.request_id, run_id=run_id)
         except Exception:  # report, keep the socket and the other runs
             log.exception("websocket subscription failed", extra={"run_id": run_id})
             self.error("internal_error", "the subscription failed", sub.request_id, run_id=run_id)

@@ -148,10 +148,11 @@ class StreamBridge(BridgePublisher, BridgeSubscriber, Protocol):
     - while following live, the next entry's count is not the last one's plus one;
     - the cursor is in a range of ids a failover lost (the promoted replica lacked them;
       the publisher republished what it still held with new ids), or the reader reaches the
-      `LOST_EVENT` marker of events the publisher no longer held;
+      `LOST_EVENT` marker of events the publisher no longer held (or that a publish
+      failed to add before the run's `end` was published after an outage);
     - the stream does not exist and a cursor other than '0-0' was given or the run is
       terminal (expired or lost), or the run is terminal and the stream has stayed silent for two heartbeat
-      intervals without its `end` (lost with a publisher that gave up).
+      intervals without its `end` (a publisher that could not publish it yet, or died).
     Its `requested_event_id` is the cursor the gap is relative to (the client's cursor on
     replay, the last delivered id when following; None for "from the start"); the
     `earliest_available_event_id` / `latest_available_event_id` bounds are the first

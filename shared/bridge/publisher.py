@@ -278,6 +278,7 @@ class EventSink:
     _repair: tuple[int, PublishCall] | None = None
     _check: bool = False
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
+    _dropped: int = 0  # events (other than `end`) that a failed publish left out of the stream
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -291,6 +292,7 @@ class EventSink:
     def emit(self, event: str, data: bytes) -> None:
         """Queue one event (in order)."""
         if self.lost is not None or self.error is not None:
+            self._count_dropped([event])
             return
         self._buf.append((event, data))
         self._idle.clear()
@@ -383,6 +385,8 @@ class EventSink:
             self._repair = (res.done, call)
             self.batcher.schedule(self)
             return
+        if isinstance(res, Exception):
+            self._count_dropped([name for name, _ in (*call.events, *self._buf)])
         if isinstance(res, LeaseLost):
             self.lost = res
             self._buf = []
@@ -430,3 +434,27 @@ class EventSink:
         self._end = True
         self.emit(END_EVENT, data)
         await self.drain()
+
+    def _count_dropped(self, names: list[str]) -> None:
+        # `end` is published again by whoever retries it; a marker stands for nothing.
+        self._dropped += sum(1 for n in names if n not in (END_EVENT, LOST_EVENT))
+
+    def rearm(self) -> None:
+        """Publish again after a failure (Redis unreachable past the retries, or a lease
+        that lapsed meanwhile and was taken back): the failure is forgotten and the next
+        event numbered right after the last one Redis acknowledged, so a call whose reply
+        was lost adds nothing twice (publish.lua). Events a failure left out of the stream
+        are not sent again: a `lost` marker stands for them, which readers get as a gap
+        (B5), never a silent hole."""
+        self.lost = None
+        self.error = None
+        self._buf = []
+        self._end = False
+        self._check = False
+        self._repair = None
+        self._next_seq = self.acked_seq + 1
+        self._idle.set()
+        if self._dropped:
+            marker = serde.dumps({"lost_events": self._dropped})
+            self._dropped = 0
+            self.emit(LOST_EVENT, marker)

@@ -12,7 +12,9 @@ import redis
 import redis.asyncio as aredis
 
 from shared.bridge import publisher
+from shared.bridge.base import LOST_EVENT
 from shared.bridge.publisher import EventSink, PublishBatcher, StreamPublisher
+from shared.bridge.subscriber import StreamSubscriber
 from shared.devservices import free_port
 from shared.leases import LeaseManager, lease_value
 from shared.redis_keys import Keys
@@ -62,6 +64,108 @@ def test_b5_flush_raises_once_the_sink_dropped_an_event(
                 await sink.flush()
         finally:
             await dead.aclose()
+
+    asyncio.run(go())
+
+
+class _Cuttable:
+    """A StreamPublisher's `publish_many` that fails while `cut`; with `lose_reply`, a cut
+    call is applied by Redis first (its reply lost with the connection)."""
+
+    def __init__(self, pub: StreamPublisher) -> None:
+        self.real = pub.publish_many
+        self.cut = False
+        self.lose_reply = False
+        pub.publish_many = self  # type: ignore[method-assign]
+
+    async def __call__(
+        self, calls: list[publisher.PublishCall]
+    ) -> list[publisher.PublishResult | Exception]:
+        if self.cut:
+            if self.lose_reply:
+                await self.real(calls)
+            raise redis.ConnectionError("cut")
+        return await self.real(calls)
+
+
+def _names(rclient: redis.Redis, key: str) -> list[str]:
+    return [fields[b"e"].decode() for _id, fields in rclient.xrange(key)]
+
+
+@pytest.mark.parametrize("lose_reply", [False, True])
+def test_b7_an_end_that_failed_is_published_once_after_rearm_and_a_retaken_lease(
+    settings: Settings, rclient: redis.Redis, monkeypatch: pytest.MonkeyPatch, lose_reply: bool
+) -> None:
+    """`end` failed (Redis unreachable), then the lease lapsed: after taking the lease back
+    for the same epoch and `rearm`, `end` is published, once, and nothing else again."""
+    monkeypatch.setattr(publisher, "PUBLISH_RETRY_DELAYS_S", (0.01,))
+    keys = Keys(f"{settings.redis_prefix}end{uuid.uuid4().hex[:6]}:")
+    run_id = str(uuid.uuid4())
+
+    async def go() -> None:
+        client = aredis.Redis.from_url(settings.redis_url)
+        try:
+            leases = LeaseManager(client, keys, ttl_s=30)
+            assert await leases.acquire(run_id, 1, "w1")
+            pub = StreamPublisher(client, keys, settings)
+            cutter = _Cuttable(pub)
+            sink = EventSink(PublishBatcher(pub), run_id, lease_value(1, "w1"), print, print)
+            for i in range(3):
+                sink.emit("values", b'{"i": %d}' % i)
+            await sink.drain()
+            cutter.cut, cutter.lose_reply = True, lose_reply
+            with pytest.raises(redis.ConnectionError):
+                await sink.publish_end(b'{"status": "success"}')
+            cutter.cut = False
+            rclient.delete(keys.lease(run_id))  # the lease lapsed during the partition
+            sink.rearm()
+            with pytest.raises(publisher.LeaseLost):
+                await sink.publish_end(b'{"status": "success"}')
+            assert await leases.acquire(run_id, 1, "w1")  # taken back for the same epoch
+            sink.rearm()
+            await sink.publish_end(b'{"status": "success"}')
+            assert _names(rclient, keys.stream(run_id)) == ["values"] * 3 + ["end"]
+        finally:
+            await client.aclose()
+
+    asyncio.run(go())
+
+
+def test_b5_events_a_failure_dropped_are_a_lost_marker_before_the_end(
+    settings: Settings, rclient: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events dropped by a failed publish are never sent again, and never silently missing:
+    after `rearm` a `lost` marker (a gap for readers, B5) stands for them, then `end`."""
+    monkeypatch.setattr(publisher, "PUBLISH_RETRY_DELAYS_S", (0.01,))
+    keys = Keys(f"{settings.redis_prefix}end{uuid.uuid4().hex[:6]}:")
+    run_id = str(uuid.uuid4())
+
+    async def go() -> None:
+        client = aredis.Redis.from_url(settings.redis_url)
+        try:
+            assert await LeaseManager(client, keys, ttl_s=30).acquire(run_id, 1, "w1")
+            pub = StreamPublisher(client, keys, settings)
+            cutter = _Cuttable(pub)
+            sink = EventSink(PublishBatcher(pub), run_id, lease_value(1, "w1"), print, print)
+            sink.emit("values", b"{}")
+            await sink.drain()
+            cutter.cut = True
+            for _ in range(2):
+                sink.emit("values", b"{}")
+            with pytest.raises(redis.ConnectionError):
+                await sink.drain()
+            sink.emit("values", b"{}")  # dropped too: the sink failed
+            cutter.cut = False
+            sink.rearm()
+            await sink.publish_end(b'{"status": "success"}')
+            key = keys.stream(run_id)
+            assert _names(rclient, key) == ["values", LOST_EVENT, "end"]
+            # A reader from the start gets the first event, then a gap, never the end alone.
+            reader = StreamSubscriber(rclient, keys, settings)
+            items = list(reader.subscribe(run_id, None, is_terminal=lambda: True))
+            assert [type(i).__name__ for i in items] == ["Event", "Gap"], items
+        finally:
+            await client.aclose()
 
     asyncio.run(go())
 

@@ -20,7 +20,7 @@ from werkzeug.exceptions import Forbidden, HTTPException
 from werkzeug.exceptions import NotFound as HTTPNotFound
 
 from app import create_app
-from app.errors import REPLIES, Reply, register, reply_for
+from app.errors import REPLIES, Reply, register, reply_for, unavailable_service
 from app.limits import LimitExceeded
 from shared.agent.graphs import GraphConfigError, GraphNotFound
 from shared.agent.middleware.summarization import NothingToCompact, SummaryFailed
@@ -245,3 +245,21 @@ def _answers_503_without_redis(client: FlaskClient) -> None:
     assert res.headers["Retry-After"] == "5"
     assert res.json is not None and res.json["error"] == "service_unavailable"
     assert "Redis" in res.json["message"]
+
+
+def test_a2_a1_unreachable_services_are_named_for_the_websocket_frame_and_the_503() -> None:
+    """The WebSocket `service_unavailable` frame and the HTTP 503 name the same service for
+    every error that means it is unreachable; any other error names none."""
+    for exc, service in [
+        (redis.ConnectionError("refused"), "redis"),
+        (redis.TimeoutError("slow"), "redis"),
+        (psycopg.OperationalError("no connection"), "postgres"),
+        (psycopg_pool.PoolTimeout("pool exhausted"), "postgres"),
+        (redis.ResponseError("WRONGTYPE"), None),
+        (ValueError("bad"), None),
+    ]:
+        assert unavailable_service(exc) == service, exc
+        if service is not None:
+            reply = reply_for(exc)
+            assert reply.status == 503 and reply.headers == {"Retry-After": "5"}
+            assert {"redis": "Redis", "postgres": "PostgreSQL"}[service] in str(reply.body)
