@@ -251,6 +251,15 @@ class RedisHA:
             time.sleep(0.05)
         raise RuntimeError(f"{name} did not come back within {timeout}s (logs in {self.workdir})")
 
+    def set_down_after(self, ms: int) -> None:
+        """`down-after-milliseconds` on every Sentinel: a test that stalls the primary on
+        purpose (`CLIENT PAUSE WRITE` also holds the Sentinels' hello PUBLISHes and the PINGs
+        behind them) raises it first, or the Sentinels fail over."""
+        for i in range(self.sentinel_count):
+            self.sentinel(i).execute_command(  # type: ignore[no-untyped-call]
+                "SENTINEL SET", MASTER, "down-after-milliseconds", ms
+            )
+
     def alive(self, name: str) -> bool:
         """Whether the named process still runs."""
         proc = self.procs.get(name)

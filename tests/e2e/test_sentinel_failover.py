@@ -32,9 +32,9 @@ import httpx
 import pytest
 
 from shared import serde
-from shared.redis_keys import Keys
+from shared.redis_keys import Keys, LimitKeys
 from shared.testing import Cluster
-from shared.testing.redis_ha import RedisHA
+from shared.testing.redis_ha import DOWN_AFTER_MS, RedisHA
 from shared.testing.sse import iter_sse, read_stream
 from tests.e2e.conftest import ALICE, FAST_LEASES, ClusterFactory, human
 
@@ -47,6 +47,9 @@ pytestmark = [
 
 ENV = {
     **FAST_LEASES,
+    # Leases outlive the write pause below by far (renewals wait for it like any write).
+    "THREADRUN_LEASE_TTL_S": "10",
+    "THREADRUN_LEASE_RENEW_S": "2",
     "THREADRUN_STREAM_HEARTBEAT_S": "1",  # a hung-up stream notices at its next heartbeat
     "THREADRUN_OPS_REPORT_S": "0.2",  # the ops reporter's MULTI/EXEC, often
 }
@@ -63,7 +66,7 @@ DESYNC = (
     "unhandled threadrun error",
 )
 HANG_UPS = 6
-PAUSE_MS = 1500
+PAUSE_MS = 3000
 
 
 @pytest.fixture
@@ -120,6 +123,20 @@ class Load:
                     self._count("run", lambda: h.post(f"/threads/{tid}/runs", json=body(FAST)))
                 i += 1
                 self._stop.wait(0.05)
+
+    def burst(self, tid: str, n: int) -> list[threading.Thread]:
+        """`n` state reads of thread `tid` at once, each holding a Redis connection of the
+        web's pool while the master holds its script's reply (so the pool hands out every
+        idle connection, also one a killed command would have left with a reply to come)."""
+
+        def one() -> None:
+            with httpx.Client(base_url=self.url, headers={"x-api-key": ALICE}, timeout=30) as h:
+                self._count("burst state", lambda: h.get(f"/threads/{tid}/state"))
+
+        threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
+        for t in threads:
+            t.start()
+        return threads
 
     def failures(self) -> dict[str, int]:
         """Answers other than a success, a 4xx, or a 503 (Redis unreachable)."""
@@ -188,8 +205,9 @@ def test_b5_l2_sentinel_failover_under_load_never_desyncs_redis_replies(
 ) -> None:
     """B5, L2: through a failover and hang-ups while the new master holds write replies,
     every request answers (a 503 at worst, never a 500), no Redis reply reaches another
-    command, the streams in flight end with `end` or a gap, the old primary (back as a
-    replica) serves the web no reads, and new runs stream to `end` on the new master."""
+    command, the streams in flight end with `end` or a gap, every hung-up stream frees its
+    connection slot, the old primary (back as a replica) serves the web no reads, and new
+    runs stream to `end` on the new master."""
     with private_cluster("sentinel", {**ha.env(db=0), **ENV}) as c:
         c.start(concurrency=12)  # the long runs of the hang-ups all run at once
         keys = Keys(c.settings.redis_prefix)
@@ -219,10 +237,20 @@ def test_b5_l2_sentinel_failover_under_load_never_desyncs_redis_replies(
                 open_raw_stream(c.url, http.post("/threads", json={}).json()["thread_id"])
                 for _ in range(HANG_UPS)
             ]
+            burst_tid = http.post("/threads", json={}).json()["thread_id"]
+            ha.set_down_after(60_000)  # the pause is a stall, not a failover
             ha.node(ha.primary).execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")  # type: ignore[no-untyped-call]
             for sock in socks:
                 hang_up(sock)
-            time.sleep(PAUSE_MS / 1000 + 3)  # the load goes on after the pause
+            time.sleep(1.5)  # past the streams' next heartbeat: they noticed and closed
+            for t in load.burst(burst_tid, 24):
+                t.join(timeout=60)
+            ha.set_down_after(DOWN_AFTER_MS)
+            time.sleep(2)  # the load goes on after the pause
+            # Every hung-up stream freed its connection slot (its watcher finished the ZREM
+            # instead of being killed with it in flight).
+            slots = LimitKeys(c.settings.redis_prefix).connections("alice")
+            assert ha.node(ha.primary).zcard(slots) == 0
 
             # New runs stream on the new master.
             for _ in range(3):
