@@ -423,10 +423,16 @@ class _SlotStream:
     def close(self) -> None:
         try:
             if self._watcher is not None:
-                # Dead before this returns: on a keep-alive connection gunicorn reads the
-                # next request from the same socket right after, and two greenlets waiting
-                # on one socket fail both (ConcurrentObjectUseError: a 500 to the client).
-                self._watcher.kill(block=True)
+                if self._slot.released:
+                    # The watcher saw the hang-up and is freeing the slot: it no longer
+                    # waits on the socket, so let its Redis call finish (killed mid-call,
+                    # the slot stayed taken until its TTL).
+                    self._watcher.join()
+                else:
+                    # Dead before this returns: on a keep-alive connection gunicorn reads
+                    # the next request from the same socket right after, and two greenlets
+                    # waiting on one socket fail both (ConcurrentObjectUseError: a 500).
+                    self._watcher.kill(block=True)
             close = getattr(self._body, "close", None)
             if close is not None:
                 close()

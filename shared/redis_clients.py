@@ -10,6 +10,21 @@ next connect, and a connection still open to a demoted master turns its `READONL
 a ConnectionError (redis-py's `SentinelManagedConnection`), so both kinds of failure reach
 the retry policy below as connection errors.
 
+Two defects of redis-py's `SentinelManagedConnection` (8.1) are corrected by the connection
+classes below (`SentinelConnection`, `AsyncSentinelConnection`), which every Sentinel client
+here uses, Celery's broker included (shared/taskqueue.py):
+- its `read_response` does not disconnect when a read is interrupted (redis-py's plain
+  `Connection` does): a greenlet killed or timed out (gevent) while it waited for a reply put
+  the connection back in the pool with that reply unread, and every later command on it read
+  the reply of the command before (a chaos run's failover: `cannot unpack non-iterable int
+  object` in app/limits.py, "Wrong number of response items" in the ops reporter). Now any
+  error during a read, or during the connect handshake, closes the socket: a connection whose
+  reply may still come is never reused;
+- a connection that failed mid-command reconnects, for the retry, to the address it had (the
+  old primary), not through the Sentinels: a retried command kept hammering a dead primary
+  until its retries ran out, and once the old primary was back as a replica, reads (the
+  subscription hub's XREAD) stayed on it. Now every reconnect asks the Sentinels.
+
 Why retrying a command after a connection error is safe here (`RETRIED_ERRORS`): a command
 whose reply was lost may have run, so a retry may apply it twice. Everything we send is
 either idempotent or fails safe under that:
@@ -47,6 +62,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.connection import parse_url
 from redis.exceptions import ConnectionError, ReadOnlyError, RedisError, TimeoutError
 from redis.retry import Retry
+from redis.utils import SENTINEL
 
 from shared.settings import Settings
 
@@ -122,6 +138,78 @@ def _sentinel_kwargs(settings: Settings) -> dict[str, Any]:
     return out
 
 
+class SentinelConnection(sentinel.SentinelManagedConnection):
+    """A Sentinel-managed connection that is never reused with a reply pending and always
+    reconnects through the Sentinels (why: the module's docstring)."""
+
+    def read_response(
+        self,
+        disable_decoding: bool = False,
+        *,
+        timeout: float | object = SENTINEL,
+        disconnect_on_error: bool | None = True,
+        push_request: bool | None = False,
+    ) -> Any:
+        # redis-py's Sentinel connection defaults `disconnect_on_error` to False: an
+        # exception while waiting for a reply (GreenletExit from a killed greenlet, a gevent
+        # Timeout, ...) left the reply in flight and the connection in the pool.
+        return super().read_response(
+            disable_decoding=disable_decoding,
+            timeout=timeout,
+            disconnect_on_error=disconnect_on_error,
+            push_request=push_request,
+        )
+
+    def connect_to(self, address: tuple[str, int]) -> None:
+        # The handshake (AUTH, SELECT, ...) reads replies too; redis-py closes the socket
+        # only on a RedisError there.
+        try:
+            super().connect_to(address)  # type: ignore[no-untyped-call]
+        except BaseException:
+            self.disconnect()  # type: ignore[no-untyped-call]
+            raise
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        # redis-py reconnects a dropped connection here with `connect_check_health()`, to
+        # the host and port it last had: a retry after a failover went to the old primary.
+        if not self._sock:
+            self.connect()  # type: ignore[no-untyped-call]  # through the Sentinels
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+
+class SentinelSSLConnection(SentinelConnection, sentinel.SentinelManagedSSLConnection):
+    """`SentinelConnection` over TLS."""
+
+
+class AsyncSentinelConnection(asentinel.SentinelManagedConnection):
+    """The worker runtime's `SentinelConnection`: reconnects through the Sentinels (redis-py's
+    asyncio Sentinel connection already disconnects on any read error, cancellation
+    included)."""
+
+    async def connect_to(self, address: tuple[str, int]) -> None:
+        try:
+            await super().connect_to(address)  # type: ignore[no-untyped-call]
+        except BaseException:
+            await self.disconnect(nowait=True)
+            raise
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self.is_connected:
+            await self.connect()  # type: ignore[no-untyped-call]  # through the Sentinels
+        await super().send_packed_command(command, check_health)
+
+
+class AsyncSentinelSSLConnection(AsyncSentinelConnection, asentinel.SentinelManagedSSLConnection):
+    """`AsyncSentinelConnection` over TLS."""
+
+
+def _sentinel_connection_class(settings: Settings, *, asynchronous: bool = False) -> type[Any]:
+    tls = bool(_node_kwargs(settings).get("ssl"))
+    if asynchronous:
+        return AsyncSentinelSSLConnection if tls else AsyncSentinelConnection
+    return SentinelSSLConnection if tls else SentinelConnection
+
+
 class SentinelBlockingConnectionPool(sentinel.SentinelConnectionPool, redis.BlockingConnectionPool):
     """A Sentinel-managed pool that waits for a free connection (the web's pool, under
     gevent) instead of failing beyond `max_connections`."""
@@ -149,6 +237,7 @@ def sync_client(
         **_node_kwargs(settings),
     )
     pool_class = SentinelBlockingConnectionPool if blocking else sentinel.SentinelConnectionPool
+    kwargs.setdefault("connection_class", _sentinel_connection_class(settings))
     client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
         settings.redis_sentinel_master, connection_pool_class=pool_class, **kwargs
     )
@@ -165,6 +254,7 @@ def async_client(settings: Settings, *, retry_commands: bool = True, **kwargs: A
         sentinel_kwargs=_sentinel_kwargs(settings),
         **_node_kwargs(settings),
     )
+    kwargs.setdefault("connection_class", _sentinel_connection_class(settings, asynchronous=True))
     client: aredis.Redis = manager.master_for(settings.redis_sentinel_master, **kwargs)
     return client
 

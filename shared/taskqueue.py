@@ -11,6 +11,7 @@ import logging
 import redis
 from celery import Celery
 from kombu.entity import Exchange, Queue
+from kombu.transport import redis as kombu_redis
 
 from shared import redis_clients
 from shared.redis_keys import Keys
@@ -26,12 +27,31 @@ WEBHOOKS_QUEUE = "webhooks"
 log = logging.getLogger(__name__)
 
 
+class _SentinelChannel(kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel on the project's Sentinel connections: kombu's own choice,
+    redis-py's `SentinelManagedConnection`, can keep an interrupted reply for the next
+    command and retries against the old primary (shared/redis_clients.py)."""
+
+    connection_class = redis_clients.SentinelConnection
+    # kombu's own Sentinel + TLS class is the same pair of bases as this one.
+    connection_class_ssl = redis_clients.SentinelSSLConnection  # type: ignore[assignment]
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's `sentinel://` transport with `_SentinelChannel`."""
+
+    Channel = _SentinelChannel
+
+
 def make_celery(settings: Settings) -> Celery:
     """A Celery app bound to our Redis, with every choice explained."""
     # With Sentinel: kombu's `sentinel://` transport finds the master (and the new one after
-    # a failover); no result backend is used (task_ignore_result below).
+    # a failover), on our connection class (SentinelTransport above); no result backend is
+    # used (task_ignore_result below).
     broker, sentinel_options = redis_clients.celery_broker(settings)
     app = Celery("threadrun", broker=broker, set_as_current=False)
+    if redis_clients.sentinel_enabled(settings):
+        app.conf.broker_transport = f"{__name__}:SentinelTransport"
     app.conf.update(
         # Every key Celery writes carries our prefix, so deployments and test runs that
         # share one Redis never see each other's queues.

@@ -22,11 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 log = logging.getLogger(__name__)
 
 QUEUE_LIMIT = 4096
 """Entries buffered per subscriber before it is detached (it then catches up on its own)."""
+RECONNECT_BASE_S = 0.1
+RECONNECT_CAP_S = 1.0
+"""The reader's waits between reconnects: 0.1, 0.2, 0.4, 0.8, then 1 s."""
 
 
 class SharedEntries:
@@ -160,17 +165,36 @@ class SubscriptionHub:
             log.debug("hub wake failed", exc_info=True)
 
     def _connect(self) -> redis.Redis:
-        # A dedicated connection: CLIENT UNBLOCK needs to know which one is blocked.
+        # A dedicated connection: CLIENT UNBLOCK needs to know which one is blocked. It is
+        # built like the client's (with Sentinel: the same Sentinel-managed connection class,
+        # so it finds the current master), but without command retries: a retry reconnects
+        # under a new client id (after a failover, on another server), and `_wake` would
+        # then unblock someone else while this read waits out its block. A failed read ends
+        # here instead, and `_run` reconnects and learns the new id.
         pool = redis.ConnectionPool(
             connection_class=self._client.connection_pool.connection_class,
             max_connections=1,
-            **self._client.connection_pool.connection_kwargs,
+            **{**self._client.connection_pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)},
         )
         conn = redis.Redis(connection_pool=pool, single_connection_client=True)
-        self._conn_id = int(conn.client_id())
+        try:
+            self._conn_id = int(conn.client_id())
+        except BaseException:
+            self._drop(conn)
+            raise
         return conn
 
+    def _drop(self, conn: redis.Redis | None) -> None:
+        """Forget the reader's connection and close its socket (`Redis.close` of a client
+        on a pool of its own only hands the connection back to that pool)."""
+        self._conn = None
+        self._conn_id = None
+        if conn is not None:
+            conn.close()
+            conn.connection_pool.disconnect()
+
     def _run(self) -> None:
+        failures = 0
         while not self._stopped.is_set():
             try:
                 if self._conn is None:
@@ -178,23 +202,25 @@ class SubscriptionHub:
                 with self._lock:
                     streams: dict[Any, Any] = dict(self._positions)
                 if not streams:
-                    self._conn.close()
-                    self._conn = None
-                    self._conn_id = None
+                    self._drop(self._conn)
                     with self._lock:
                         if not self._positions:
                             self._thread = None
                             return
                     continue
                 got: Any = self._conn.xread(streams, count=self._batch, block=self._block_ms)
-            except redis.RedisError:
-                log.warning("hub read failed; reconnecting", exc_info=True)
-                if self._conn is not None:
-                    self._conn.close()
-                self._conn = None
-                self._conn_id = None
-                self._stopped.wait(0.2)
+            except redis.RedisError as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("hub read failed; reconnecting", exc_info=True)
+                else:
+                    log.info("hub reconnect %d failed: %s", failures, exc)
+                self._drop(self._conn)
+                # Back off like the client retries (shared/redis_clients.py): a failover
+                # takes seconds, and every attempt asks the Sentinels.
+                self._stopped.wait(min(RECONNECT_CAP_S, RECONNECT_BASE_S * 2 ** (failures - 1)))
                 continue
+            failures = 0
             self._deliver(streams, got or [])
 
     def _deliver(self, read_from: dict[Any, Any], got: list[Any]) -> None:

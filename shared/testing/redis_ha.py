@@ -236,6 +236,30 @@ class RedisHA:
             time.sleep(0.05)
         raise RuntimeError(f"no promotion within {timeout}s (logs in {self.workdir})")
 
+    def restart_as_replica(self, name: str, timeout: float = 15.0) -> None:
+        """Start a stopped data node again on its old port as a replica of the current
+        primary (the old primary coming back after a failover, as the chaos nemesis heals
+        it); returns once it answers."""
+        if self.alive(name):
+            raise RuntimeError(f"{name} still runs")
+        self._spawn(name, self._node_argv(name, self.ports[name], self.ports[self.primary]))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(redis.RedisError):
+                if self.node(name).info("replication").get("role") == "slave":
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"{name} did not come back within {timeout}s (logs in {self.workdir})")
+
+    def set_down_after(self, ms: int) -> None:
+        """`down-after-milliseconds` on every Sentinel: a test that stalls the primary on
+        purpose (`CLIENT PAUSE WRITE` also holds the Sentinels' hello PUBLISHes and the PINGs
+        behind them) raises it first, or the Sentinels fail over."""
+        for i in range(self.sentinel_count):
+            self.sentinel(i).execute_command(  # type: ignore[no-untyped-call]
+                "SENTINEL SET", MASTER, "down-after-milliseconds", ms
+            )
+
     def alive(self, name: str) -> bool:
         """Whether the named process still runs."""
         proc = self.procs.get(name)

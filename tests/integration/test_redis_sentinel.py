@@ -229,3 +229,64 @@ def test_l1_sentinel_settings_are_validated() -> None:
     assert url == "sentinel://:pw@a:26379/3;sentinel://:pw@b:26380/3"
     assert options["master_name"] == "threadrun" and "password" not in options["sentinel_kwargs"]
     assert isinstance(redis_clients.sync_client(s), redis.Redis)
+
+
+class _Interrupted(BaseException):
+    """Raised into a blocked read, as gevent raises GreenletExit into a killed greenlet."""
+
+
+def _interrupt_after(seconds: float) -> None:
+    def raise_it(signum: int, frame: Any) -> None:
+        raise _Interrupted
+
+    signal.signal(signal.SIGALRM, raise_it)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
+def test_l2_b5_an_interrupted_read_never_leaves_its_reply_for_the_next_command(
+    ha: RedisHA, hsettings: Settings
+) -> None:
+    """L2, B5: a command interrupted while it waits for its reply (the web's hang-up watcher
+    is killed mid-ZREM when its stream closes) must not hand its connection back with that
+    reply still to come: the next command on it would read it (a chaos run's failover:
+    `cannot unpack non-iterable int object` in the rate limiter's script call). With the
+    Sentinel client, as with a direct one, the interrupted connection is closed."""
+    client = redis_clients.sync_client(hsettings, blocking=True, max_connections=1, timeout=5)
+    previous = signal.getsignal(signal.SIGALRM)
+    try:
+        client.set("ha:n", 7)
+        _interrupt_after(0.2)
+        with pytest.raises(_Interrupted):
+            client.blpop(["ha:nothing"], timeout=1)  # its reply (nil) comes after 1 s
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        assert client.get("ha:n") == b"7"  # not BLPOP's nil
+        assert client.incr("ha:n") == 8
+        assert client.get("ha:n") == b"8"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        client.close()
+
+
+def test_l1_a_retried_command_reconnects_through_the_sentinels(
+    ha: RedisHA, hsettings: Settings
+) -> None:
+    """L1: a connection whose command fails after the primary died reconnects, for the
+    retry, to the master the Sentinels announce, not to the address it had: with the old
+    primary back as a replica on its old port (as the chaos nemesis heals it), the held
+    connection of the web's subscription hub kept reading from the demoted node, and a
+    retried write failed with READONLY on every attempt."""
+    client = redis_clients.sync_client(hsettings, blocking=True, max_connections=4, timeout=5)
+    held = redis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
+    try:
+        assert held.info("replication")["role"] == "master"
+        old = ha.primary
+        ha.kill_primary()
+        ha.wait_for_promotion()
+        ha.restart_as_replica(old)
+        assert held.info("replication")["role"] == "master"  # served by the new master
+        assert held.set("ha:after", 1)
+        assert ha.node(ha.primary).get("ha:after") == b"1"
+    finally:
+        held.close()
+        client.close()
