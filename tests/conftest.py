@@ -133,15 +133,20 @@ def private_settings(
         yield s
 
 
-def forked_processes(*preload: str) -> ForkServerContext:
+FORK_SERVER_PRELOAD = ("shared.db", "shared.journal", "shared.runs.store", "shared.settings")
+"""What the fork server imports once (langgraph and the rest come with these): installed
+modules, importable whatever sys.path the server starts with (unlike the tests package)."""
+
+
+def forked_processes() -> ForkServerContext:
     """The multiprocessing context for tests that run several processes at once (R2, J4).
 
-    Its children are forks of one server process that imported `preload` (the test module,
-    and with it langgraph and the rest) once, instead of fresh interpreters that import
-    them again each (seconds of CPU per child under `spawn`). They are still separate
-    processes with their own connections: nothing a test proves about processes changes.
-    The server lives until the session ends; a preload is honoured only by the first call.
+    Its children are forks of one server process that imported FORK_SERVER_PRELOAD once,
+    instead of fresh interpreters that import all of it again each (seconds of CPU per child
+    under `spawn`); each child still imports the test module its function lives in. They are
+    separate processes with their own connections, as before: nothing a test proves about
+    processes changes. The server lives until the session ends.
     """
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(preload))
+    ctx.set_forkserver_preload(list(FORK_SERVER_PRELOAD))
     return ctx

@@ -89,7 +89,7 @@ def test_j4_seq_strictly_increasing_under_concurrent_processes(
     """J4: 6 processes append batches to one run at once: seqs unique, gap-free, in append order."""
     tid, run_id = new_run(runs)
     n, batches, size = 6, 15, 7
-    ctx = forked_processes(__name__)
+    ctx = forked_processes()
     with ctx.Manager() as manager:
         barrier = manager.Barrier(n)
         with ctx.Pool(n) as procs:

@@ -362,7 +362,7 @@ def test_r2_concurrent_admissions_from_processes(
     """R2: 8 processes admit on one thread at once: under reject exactly one becomes inflight."""
     tid = new_thread(store)
     n = 8
-    ctx = forked_processes(__name__)
+    ctx = forked_processes()
     with ctx.Manager() as manager:
         barrier = manager.Barrier(n)
         with ctx.Pool(n) as procs:
