@@ -8,10 +8,12 @@ silently skipped.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
 
 import pytest
@@ -29,9 +31,10 @@ def server_url() -> str:
     return os.environ.get("THREADRUN_DATABASE_URL", DEFAULT_DB_URL)
 
 
-def create_database(name: str) -> str:
-    """CREATE DATABASE `name` on the configured server; return its DSN."""
-    return testing.create_database(server_url(), name)
+def create_database(name: str, template: str | None = None) -> str:
+    """CREATE DATABASE `name` on the configured server (a copy of `template` if given);
+    return its DSN."""
+    return testing.create_database(server_url(), name, template=template)
 
 
 def drop_database(name: str) -> None:
@@ -46,12 +49,25 @@ def session_id() -> str:
 
 
 @pytest.fixture(scope="session")
-def database(session_id: str) -> Iterator[str]:
+def template_database(session_id: str) -> Iterator[str]:
+    """The name of a migrated database that nothing connects to: the session's database and
+    every private one are copies of it (CREATE DATABASE ... TEMPLATE), each migrated again
+    as a no-op, instead of running every migration once per database."""
+    from shared.db.migrate import migrate
+
+    name = f"threadrun_t_{session_id}_tpl"
+    migrate(Settings(database_url=create_database(name)))  # type: ignore[arg-type]
+    yield name
+    drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def database(session_id: str, template_database: str) -> Iterator[str]:
     """A private, migrated database for the session."""
     from shared.db.migrate import migrate
 
     name = f"threadrun_t_{session_id}"
-    dsn = create_database(name)
+    dsn = create_database(name, template_database)
     migrate(Settings(database_url=dsn))  # type: ignore[arg-type]
     yield dsn
     drop_database(name)
@@ -101,12 +117,36 @@ def rclient(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @contextmanager
-def private_settings(base: Settings, redis_url: str) -> Iterator[Settings]:
-    """A fresh migrated database and key prefix, dropped afterwards.
+def private_settings(
+    base: Settings, redis_url: str, template: str | None = None
+) -> Iterator[Settings]:
+    """A fresh migrated database (a copy of `template`, the `template_database` fixture,
+    if given) and key prefix, dropped afterwards.
 
     Every extra cluster a test starts needs its own: a reaper recovers every run of its
     database whose lease it cannot see under its own prefix, so two clusters sharing a
     database but not a prefix would take each other's runs.
     """
-    with testing.Sandbox(base.model_copy(update={"redis_url": redis_url}), "t") as s:
+    with testing.Sandbox(
+        base.model_copy(update={"redis_url": redis_url}), "t", template=template
+    ) as s:
         yield s
+
+
+FORK_SERVER_PRELOAD = ("shared.db", "shared.journal", "shared.runs.store", "shared.settings")
+"""What the fork server imports once (langgraph and the rest come with these): installed
+modules, importable whatever sys.path the server starts with (unlike the tests package)."""
+
+
+def forked_processes() -> ForkServerContext:
+    """The multiprocessing context for tests that run several processes at once (R2, J4).
+
+    Its children are forks of one server process that imported FORK_SERVER_PRELOAD once,
+    instead of fresh interpreters that import all of it again each (seconds of CPU per child
+    under `spawn`); each child still imports the test module its function lives in. They are
+    separate processes with their own connections, as before: nothing a test proves about
+    processes changes. The server lives until the session ends.
+    """
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(FORK_SERVER_PRELOAD))
+    return ctx

@@ -13,10 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -227,6 +228,15 @@ class Cluster:
                 fut.result()
         return self
 
+    def side_by_side(self, *starts: Callable[[], Any]) -> list[Any]:
+        """Call these start methods (`start_web`, `start_worker`, `start_scheduler`, ... as
+        zero-argument callables) at once, each in a thread of its own: a process's start is
+        mostly its imports, one core each. Returns their results in order, once all are up;
+        at most one `start_web` per call (web processes are named by count)."""
+        with ThreadPoolExecutor(len(starts)) as boot:
+            futures = [boot.submit(start) for start in starts]
+            return [fut.result() for fut in futures]
+
     def wait_ok(self, proc: Proc, timeout: float = START_TIMEOUT_S) -> None:
         """Wait until the web process answers GET /ok."""
         end = time.monotonic() + timeout
@@ -234,7 +244,7 @@ class Cluster:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{proc.url}/ok", timeout=1).status_code == 200:
                     return
-            time.sleep(0.2)
+            time.sleep(0.1)
         raise RuntimeError(f"{proc.name} did not come up at {proc.url}:\n{self.tails()}")
 
     def wait_log(self, proc: Proc, needle: str, timeout: float = START_TIMEOUT_S) -> None:
@@ -243,7 +253,7 @@ class Cluster:
         while time.monotonic() < end and proc.alive():
             if needle in proc.output():
                 return
-            time.sleep(0.2)
+            time.sleep(0.1)
         raise RuntimeError(f"{proc.name} did not become ready:\n{proc.tail()}")
 
     def process(self, pid: int) -> Proc:

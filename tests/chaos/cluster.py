@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -315,13 +316,16 @@ class ChaosCluster:
         self.wait_until(lambda: "ready." in proc.output(), proc, timeout, "starting the worker")
 
     def start(self) -> None:
-        """Every server, then the app processes (workers boot while the webs do)."""
-        self.make_hosts()
-        self.start_redis("redis1")
-        self.start_redis("redis2", replica_of=self.host("redis1").ip)
-        for i in range(self.n_sentinels):
-            self.start_sentinel(f"sentinel{i + 1}")
-        self.init_postgres()
+        """Every server, then the app processes (workers boot while the webs do); initdb
+        (no network needed) runs while the hosts and Redis come up."""
+        with ThreadPoolExecutor(1) as side:
+            initdb = side.submit(self.init_postgres)
+            self.make_hosts()
+            self.start_redis("redis1")
+            self.start_redis("redis2", replica_of=self.host("redis1").ip)
+            for i in range(self.n_sentinels):
+                self.start_sentinel(f"sentinel{i + 1}")
+            initdb.result()
         self.start_postgres()
         self.configure()
         booting = [self.spawn_worker(h) for h in self.workers]

@@ -49,7 +49,10 @@ ClusterFactory = Callable[..., AbstractContextManager[Cluster]]
 
 @pytest.fixture(scope="session")
 def private_cluster(
-    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    settings: Settings,
+    redis_url: str,
+    template_database: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> ClusterFactory:
     """Makes `e2e_cluster`s on a database and prefix of their own (a reaper would take over
     the runs of another cluster on its database), logs in a temporary `<name>-logs`; leaving
@@ -58,18 +61,33 @@ def private_cluster(
     @contextmanager
     def make(name: str, env: Mapping[str, str] | None = None) -> Iterator[Cluster]:
         logs = tmp_path_factory.mktemp(f"{name}-logs")
-        with private_settings(settings, redis_url) as s, e2e_cluster(s, logs, env) as c:
+        with (
+            private_settings(settings, redis_url, template_database) as s,
+            e2e_cluster(s, logs, env) as c,
+        ):
             yield c
 
     return make
+
+
+GRAPHS = Path(__file__).resolve().parents[1] / "graphs" / "langgraph.json"
+"""The test graphs (the lead agent and the approval graph) as THREADRUN_CONFIG."""
+
+
+@pytest.fixture(scope="session")
+def graphs_cluster(private_cluster: ClusterFactory) -> Iterator[Cluster]:
+    """A web process and a runs worker serving the test graphs (GRAPHS), on a database and
+    prefix of their own, shared by the modules that drive them: each works on threads,
+    assistants, crons and store items of its own, found by their ids or metadata."""
+    with private_cluster("graphs", {"THREADRUN_CONFIG": str(GRAPHS)}) as c:
+        yield c.start()
 
 
 @pytest.fixture(scope="session")
 def cluster(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """One web process and one runs worker (session-wide)."""
     with e2e_cluster(settings, tmp_path_factory.mktemp("e2e-logs")) as c:
-        c.start_web()
-        c.start_worker()
+        c.side_by_side(c.start_web, c.start_worker)
         yield c
 
 

@@ -51,8 +51,7 @@ def chat(
         "THREADRUN_API_KEYS": f"{ALICE}:alice,{BOB}:bob,{CAROL}:carol,{DAVE}:dave",
     }
     with private_cluster("chat-page", env) as c:
-        c.start_web()
-        c.start_worker()
+        c.side_by_side(c.start_web, c.start_worker)
         yield c
 
 

@@ -242,15 +242,17 @@ def test_b9_cli_refused_request_exits_1(cluster: Cluster, transport: str) -> Non
 # --- a cluster with tiny retention (gaps) --------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny(
-    settings: Settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    settings: Settings,
+    redis_url: str,
+    template_database: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Cluster]:
     """Web + one worker retaining 5 events per run, on their own database and Redis prefix."""
-    with private_settings(settings, redis_url) as s:
+    with private_settings(settings, redis_url, template_database) as s:
         s = s.model_copy(update={"data_dir": tmp_path_factory.mktemp("client-tiny-data")})
         logs = tmp_path_factory.mktemp("client-tiny-logs")
         with e2e_cluster(s, logs, {"THREADRUN_STREAM_MAXLEN": "5"}) as c:
-            c.start_web()
-            c.start_worker("client-tiny")
+            c.side_by_side(c.start_web, lambda: c.start_worker("client-tiny"))
             yield c
 
 

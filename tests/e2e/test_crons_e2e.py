@@ -55,9 +55,7 @@ def test_crons_through_the_sdk(private_cluster: ClusterFactory) -> None:
     """Crons: every crons.* call of the SDK; firing on a thread and without one (the
     temporary thread deleted after its run); owner isolation; 4xx naming the field."""
     with private_cluster("crons-sdk", {**FAST_LEASES, **FAST_CRONS}) as c:
-        c.start_web()
-        c.start_worker(concurrency=4)
-        c.start_scheduler()
+        c.side_by_side(c.start_web, lambda: c.start_worker(concurrency=4), c.start_scheduler)
 
         async def on_thread(client: LangGraphClient) -> tuple[str, dict[str, Any]]:
             thread = await client.threads.create()
@@ -195,9 +193,11 @@ def test_two_schedulers_one_killed_fire_each_tick_once(private_cluster: ClusterF
     kill. No runs worker: the runs stay pending, the proof is in PostgreSQL."""
     env = {**FAST_CRONS, "THREADRUN_CRON_BATCH_SIZE": "4"}
     with private_cluster("crons-two", env) as c:
-        c.start_web()
-        a = c.start_scheduler("scheduler-a")
-        b = c.start_scheduler("scheduler-b")
+        _, a, b = c.side_by_side(
+            c.start_web,
+            lambda: c.start_scheduler("scheduler-a"),
+            lambda: c.start_scheduler("scheduler-b"),
+        )
 
         async def create(client: LangGraphClient) -> list[str]:
             crons = [

@@ -24,8 +24,7 @@ pytestmark = pytest.mark.e2e
 def delayed(private_cluster: ClusterFactory) -> Iterator[Cluster]:
     """Web + one worker, a fast reaper, on their own database and Redis prefix."""
     with private_cluster("delayed", FAST_LEASES) as c:
-        c.start_web()
-        c.start_worker("w1", concurrency=4)
+        c.side_by_side(c.start_web, lambda: c.start_worker("w1", concurrency=4))
         yield c
 
 

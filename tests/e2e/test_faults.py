@@ -54,9 +54,10 @@ SERVICE_ERRORS = (httpx.HTTPError, psycopg.OperationalError)
 
 
 @contextlib.contextmanager
-def private_database(name: str) -> Iterator[str]:
-    """A migrated database of our own on the shared test server, dropped at the end."""
-    dsn = create_database(name)
+def private_database(name: str, template: str) -> Iterator[str]:
+    """A migrated database of our own on the shared test server (a copy of `template`, the
+    `template_database` fixture), dropped at the end."""
+    dsn = create_database(name, template)
     try:
         migrate(Settings(database_url=dsn))  # type: ignore[arg-type]
         yield dsn
@@ -181,7 +182,10 @@ def humans(state: dict[str, Any]) -> list[str]:
 
 
 def test_redis_restart_mid_run_recovers(
-    settings: Settings, session_id: str, tmp_path_factory: pytest.TempPathFactory
+    settings: Settings,
+    session_id: str,
+    template_database: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """R4, L1, L2, L4, L5, B5, B9, R1: Redis (broker, leases, streams) is killed and restarted
     empty while a run streams. Web and workers reconnect (a new run on a new thread succeeds);
@@ -192,7 +196,7 @@ def test_redis_restart_mid_run_recovers(
     logs = tmp_path_factory.mktemp("faults-redis")
     with (
         private_servers("redis") as servers,
-        private_database(f"threadrun_t_{session_id}_fredis") as dsn,
+        private_database(f"threadrun_t_{session_id}_fredis", template_database) as dsn,
     ):
         red: PrivateRedis = servers["redis"]
         s = settings.model_copy(
@@ -422,11 +426,14 @@ def test_postgres_restart_mid_run_never_false_success(
 
 @pytest.fixture(scope="module")
 def duo(
-    settings: Settings, session_id: str, tmp_path_factory: pytest.TempPathFactory
+    settings: Settings,
+    session_id: str,
+    template_database: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[Cluster, str]]:
     """Two web processes and two runs workers on a database of their own; max_attempts 1, so
     that the reaper ends a run whose owner is gone `error` at once (the last two tests)."""
-    with private_database(f"threadrun_t_{session_id}_fduo") as dsn:
+    with private_database(f"threadrun_t_{session_id}_fduo", template_database) as dsn:
         s = settings.model_copy(
             update={"database_url": SecretStr(dsn), "redis_prefix": f"{settings.redis_prefix}fduo:"}
         )
@@ -769,14 +776,17 @@ def test_l5_max_attempts_exhausted_run_ends_its_stream(duo: tuple[Cluster, str])
 
 
 def test_b6_a_queued_runs_stream_carries_heartbeats_until_it_runs(
-    settings: Settings, session_id: str, tmp_path_factory: pytest.TempPathFactory
+    settings: Settings,
+    session_id: str,
+    template_database: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """B6, R3, A1: with the heartbeat set to 6 s (B6: configurable; the seeds use 15 s), a run
     created with /runs/stream behind an 8 s run of the same thread (enqueue) has no stream for
     longer than one heartbeat interval. Its SSE response stays open with `: heartbeat` comments
     while it waits, then delivers metadata ... end {success}: a wait in the queue never breaks
     a client's stream."""
-    with private_database(f"threadrun_t_{session_id}_fhb") as dsn:
+    with private_database(f"threadrun_t_{session_id}_fhb", template_database) as dsn:
         s = settings.model_copy(
             update={"database_url": SecretStr(dsn), "redis_prefix": f"{settings.redis_prefix}fhb:"}
         )

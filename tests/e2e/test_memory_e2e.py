@@ -33,9 +33,11 @@ MEMORY_ENV = {
 def mc(private_cluster: ClusterFactory) -> Iterator[Cluster]:
     """Web + runs worker + memory worker on a private database and prefix."""
     with private_cluster("memory-e2e", MEMORY_ENV) as c:
-        c.start_web()
-        c.start_worker("runs", concurrency=4)
-        c.start_worker("memory", 2, queues="memory", ready="memory drain started")
+        c.side_by_side(
+            c.start_web,
+            lambda: c.start_worker("runs", concurrency=4),
+            lambda: c.start_worker("memory", 2, queues="memory", ready="memory drain started"),
+        )
         yield c
 
 

@@ -67,8 +67,7 @@ def ops_cluster(
     }
     with private_cluster("ops", env) as c:
         c.env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # its own THREADRUN_METRICS_DIR instead
-        c.start_web()
-        c.start_worker("ops", queues="runs,memory")
+        c.side_by_side(c.start_web, lambda: c.start_worker("ops", queues="runs,memory"))
         yield c
 
 

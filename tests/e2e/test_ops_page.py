@@ -47,8 +47,7 @@ def cluster(private_cluster: ClusterFactory) -> Iterator[Cluster]:
         "THREADRUN_OPS_REPORT_S": "0.5",
     }
     with private_cluster("opspage", env) as c:
-        c.start_web()
-        c.start_worker("opsmem", queues="memory")
+        c.side_by_side(c.start_web, lambda: c.start_worker("opsmem", queues="memory"))
         yield c
 
 

@@ -280,8 +280,9 @@ def test_failing_summary_and_memory_models_never_break_a_chat_run(
         "THREADRUN_MEMORY_DRAIN_INTERVAL_S": "0.2",
     }
     with private_cluster("side-models", env) as c:
-        c.start(workers=("runs",))
-        c.start_worker("memory", 2, queues="memory")
+        c.side_by_side(
+            c.start_web, c.start_worker, lambda: c.start_worker("memory", 2, queues="memory")
+        )
 
         async def scenario(cl: LangGraphClient) -> list[str]:
             tid = (await cl.threads.create())["thread_id"]

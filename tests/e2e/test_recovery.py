@@ -32,9 +32,7 @@ FAST = FAST_LEASES
 def fast(private_cluster: ClusterFactory) -> Iterator[Cluster]:
     """Web + two workers with short leases on their own database and Redis prefix."""
     with private_cluster("recovery", FAST) as c:
-        c.start_web()
-        c.start_worker("w1")
-        c.start_worker("w2")
+        c.side_by_side(c.start_web, lambda: c.start_worker("w1"), lambda: c.start_worker("w2"))
         yield c
 
 

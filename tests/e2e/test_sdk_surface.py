@@ -27,11 +27,10 @@ from langgraph_sdk._sync.threads import SyncThreadsClient
 from langgraph_sdk.client import SyncLangGraphClient
 
 from shared.testing import Cluster, wait_for
-from tests.e2e.conftest import ALICE, ClusterFactory, human
+from tests.e2e.conftest import ALICE, human
 
 pytestmark = pytest.mark.e2e
 
-GRAPHS = Path(__file__).resolve().parents[1] / "graphs" / "langgraph.json"
 KNOBS = {"configurable": {"tokens": 3}}
 RESOURCES: dict[str, type] = {
     "assistants": SyncAssistantsClient,
@@ -50,10 +49,9 @@ def called(name: str, result: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def graphs(private_cluster: ClusterFactory) -> Iterator[Cluster]:
-    """A web process, a runs worker and the scheduler, serving the test graphs."""
-    with private_cluster("surface", {"THREADRUN_CONFIG": str(GRAPHS)}) as c:
-        yield c.start()
+def graphs(graphs_cluster: Cluster) -> Cluster:
+    """The session's web process and runs worker serving the test graphs (conftest)."""
+    return graphs_cluster
 
 
 @pytest.fixture

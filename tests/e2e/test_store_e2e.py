@@ -43,8 +43,7 @@ def store_cluster(
     """One web process and one runs worker serving the store graph."""
     config = store_config(tmp_path_factory.mktemp("store-config"))
     with private_cluster("store", {"THREADRUN_CONFIG": str(config)}) as c:
-        c.start_web()
-        c.start_worker()
+        c.side_by_side(c.start_web, c.start_worker)
         yield c
 
 

@@ -15,7 +15,6 @@ checkpoint id), is never shown: reads fall back to the checkpoint and refresh it
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,19 +25,17 @@ from langgraph_sdk.client import SyncLangGraphClient
 from langgraph_sdk.schema import Command
 
 from shared.testing import Cluster, wait_for
-from tests.e2e.conftest import ALICE, ClusterFactory, human
+from tests.e2e.conftest import ALICE, human
 
 pytestmark = pytest.mark.e2e
 
-GRAPHS = Path(__file__).resolve().parents[1] / "graphs" / "langgraph.json"
 KNOBS = {"configurable": {"tokens": 4}}
 
 
 @pytest.fixture(scope="module")
-def graphs(private_cluster: ClusterFactory) -> Iterator[Cluster]:
-    """A web process and a runs worker serving the test graphs (lead agent, approval)."""
-    with private_cluster("headcopies", {"THREADRUN_CONFIG": str(GRAPHS)}) as c:
-        yield c.start()
+def graphs(graphs_cluster: Cluster) -> Cluster:
+    """The session's web process and runs worker serving the test graphs (conftest)."""
+    return graphs_cluster
 
 
 @pytest.fixture

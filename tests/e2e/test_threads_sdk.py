@@ -10,7 +10,6 @@ pauses on `interrupt()`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,19 +19,16 @@ from langgraph_sdk.client import SyncLangGraphClient
 from langgraph_sdk.schema import Command
 
 from shared.testing import Cluster, wait_for
-from tests.e2e.conftest import ALICE, BOB, ClusterFactory
+from tests.e2e.conftest import ALICE, BOB
 from tests.graphs.approval import QUESTION
 
 pytestmark = pytest.mark.e2e
 
-GRAPHS = Path(__file__).resolve().parents[1] / "graphs" / "langgraph.json"
-
 
 @pytest.fixture(scope="module")
-def graphs(private_cluster: ClusterFactory) -> Iterator[Cluster]:
-    """A web process and a runs worker serving the test graphs."""
-    with private_cluster("threads", {"THREADRUN_CONFIG": str(GRAPHS)}) as c:
-        yield c.start()
+def graphs(graphs_cluster: Cluster) -> Cluster:
+    """The session's web process and runs worker serving the test graphs (conftest)."""
+    return graphs_cluster
 
 
 @pytest.fixture

@@ -102,9 +102,9 @@ def receiver() -> Iterator[Receiver]:
 def hooks(private_cluster: ClusterFactory) -> Iterator[Cluster]:
     """Web, one runs worker and one webhooks worker on their own database and prefix."""
     with private_cluster("webhooks", ENV) as c:
-        c.start_web()
-        c.start_worker("w1", concurrency=4)
-        c.start_webhooks_worker()
+        c.side_by_side(
+            c.start_web, lambda: c.start_worker("w1", concurrency=4), c.start_webhooks_worker
+        )
         yield c
 
 

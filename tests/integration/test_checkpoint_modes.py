@@ -188,12 +188,12 @@ def test_s4_delta_process_continues_a_full_thread(settings: Settings, tmp_path: 
 
 
 def test_s4_database_records_the_mode_and_refuses_other_processes(
-    settings: Settings, redis_url: str
+    settings: Settings, redis_url: str, template_database: str
 ) -> None:
     """S4: the first process records its mode; a process with another mode or frequency
     refuses to start with a message saying how to migrate; only full -> delta is allowed."""
     with (
-        private_settings(settings, redis_url) as s,
+        private_settings(settings, redis_url, template_database) as s,
         psycopg.connect(s.dsn, autocommit=True, row_factory=dict_row) as conn,
     ):
         ensure_recorded_mode(conn, s)  # full, 10: recorded

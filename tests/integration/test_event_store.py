@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import multiprocessing as mp
 import threading
 import uuid
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from shared.runs.model import MultitaskStrategy, RunRequest, RunStatus, ThreadSt
 from shared.runs.store import RunStore
 from shared.settings import Settings
 from shared.workspaces import OWNERLESS, owner_root
+from tests.conftest import forked_processes
 from tests.event_store_conformance import EventStoreConformance, MakeStore, NewRun, ev
 
 OWNER = "journal-tests"
@@ -89,7 +89,7 @@ def test_j4_seq_strictly_increasing_under_concurrent_processes(
     """J4: 6 processes append batches to one run at once: seqs unique, gap-free, in append order."""
     tid, run_id = new_run(runs)
     n, batches, size = 6, 15, 7
-    ctx = mp.get_context("spawn")
+    ctx = forked_processes()
     with ctx.Manager() as manager:
         barrier = manager.Barrier(n)
         with ctx.Pool(n) as procs:

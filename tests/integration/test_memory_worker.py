@@ -25,9 +25,9 @@ FAST = {
 
 
 @pytest.fixture(scope="module")
-def msettings(settings: Settings, redis_url: str) -> Iterator[Settings]:
+def msettings(settings: Settings, redis_url: str, template_database: str) -> Iterator[Settings]:
     """A private database and prefix, with the fast memory numbers the worker uses."""
-    with private_settings(settings, redis_url) as s:
+    with private_settings(settings, redis_url, template_database) as s:
         yield s.model_copy(update={"memory_debounce_s": 0.5, "memory_claim_ttl_s": 3.0})
 
 

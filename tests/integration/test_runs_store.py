@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import uuid
 from typing import Any
 
@@ -25,6 +24,7 @@ from shared.runs.model import (
 from shared.runs.store import Admission, ClaimOutcome, RunStore
 from shared.runs.thread_ids import storage_id
 from shared.settings import Settings
+from tests.conftest import forked_processes
 
 OWNER = "alice"
 
@@ -362,7 +362,7 @@ def test_r2_concurrent_admissions_from_processes(
     """R2: 8 processes admit on one thread at once: under reject exactly one becomes inflight."""
     tid = new_thread(store)
     n = 8
-    ctx = mp.get_context("spawn")
+    ctx = forked_processes()
     with ctx.Manager() as manager:
         barrier = manager.Barrier(n)
         with ctx.Pool(n) as procs:
