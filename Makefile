@@ -69,10 +69,13 @@ run: install ## start services, migrations, web and workers (Ctrl-C stops everyt
 
 # Resolve the services (starting embedded daemons only if needed), run pytest, stop what we
 # started, and exit with pytest's code. pytest's 5 (no tests collected) is a failure too.
+# The project is byte-compiled first: with PYTHONDONTWRITEBYTECODE set (as on the CI machines)
+# each of the suite's ~100 web and worker processes would otherwise compile it on import.
 define run_pytest
 	@envs="$$($(DEVSERVICES_ENV))" || { echo "error: could not find or start Redis/PostgreSQL" >&2; exit 1; }; \
 	eval "$$envs"; \
 	rc=0; \
+	$(PY) -m compileall -q app workers shared tests clients >/dev/null || true; \
 	$(PY) -m pytest -q $(1) $(PYTEST_ARGS) || rc=$$?; \
 	if [ -n "$${THREADRUN_DEVSERVICES_STARTED:-}" ]; then \
 	  $(PY) -m shared.devservices stop $$THREADRUN_DEVSERVICES_STARTED || true; \
