@@ -665,8 +665,10 @@ class RunStore:
         cancel_running: list[str] = []
         ended: list[str] = []
         for victim in decision.cancel:
-            outcome = self._cancel_victim(conn, victim, thread_id, decision.action, by=run_id)
-            if outcome is CancelOutcome.REQUESTED and victim.status is RunStatus.RUNNING:
+            outcome, running = self._cancel_victim(
+                conn, victim, thread_id, decision.action, by=run_id
+            )
+            if outcome is CancelOutcome.REQUESTED and running:
                 cancel_running.append(victim.run_id)  # its owner must hear of it
             elif outcome is CancelOutcome.CANCELLED:
                 ended.append(victim.run_id)
@@ -720,22 +722,35 @@ class RunStore:
         action: CancelAction,
         *,
         by: str,
-    ) -> CancelOutcome:
+    ) -> tuple[CancelOutcome, bool]:
         """Write `admission.cancel_outcome` for one inflight run in the caller's transaction
-        (thread row locked): end it now, or record the request for its owner (R5)."""
+        (thread row locked): end it now, or record the request for its owner (R5). Also
+        whether the run is running (its owner must be told).
+
+        A claim takes no thread lock, so a run read as pending may have been claimed since:
+        then ending it matches no row, and the request goes to its new owner instead (before,
+        the run was journaled `interrupted` and ran on to `success`: two outcomes, and the
+        cancel lost). Each write is synced on its own (a nested pipeline block) because its
+        row count decides what follows.
+        """
         params = {"run_id": victim.run_id, "action": action}
-        if cancel_outcome(victim, action) is CancelOutcome.CANCELLED:
-            conn.execute(INTERRUPT_PENDING_SQL, params)
-            self._lifecycle(conn, victim.run_id, thread_id, RunStatus.INTERRUPTED, {"by": by})
-            return CancelOutcome.CANCELLED
         running = victim.status is RunStatus.RUNNING
+        if cancel_outcome(victim, action) is CancelOutcome.CANCELLED:
+            with conn.pipeline():
+                ended = conn.execute(INTERRUPT_PENDING_SQL, params)
+            if ended.rowcount == 1:
+                self._lifecycle(conn, victim.run_id, thread_id, RunStatus.INTERRUPTED, {"by": by})
+                return CancelOutcome.CANCELLED, False
+            running = True  # claimed since the read; if it has ended, nothing matches below
         sql = REQUEST_CANCEL_RUNNING_SQL if running else REQUEST_ROLLBACK_PENDING_SQL
-        if conn.execute(sql, params).rowcount == 0:
-            return CancelOutcome.ALREADY_REQUESTED
+        with conn.pipeline():
+            requested = conn.execute(sql, params)
+        if requested.rowcount == 0:
+            return CancelOutcome.ALREADY_REQUESTED, running
         self._lifecycle(
             conn, victim.run_id, thread_id, "cancel_requested", {"action": action, "by": by}
         )
-        return CancelOutcome.REQUESTED
+        return CancelOutcome.REQUESTED, running
 
     # runs -------------------------------------------------------------------------------
     def get_run(self, thread_id: str, run_id: str, owner: str) -> Run:
@@ -860,7 +875,7 @@ class RunStore:
                 return CancelOutcome.ALREADY_DONE, None
             head = self._inflight(conn, thread_id, limit=1)
             victim = Inflight(run.run_id, run.status, run.attempt)
-            outcome = self._cancel_victim(conn, victim, thread_id, action, by="cancel")
+            outcome, _running = self._cancel_victim(conn, victim, thread_id, action, by="cancel")
             # Only the head's successor needs a dispatch; behind others nothing changes.
             nxt = None
             if outcome is CancelOutcome.CANCELLED and head and head[0].run_id == run.run_id:

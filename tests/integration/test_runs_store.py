@@ -12,6 +12,7 @@ from psycopg_pool import ConnectionPool
 from shared.db import make_pool
 from shared.db.migrate import migrate, migrations
 from shared.errors import Conflict, RunNotFound, ThreadExists, ThreadNotFound
+from shared.runs import store as store_module
 from shared.runs.admission import AdmissionOutcome, CancelOutcome
 from shared.runs.model import (
     CancelAction,
@@ -472,3 +473,32 @@ def test_a4_ended_among_reads_every_member_in_one_query(store: RunStore) -> None
     gone, junk = str(uuid.uuid4()), "not-a-run"
     assert store.ended_among([done, running, pending, gone, junk]) == {done, gone, junk}
     assert store.ended_among([]) == set()
+
+
+def test_r3_r5_interrupt_of_a_run_claimed_meanwhile_asks_its_owner(
+    store: RunStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R3/R5: an admission with `interrupt` read the thread's head as pending, and a worker
+    claimed it before the admission wrote (a claim takes no thread lock). The head is then
+    running: its owner is asked to stop (one outcome), instead of the run being journaled
+    `interrupted` while it ran on to `success` with the cancel lost (found by a chaos run)."""
+    tid = new_thread(store)
+    head = admitted(store, tid)
+    real_decide = store_module.decide
+
+    def decide_after_a_claim(*args: Any, **kwargs: Any) -> Any:
+        decision = real_decide(*args, **kwargs)
+        claimed(store, head, "w")  # another connection: commits while the admission waits
+        return decision
+
+    monkeypatch.setattr(store_module, "decide", decide_after_a_claim)
+    adm = admit(store, tid, "interrupt")
+    monkeypatch.undo()
+    assert adm.run is not None
+    assert adm.cancel_running == [head] and adm.ended == ()
+    run = store.get_run(tid, head, OWNER)
+    assert run.status is RunStatus.RUNNING and run.cancel_action is CancelAction.INTERRUPT
+    kinds = [e["type"] for e in store.run_events(head) if e["category"] == "lifecycle"]
+    assert kinds == ["created", "claimed", "cancel_requested"]
+    # The new run waits for the head: its claim is refused until the head has ended.
+    assert store.claim(adm.run.run_id, "w2").outcome is ClaimOutcome.NOT_HEAD
