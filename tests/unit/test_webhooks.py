@@ -240,7 +240,8 @@ def test_next_delay_rules() -> None:
     assert BACKOFF.next_delay(AttemptOutcome.REJECTED, 1) is None
     assert BACKOFF.next_delay(AttemptOutcome.REFUSED, 1) is None
     assert BACKOFF.next_delay(AttemptOutcome.TIMEOUT, 5) is None
-    assert 1.0 <= (BACKOFF.next_delay(AttemptOutcome.TIMEOUT, 1, rng=rng) or 0) <= 2.0
+    delay = BACKOFF.next_delay(AttemptOutcome.TIMEOUT, 1, rng=rng)
+    assert delay is not None and 1.0 <= delay <= 2.0
     assert BACKOFF.next_delay(AttemptOutcome.RETRYABLE_STATUS, 1, 90.0, rng) == 90.0
     assert BACKOFF.next_delay(AttemptOutcome.RETRYABLE_STATUS, 1, 9999.0, rng) == 120.0
 
