@@ -91,7 +91,8 @@ class Services:
             webhook_policy=EgressPolicy.parse(settings.webhook_allow),
             webhook_url_max=settings.webhook_url_max,
         )
-        subscriber = StreamSubscriber(client, keys, settings, hub=SubscriptionHub(client))
+        hub = SubscriptionHub(client, linger_s=settings.stream_hub_linger_s)
+        subscriber = StreamSubscriber(client, keys, settings, hub=hub)
         return cls(
             settings=settings,
             registry=registry,

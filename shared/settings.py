@@ -302,6 +302,12 @@ class Settings(BaseSettings):
         description="Compression dictionaries one run attempt may store in its meta hash.",
     )
     stream_heartbeat_s: float = Field(default=5.0, gt=0)
+    stream_hub_linger_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="A web process's subscription hub keeps its Redis connection this long "
+        "after its last follower left, so the next stream starts without a reconnect.",
+    )
     thread_stream_poll_s: float = Field(
         default=30.0,
         gt=0,

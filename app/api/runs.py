@@ -76,6 +76,7 @@ def _stream_response(
     cancel_on_disconnect: bool,
     modes: list[str] | None = None,
     status: int = 200,
+    admitted: bool = False,
 ) -> Response:
     svc = current_services()
     run_id, thread_id = run.run_id, run.thread_id
@@ -102,6 +103,7 @@ def _stream_response(
         cursor,
         is_terminal=lambda: is_terminal(run_id),
         unstarted_end=lambda: svc.runs.unstarted_end(run_id),
+        admitted=admitted,
     )
     body = sse_body(batches, keep=event_filter(modes), on_close=on_close, run_id=run_id)
     headers = {**_locations(run, "/stream"), "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -203,7 +205,9 @@ def create_stream(thread_id: str) -> Response:
     """Create a run and stream its events (SSE)."""
     run, body = _admit(thread_id)
     cancel_on_disconnect = body.on_disconnect is OnDisconnect.CANCEL
-    return _stream_response(run, BEFORE_FIRST, cancel_on_disconnect=cancel_on_disconnect)
+    return _stream_response(
+        run, BEFORE_FIRST, cancel_on_disconnect=cancel_on_disconnect, admitted=True
+    )
 
 
 @bp.post("/threads/<thread_id>/runs/wait")
@@ -225,7 +229,9 @@ def create_stateless_stream() -> Response:
     """Create a run on a new temporary thread and stream its events (SSE)."""
     run, body = _admit_stateless()
     cancel_on_disconnect = body.on_disconnect is OnDisconnect.CANCEL
-    return _stream_response(run, BEFORE_FIRST, cancel_on_disconnect=cancel_on_disconnect)
+    return _stream_response(
+        run, BEFORE_FIRST, cancel_on_disconnect=cancel_on_disconnect, admitted=True
+    )
 
 
 @bp.post("/runs/wait")

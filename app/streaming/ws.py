@@ -344,6 +344,7 @@ class _Subscription:
     request_id: Any
     cancel_on_disconnect: bool
     modes: list[str] | None
+    admitted: bool = False  # created on this socket: followed live from its first event
     stop: threading.Event = field(default_factory=threading.Event)
     ended: bool = False
     thread: threading.Thread | None = None
@@ -614,6 +615,7 @@ class _Session:
                 request_id=request_id,
                 cancel_on_disconnect=spec.on_disconnect is OnDisconnect.CANCEL,
                 modes=None,
+                admitted=True,
             )
         )
 
@@ -705,6 +707,7 @@ class _Session:
             sub.cursor,
             is_terminal=lambda: runs.is_terminal(run_id),
             unstarted_end=lambda: runs.unstarted_end(run_id),
+            admitted=sub.admitted,
         )
         sub_ticket = TRACKER.open(None, run_id)  # the ops view's stream subscribers
         last_sent = time.monotonic()

@@ -101,8 +101,10 @@ class BridgeSubscriber(Protocol):
         *,
         is_terminal: Callable[[], bool],
         unstarted_end: Callable[[], str | None] | None = None,
+        admitted: bool = False,
     ) -> Generator[list[StreamItem], None, None]:
-        """`subscribe`, one list per read (a relay writes each list at once)."""
+        """`subscribe`, one list per read (a relay writes each list at once); `admitted`:
+        the caller has just admitted the run and reads it from `BEFORE_FIRST`."""
         ...
 
     def last_event(self, run_id: str) -> Event | None:

@@ -99,10 +99,22 @@ class Subscription:
 class SubscriptionHub:
     """The reader thread and the registry of followed streams."""
 
-    def __init__(self, client: redis.Redis, *, batch: int = 500, block_ms: int = 5000) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        batch: int = 500,
+        block_ms: int = 5000,
+        linger_s: float = 0.0,
+    ) -> None:
         self._client = client
         self._batch = batch
         self._block_ms = block_ms
+        # With no stream to follow the reader waits this long for the next attach before it
+        # closes its connection and ends: a web process that streams one run after another
+        # would otherwise connect (and start a thread) again on every first event's path.
+        self._linger_s = linger_s
+        self._attached = threading.Event()
         self._lock = threading.Lock()
         self._streams: dict[str, dict[Subscription, None]] = {}
         self._positions: dict[str, str] = {}
@@ -123,6 +135,7 @@ class SubscriptionHub:
                 # any subscriber needs; subscribers drop entries they already have.
                 self._positions[key] = cursor
             subs[sub] = None
+        self._attached.set()
         self._ensure_thread()
         self._wake()
         return sub
@@ -199,9 +212,12 @@ class SubscriptionHub:
             try:
                 if self._conn is None:
                     self._conn = self._connect()
+                self._attached.clear()
                 with self._lock:
                     streams: dict[Any, Any] = dict(self._positions)
                 if not streams:
+                    if self._attached.wait(self._linger_s) and not self._stopped.is_set():
+                        continue  # a follower came within the linger: same connection
                     self._drop(self._conn)
                     with self._lock:
                         if not self._positions:
@@ -254,6 +270,7 @@ class SubscriptionHub:
     def close(self) -> None:
         """Stop the reader thread."""
         self._stopped.set()
+        self._attached.set()
         self._wake()
 
 

@@ -288,6 +288,7 @@ class StreamSubscriber:
         *,
         is_terminal: Callable[[], bool],
         unstarted_end: Callable[[], str | None] | None = None,
+        admitted: bool = False,
     ) -> Generator[list[StreamItem], None, None]:
         """Like `subscribe`, one list per Redis read (so a relay can write them in one go).
 
@@ -296,10 +297,25 @@ class StreamSubscriber:
         `unstarted_end`, when given, answers the terminal status of a run that ended
         without ever starting (cancelled while pending: it never had a stream), else None;
         such a run's subscribers get an `end` with that status instead of a gap.
+
+        `admitted`: the caller has just admitted the run and reads it from its first event
+        (`BEFORE_FIRST`). Its stream cannot hold anything to catch up on yet and the run
+        cannot have ended but by a cancel in the meantime, so the subscriber follows it
+        live at once, from before its first entry, instead of reading a snapshot and
+        asking PostgreSQL first: a read, a query and a hub re-attach less before the first
+        event. Nothing is lost to that: entries arrive in order from the first one, whose
+        count must be 1 (anything trimmed or lost before it is a gap, as for any cursor),
+        and a run that ends without a stream is found at the first idle heartbeat.
         """
         cursor = parse_cursor(last_event_id)
         requested = cursor
         key = self._keys.stream(run_id)
+        if admitted and cursor == BEFORE_FIRST:
+            state = _Follow(cursor, last_n=0)
+            done = yield from self._follow(run_id, key, state, is_terminal, unstarted_end)
+            if done:
+                return
+            cursor = state.cursor  # detached (a slow reader): catch up from where it is
         while True:
             # Phase 1: catch up with atomic, gap-checked reads.
             last_n: int | None = None
@@ -355,7 +371,7 @@ class StreamSubscriber:
                     break
             # Phase 2: follow live; contiguity of `n` proves nothing was trimmed or lost.
             state = _Follow(cursor, last_n)
-            done = yield from self._follow(run_id, key, state, is_terminal)
+            done = yield from self._follow(run_id, key, state, is_terminal, unstarted_end)
             if done:
                 return
             cursor = state.cursor  # detached (a slow reader): catch up from where it is
@@ -380,7 +396,12 @@ class StreamSubscriber:
             self._hub.detach(sub)
 
     def _follow(
-        self, run_id: str, key: str, st: _Follow, is_terminal: Callable[[], bool]
+        self,
+        run_id: str,
+        key: str,
+        st: _Follow,
+        is_terminal: Callable[[], bool],
+        unstarted_end: Callable[[], str | None] | None,
     ) -> Generator[list[StreamItem], None, bool]:
         """Follow live entries (through the hub if there is one); True when finished,
         False when detached for being too slow (the caller catches up on its own)."""
@@ -389,14 +410,9 @@ class StreamSubscriber:
             while True:
                 entries = self._next_entries(key, st, sub)
                 if entries is None:
-                    if self._ended_silently(key, st, is_terminal):
-                        yield [
-                            self._gap(
-                                run_id,
-                                st.cursor,
-                                "the run ended and its stream or end event is gone",
-                            )
-                        ]
+                    ending = self._silent_end(run_id, key, st, is_terminal, unstarted_end)
+                    if ending is not None:
+                        yield [ending]
                         return True
                     yield [Heartbeat()]
                     continue
@@ -436,20 +452,36 @@ class StreamSubscriber:
             return None
         return _DETACHED if entries is None else entries
 
-    def _ended_silently(self, key: str, st: _Follow, is_terminal: Callable[[], bool]) -> bool:
-        """After an idle heartbeat: did the run end without an `end` we can still get?
+    def _silent_end(
+        self,
+        run_id: str,
+        key: str,
+        st: _Follow,
+        is_terminal: Callable[[], bool],
+        unstarted_end: Callable[[], str | None] | None,
+    ) -> StreamItem | None:
+        """After an idle heartbeat: how the run ended if it did without an `end` we can
+        still get, else None (keep following).
 
-        True when the stream is gone and the run is terminal, or when the run has been
-        terminal for two idle heartbeats in a row (its `end` was lost, e.g. a publisher
-        that gave up during a Redis outage). Two, because the terminal status is committed
-        a moment before `end` is published. The subscriber then ends with a gap, so the
-        client reloads durable state instead of waiting for ever.
+        When the stream is missing and the run is terminal: the `end` of a run that never
+        started (`unstarted_end`), else a gap. When the run has been terminal for two idle
+        heartbeats in a row with its stream there: a gap (its `end` was lost, e.g. a
+        publisher that gave up during a Redis outage). Two, because the terminal status is
+        committed a moment before `end` is published. After a gap the client reloads
+        durable state instead of waiting for ever.
         """
         st.idle += 1
         ask = self.liveness.ask
         if not ask("exists", key, lambda: bool(self._client.exists(key))):
-            return ask("terminal", key, is_terminal)
-        return st.idle >= 2 and ask("terminal", key, is_terminal)
+            if not ask("terminal", key, is_terminal):
+                return None
+            ending = self._missing_stream(run_id, st.cursor, unstarted_end)
+            if ending is None:
+                st.idle = 0  # it appeared meanwhile: keep following
+            return ending
+        if st.idle >= 2 and ask("terminal", key, is_terminal):
+            return self._gap(run_id, st.cursor, "the run ended and its end event is gone")
+        return None
 
     def _accept(
         self, run_id: str, st: _Follow, entries: list[Entry]
