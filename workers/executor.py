@@ -25,6 +25,7 @@ from typing import Any, cast
 import psycopg
 import redis
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.types import Command
 
 from shared import logs, metrics, serde, workspaces
@@ -120,6 +121,7 @@ class RunAttempt:
     stop_reason: StopReason | None = None
     started: float = field(default_factory=time.monotonic)
     pre_run_recorded: asyncio.Future[None] | None = None  # see `record_pre_run`
+    head_read: asyncio.Future[CheckpointTuple | None] | None = None  # see `claim`
 
     @property
     def run_id(self) -> str:
@@ -252,10 +254,15 @@ async def claim(rt: WorkerRuntime, run_id: str) -> RunAttempt | None:
     run = result.run
     assert run is not None  # CLAIMED carries the run
     value = lease_value(run.owner_epoch, rt.worker_id)
+    # The thread's head is read while the lease is taken (`graph_input` uses it): a read,
+    # safe once the claim committed, as the thread's earlier runs have all ended by then.
+    head_read = asyncio.ensure_future(rt.state.ahead_tuple(run.thread_id))
+    head_read.add_done_callback(_consume_error)  # unawaited if the attempt never runs the graph
     if not await rt.leases.acquire(run_id, run.owner_epoch, rt.worker_id):
+        head_read.cancel()
         log.warning("a newer epoch holds the lease", extra={"run_id": run_id})
         return None
-    return RunAttempt(run=run, lease=value)
+    return RunAttempt(run=run, lease=value, head_read=head_read)
 
 
 _keepers: dict[int, asyncio.Task[None]] = {}
@@ -344,7 +351,10 @@ async def graph_input(rt: WorkerRuntime, attempt: RunAttempt, config: dict[str, 
     read under `HEAD_KEY` (one query and decode less before the first token).
     """
     run = attempt.run
-    head = await rt.state.ahead_tuple(attempt.thread_id)
+    if attempt.head_read is not None:
+        head = await attempt.head_read
+    else:
+        head = await rt.state.ahead_tuple(attempt.thread_id)
     config["configurable"][HEAD_KEY] = ReadHead(head)  # the graph's first read (savers.py)
     if run.pre_run_checkpoint_id is None:
         head_id, writes = rt.state.rollback_point(head)
@@ -375,9 +385,9 @@ def record_pre_run(
     attempt.pre_run_recorded = task
 
 
-def _consume_error(fut: asyncio.Future[None]) -> None:
+def _consume_error(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled() and fut.exception() is not None:
-        log.debug("recording the rollback point failed", exc_info=fut.exception())
+        log.debug("a background read or write of the attempt failed", exc_info=fut.exception())
 
 
 def open_sink(rt: WorkerRuntime, attempt: RunAttempt) -> EventSink:

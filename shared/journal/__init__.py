@@ -16,7 +16,7 @@ from shared.journal.inmemory import MemoryEventStore
 from shared.journal.journal import RunJournal, journal_from_config
 from shared.journal.pages import parse_thread_cursor
 from shared.journal.payload import truncate_payload
-from shared.journal.postgres import RunEventStore, append_in, queue_in
+from shared.journal.postgres import RunEventStore, append_in, queue_in, with_event
 from shared.journal.usage import summarize_usage
 
 __all__ = [
@@ -36,5 +36,6 @@ __all__ = [
     "settle_delivery",
     "summarize_usage",
     "truncate_payload",
+    "with_event",
     "write_delivery_receipt",
 ]

@@ -66,10 +66,7 @@ from shared.journal.usage import (
 # statement anyway), so every writer locks the run row before the counter row: RunStore
 # locks the run row (UPDATE, FOR UPDATE) before it appends, and the same order on both
 # sides means no deadlock. A missing run allocates nothing (RunNotFound).
-_ALLOC_CTE = """
-WITH run AS (
-    SELECT run_id, thread_id FROM runs WHERE run_id = %(run_id)s FOR KEY SHARE
-), alloc AS (
+_ALLOC = """alloc AS (
     INSERT INTO run_event_seqs AS c (run_id, last_seq)
     SELECT run.run_id,
            coalesce((SELECT max(seq) FROM run_events WHERE run_id = %(run_id)s), 0) + %(n)s
@@ -81,6 +78,13 @@ WITH run AS (
     RETURNING last_seq
 )
 """
+_ALLOC_CTE = (
+    """
+WITH run AS (
+    SELECT run_id, thread_id FROM runs WHERE run_id = %(run_id)s FOR KEY SHARE
+), """
+    + _ALLOC
+)
 APPEND_BATCH_SQL = (
     _ALLOC_CTE
     + """
@@ -104,6 +108,34 @@ SELECT run.run_id, alloc.last_seq, run.thread_id, %(category)s, %(type)s,
 FROM run, alloc
 """
 APPEND_EVENT_SQL = _ALLOC_CTE.replace("%(n)s", "1") + _INSERT_ONE + "RETURNING seq, created_at\n"
+
+
+def with_event(update_sql: str, payload_sql: str) -> str:
+    """One statement: `update_sql` (an `UPDATE runs ... RETURNING *` of the run
+    `%(run_id)s`) and, when it changed the row, an event in that run's journal whose
+    payload is the SQL expression `payload_sql` over the updated row (`changed`); it
+    returns what the update returned. Params: those of the update, `category` and `type`.
+
+    In autocommit mode that is one round trip with its commit, where the update and an
+    `append_in` take a transaction of their own (two in pipeline mode, four without). The
+    update holds the run row's lock, which the allocator takes first everywhere else, so
+    the lock order is the same."""
+    return (
+        f"WITH changed AS ({update_sql}),\n"
+        "run AS (SELECT run_id, thread_id FROM changed),\n"
+        + _ALLOC.replace("%(n)s", "1")
+        + """, event AS (
+INSERT INTO run_events (run_id, seq, thread_id, category, type, payload, created_at)
+SELECT run.run_id, alloc.last_seq, run.thread_id, %(category)s, %(type)s, """
+        + payload_sql
+        + """, now()
+FROM run, alloc, changed
+)
+SELECT * FROM changed
+"""
+    )
+
+
 APPEND_RECEIPT_SQL = (
     _ALLOC_CTE.replace("%(n)s", "1")
     + _INSERT_ONE

@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 from shared import serde
 from shared.db import DictPool
 from shared.errors import Conflict, RunNotFound, ThreadBusy, ThreadExists, ThreadNotFound
-from shared.journal import Category, queue_in
+from shared.journal import Category, queue_in, with_event
 from shared.runs import thread_ids
 from shared.runs.admission import (
     AdmissionDecision,
@@ -267,6 +267,13 @@ WHERE r.run_id = %(run_id)s AND r.status = 'pending'
         AND (o.status = 'running' OR (o.status = 'pending' AND o.seq < r.seq)))
 RETURNING r.*, (SELECT t.owner FROM threads t WHERE t.thread_id = r.thread_id) AS user_id
 """
+# The claim and its `claimed` lifecycle event in one statement (one round trip with its
+# commit, on every run's path to its first token).
+CLAIM_LOGGED_SQL = with_event(
+    CLAIM_SQL,
+    "jsonb_build_object('owner', changed.owner, 'epoch', changed.owner_epoch,"
+    " 'attempt', changed.attempt)",
+)
 SET_PRE_RUN_CHECKPOINT_SQL = """
 UPDATE runs SET pre_run_checkpoint_id = %(checkpoint_id)s, pre_run_writes = %(writes)s
 WHERE run_id = %(run_id)s AND owner_epoch = %(epoch)s AND status = 'running'
@@ -944,20 +951,15 @@ class RunStore:
     # worker side ---------------------------------------------------------------------------
     def claim(self, run_id: str, owner: str) -> Claim:
         """Make the run ours: status running, epoch + 1, attempt + 1 (L1, L3)."""
+        params = {
+            "run_id": run_id,
+            "owner": owner,
+            "category": Category.LIFECYCLE.value,
+            "type": "claimed",
+        }
         try:
-            # Pipeline mode: BEGIN and the claim in one round trip, the lifecycle event and
-            # COMMIT in the next (four round trips before, on every run's path to its first
-            # token).
-            with self._pool.connection() as conn, conn.pipeline(), conn.transaction():
-                row = conn.execute(CLAIM_SQL, {"run_id": run_id, "owner": owner}).fetchone()
-                if row is not None:
-                    self._lifecycle(
-                        conn,
-                        run_id,
-                        str(row["thread_id"]),
-                        "claimed",
-                        {"owner": owner, "epoch": row["owner_epoch"], "attempt": row["attempt"]},
-                    )
+            with self._pool.connection() as conn:
+                row = conn.execute(CLAIM_LOGGED_SQL, params).fetchone()
         except psycopg.errors.UniqueViolation:
             # Another run of this thread became running concurrently (the partial unique
             # index, R3): that run goes first and dispatches us when it finishes.
