@@ -25,7 +25,6 @@ from typing import Any, cast
 import psycopg
 import redis
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.types import Command
 
 from shared import logs, metrics, serde, workspaces
@@ -121,7 +120,7 @@ class RunAttempt:
     stop_reason: StopReason | None = None
     started: float = field(default_factory=time.monotonic)
     pre_run_recorded: asyncio.Future[None] | None = None  # see `record_pre_run`
-    head_read: asyncio.Future[CheckpointTuple | None] | None = None  # see `claim`
+    head_read: asyncio.Future[Any] | None = None  # the head checkpoint, see `claim`
 
     @property
     def run_id(self) -> str:

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat
+from shared.bridge.base import BEFORE_FIRST, END_EVENT, Event, Gap, Heartbeat
 from shared.bridge.hub import SubscriptionHub
 from shared.bridge.publisher import PublishCall, StreamPublisher, trim_slack
 from shared.bridge.subscriber import StreamSubscriber
@@ -472,3 +472,113 @@ def test_b5_hub_rewind_during_a_read_never_makes_a_false_gap(rclient: redis.Redi
         hub.detach(behind)
     finally:
         hub.close()
+
+
+def _admitted(b: Bridge, run: str, **kwargs: object) -> Iterator[object]:
+    """A subscription of a run its caller has just admitted (from before its first event)."""
+    for batch in b.subscriber().subscribe_batches(run, BEFORE_FIRST, admitted=True, **kwargs):  # type: ignore[arg-type]
+        yield from batch
+
+
+def test_b4_an_admitted_run_is_followed_from_its_first_event_without_a_terminal_query(
+    bridge: Bridge,
+) -> None:
+    """B4/B6: a stream created with its run follows it live at once: every event in order
+    and `end`, whether the first events were published before the subscriber started (a
+    fast worker) or after; PostgreSQL (`is_terminal`) is not asked while events flow."""
+    asked: list[str] = []
+
+    def terminal() -> bool:
+        asked.append("terminal")
+        return False
+
+    for early in (0, 2):
+        run = str(uuid.uuid4())
+        value = bridge.lease(run, 1)
+        ids = bridge.publish(run, value, [ev(i) for i in range(early)]) if early else []
+        it = _admitted(bridge, run, is_terminal=terminal)
+        if early:
+            assert [next(it) for _ in range(early)] == [
+                Event(ids[i], "custom", f'{{"i": {i}}}') for i in range(early)
+            ]
+        ids += bridge.publish(run, value, [ev(i) for i in range(early, 5)])
+        bridge.publish(run, value, [(END_EVENT, b"{}")], end=True)
+        rest = [item for item in it if not isinstance(item, Heartbeat)]
+        assert [e.id for e in rest[:-1]] == ids[early:]  # type: ignore[attr-defined]
+        assert isinstance(rest[-1], Event) and rest[-1].event == END_EVENT
+    assert asked == []
+
+
+def test_b5_an_admitted_run_whose_start_was_trimmed_is_a_gap(
+    settings: Settings, rclient: redis.Redis, hub: SubscriptionHub | None
+) -> None:
+    """B5: the first entry an admitted subscription reads must be the run's first (count 1):
+    a start trimmed before the subscriber's first read is a gap, never a silent hole."""
+    b = make_bridge(settings, rclient, hub, stream_maxlen=5)
+    run = str(uuid.uuid4())
+    value = b.lease(run, 1)
+    b.publish(run, value, [ev(i) for i in range(30)])
+    got = list(_admitted(b, run, is_terminal=lambda: False))
+    assert len(got) == 1 and isinstance(got[0], Gap), got
+
+
+def test_b5_an_admitted_run_cancelled_while_pending_ends_with_its_status(
+    bridge: Bridge,
+) -> None:
+    """B5/B6: an admitted run that ends before it starts (cancelled while pending: no
+    stream) gives its subscriber `end` with the status at its first idle heartbeat."""
+    run = str(uuid.uuid4())
+    got = list(
+        _admitted(bridge, run, is_terminal=lambda: True, unstarted_end=lambda: "interrupted")
+    )
+    assert len(got) == 1 and isinstance(got[0], Event), got
+    assert got[0].event == END_EVENT
+    assert json.loads(got[0].data) == {"run_id": run, "status": "interrupted"}
+
+
+def test_b1_the_hub_keeps_its_connection_between_streams_for_its_linger(
+    rclient: redis.Redis,
+) -> None:
+    """B1: after its last follower leaves, the hub keeps its Redis connection for
+    `stream_hub_linger_s`, so the next stream's first event does not wait for a reconnect;
+    with no linger it closes it and its reader ends."""
+
+    def connected(conn_id: int) -> bool:
+        return any(int(c["id"]) == conn_id for c in rclient.client_list())
+
+    def wait_for(cond: object, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():  # type: ignore[operator]
+                return True
+            time.sleep(0.02)
+        return False
+
+    key = f"hub-linger-{uuid.uuid4().hex}"
+    lingering = SubscriptionHub(rclient, block_ms=200, linger_s=30)
+    try:
+        sub = lingering.attach(key, "0-0")
+        assert wait_for(lambda: lingering._conn_id is not None)
+        first = lingering._conn_id
+        assert first is not None
+        lingering.detach(sub)
+        time.sleep(0.5)  # the reader has seen that nothing is followed
+        assert lingering.followed == 0 and connected(first)
+        rclient.xadd(key, {"e": "x"})
+        again = lingering.attach(key, "0-0")
+        assert again.take(timeout=10) is not None
+        assert lingering._conn_id == first
+        lingering.detach(again)
+    finally:
+        lingering.close()
+        rclient.delete(key)
+    closing = SubscriptionHub(rclient, block_ms=200, linger_s=0)
+    try:
+        sub = closing.attach(key, "0-0")
+        assert wait_for(lambda: closing._conn_id is not None)
+        conn_id = closing._conn_id
+        assert conn_id is not None
+        closing.detach(sub)
+        assert wait_for(lambda: not connected(conn_id))
+    finally:
+        closing.close()
