@@ -105,7 +105,7 @@ fmt: install ## ruff format and ruff check --fix
 	$(PY) -m ruff format $(LINT_PATHS)
 	$(PY) -m ruff check --fix $(LINT_PATHS)
 
-bench: install ## the internals, checkpoint-mode, memory, store, assistants, cron, webhook, stream-memory and system CPU-per-run benchmarks (bench/internals.py, checkpoints.py, memory.py, store.py, assistants.py, crons.py, webhooks.py, stream_memory.py, system_cpu.py)
+bench: install ## the internals, checkpoint-mode, memory, store, assistants, cron, webhook, stream-memory, system CPU-per-run and first-token benchmarks (bench/internals.py, checkpoints.py, memory.py, store.py, assistants.py, crons.py, webhooks.py, stream_memory.py, system_cpu.py, first_token.py)
 	$(PY) -m bench.internals
 	$(PY) -m bench.checkpoints
 	$(PY) -m bench.memory
@@ -115,6 +115,7 @@ bench: install ## the internals, checkpoint-mode, memory, store, assistants, cro
 	$(PY) -m bench.webhooks
 	$(PY) -m bench.stream_memory
 	$(PY) -m bench.system_cpu
+	$(PY) -m bench.first_token
 
 # The chaos run brings its own Redis, Sentinels and PostgreSQL in network namespaces (root
 # only); it never touches the machine's services. SEED replays a schedule.
