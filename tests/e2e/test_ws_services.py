@@ -36,6 +36,10 @@ def cut_web(private_cluster: ClusterFactory) -> Iterator[tuple[Cluster, Cuttable
             c.start_worker("w1", 2)
             yield c, proxy
         finally:
+            # Stop the processes while their Redis link is up: a process whose proxy is
+            # gone retries Redis through its shutdown until SIGKILL (STOP_TIMEOUT_S).
+            proxy.heal()
+            c.stop()
             proxy.close()
 
 
