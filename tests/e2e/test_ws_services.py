@@ -87,8 +87,8 @@ def test_a2_a1_frames_without_redis_answer_service_unavailable_and_the_socket_re
     tid = new_thread(c)
     with WS(c.url, f"/threads/{tid}/ws") as ws:
         first = created_and_ended(ws, create_frame(tokens=3), "c1")
-        # Cut once the web has let go of that run's stream. Cut in the moment it does, each
-        # refused frame below took ~40 s instead of ~5 s: refused all the same, only later.
+        # Cut once the web has let go of that run's stream. Cut in the moment it does, the
+        # refused frames below often took ~40 s each instead of ~5 s (refused all the same).
         wait_for(lambda: follows_nothing(c), 30, what="the web to report no subscription")
         proxy.cut()
         try:
