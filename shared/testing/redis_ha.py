@@ -48,11 +48,15 @@ class RedisHA:
         sentinels: int = 3,
         password: str = "",
         sentinel_password: str = "",
+        sync_delay_s: int = 5,
     ) -> None:
         """`password`: the data nodes' (requirepass/masterauth); `sentinel_password`: the
-        Sentinels' own (requirepass on them)."""
+        Sentinels' own (requirepass on them); `sync_delay_s`: the data nodes'
+        `repl-diskless-sync-delay` (Redis's default, 5 s, is how long a primary waits for
+        more replicas before a full sync: a test's group is up ~5 s sooner with 0)."""
         self.password = password
         self.sentinel_password = sentinel_password
+        self.sync_delay_s = sync_delay_s
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -83,6 +87,7 @@ class RedisHA:
             "--save", "",
             "--appendonly", "no",
             "--protected-mode", "no",
+            "--repl-diskless-sync-delay", str(self.sync_delay_s),
         ]  # fmt: skip
         if self.password:
             argv += ["--requirepass", self.password, "--masterauth", self.password]

@@ -209,10 +209,33 @@ def test_two_schedulers_one_killed_fire_each_tick_once(private_cluster: ClusterF
             return [x["cron_id"] for x in crons]
 
         ids = run(create, c.url)
-        time.sleep(3.0)
+
+        def fired_ticks(since: float = 0.0) -> set[str]:
+            """The crons (of `ids`) with a firing of a tick later than `since` (epoch s)."""
+            with psycopg.connect(c.settings.dsn) as conn:
+                rows = conn.execute(
+                    "SELECT DISTINCT cron_id::text FROM cron_firings"
+                    " WHERE cron_id = ANY(%s::uuid[]) AND tick_at > to_timestamp(%s)",
+                    (ids, since),
+                ).fetchall()
+            return {r[0] for r in rows}
+
+        # Both schedulers are ticking: every cron fired at least once before the kill.
+        wait_for(
+            lambda: fired_ticks() == set(map(str, ids)),
+            timeout=30,
+            what="every cron to fire before the kill",
+            detail=lambda: c.tails(10),
+        )
         a.stop(signal.SIGKILL)
         killed_at = time.time()
-        time.sleep(4.0)
+        # B alone goes on: every cron fires a tick later than a second after the kill.
+        wait_for(
+            lambda: fired_ticks(killed_at + 1) == set(map(str, ids)),
+            timeout=30,
+            what="the surviving scheduler to fire every cron after the kill",
+            detail=lambda: c.tails(10),
+        )
         b.stop()
         # Which of the two fired a given tick is a race (SKIP LOCKED): at least one fired
         # before the kill, and B alone fired every cron after it (checked below).

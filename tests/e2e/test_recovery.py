@@ -1,7 +1,7 @@
 """Recovery without the broker (R4, L2-L5): lost dispatches, a killed owner, a frozen owner.
 
-A private cluster with short leases (TTL 3 s, renewed every 1 s) and a fast reaper, two
-runs workers, and one web process.
+A private cluster with short leases (TTL 3 s, renewed every 1 s), a fast reaper and a 1 s
+shutdown grace (R7), two runs workers, and one web process.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests.e2e.conftest import ALICE, FAST_LEASES, ClusterFactory
 
 pytestmark = pytest.mark.e2e
 
-FAST = FAST_LEASES
+FAST = {**FAST_LEASES, "THREADRUN_SHUTDOWN_GRACE_S": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +235,7 @@ def test_r7_sigterm_hands_the_run_over(fast: Cluster, store: RunStore) -> None:
     """R7: a worker told to stop mid-run gives the run back; another worker resumes and finishes it."""
     with api(fast) as client:
         tid = client.post("/threads", json={}).json()["thread_id"]
-        run_id = slow_run(client, tid, tokens=400, delay_ms=25)  # ~10 s: longer than the grace
+        run_id = slow_run(client, tid, tokens=200, delay_ms=25)  # ~5 s: longer than the 1 s grace
         wait_for(lambda: store.run_status(run_id) == "running", 15, what="the run to start")
         time.sleep(0.5)
         pid = owner_pid(store, run_id)

@@ -71,7 +71,9 @@ PAUSE_MS = 3000
 
 @pytest.fixture
 def ha(tmp_path: Path) -> Iterator[RedisHA]:
-    group = RedisHA(tmp_path / "ha", password="node-pw", sentinel_password="sentinel-pw")
+    group = RedisHA(
+        tmp_path / "ha", password="node-pw", sentinel_password="sentinel-pw", sync_delay_s=0
+    )
     group.start()
     try:
         yield group

@@ -67,6 +67,10 @@ def cut_worker(private_cluster: ClusterFactory) -> Iterator[tuple[Cluster, Cutta
             c.wait_log(w1, "ready.")
             yield c, proxy
         finally:
+            # Stop the processes while their Redis link is up: a process whose proxy is
+            # gone retries Redis through its shutdown until SIGKILL (STOP_TIMEOUT_S).
+            proxy.heal()
+            c.stop()
             proxy.close()
 
 

@@ -78,6 +78,10 @@ def gated(
             c.start_worker("w2", 4)  # its reaper takes the run over after the cut
             yield c, proxy
         finally:
+            # Stop the processes while their Redis link is up: a process whose proxy is
+            # gone retries Redis through its shutdown until SIGKILL (STOP_TIMEOUT_S).
+            proxy.heal()
+            c.stop()
             proxy.close()
 
 

@@ -40,6 +40,9 @@ ENV = {
     "THREADRUN_WEBHOOK_BACKOFF_BASE_S": "0.2",
     "THREADRUN_WEBHOOK_TIMEOUT_S": "3",
     "THREADRUN_WEBHOOK_STALE_S": "2",
+    # The recovery pass deletes a delivered temporary thread this long after its run ended
+    # (default 30 s): the stateless test waits for that deletion.
+    "THREADRUN_TEMPORARY_THREAD_GRACE_S": "1",
 }
 
 

@@ -14,9 +14,11 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
+import redis
 
 from app.errors import SERVICE_RETRY_AFTER_S
-from shared.testing import Cluster
+from shared.redis_keys import Keys
+from shared.testing import Cluster, wait_for
 from tests.e2e.conftest import ClusterFactory
 from tests.e2e.faults import CuttableProxy
 from tests.e2e.test_stream_gate import proxied
@@ -36,6 +38,10 @@ def cut_web(private_cluster: ClusterFactory) -> Iterator[tuple[Cluster, Cuttable
             c.start_worker("w1", 2)
             yield c, proxy
         finally:
+            # Stop the processes while their Redis link is up: a process whose proxy is
+            # gone retries Redis through its shutdown until SIGKILL (STOP_TIMEOUT_S).
+            proxy.heal()
+            c.stop()
             proxy.close()
 
 
@@ -45,6 +51,22 @@ def assert_unavailable(frame: Frame, request_id: str) -> None:
     assert frame["service"] == "redis" and "Redis" in frame["message"], frame
     assert frame["retry_after"] == SERVICE_RETRY_AFTER_S, frame
     assert frame["request_id"] == request_id, frame
+
+
+def follows_nothing(c: Cluster) -> bool:
+    """Whether the web process has reported (its ops record, shared/ops/connections.py) that
+    it follows no run's stream: a socket's subscription reports its end once it detached
+    from the process's stream hub."""
+    keys = Keys(c.settings.redis_prefix)
+    client = redis.Redis.from_url(c.settings.redis_url)
+    try:
+        procs = client.zrange(keys.ops_web_index(), 0, -1)
+        records = [client.hkeys(keys.ops_web(p.decode())) for p in procs]
+    finally:
+        client.close()
+    return bool(records) and all(
+        fields and not any(f.startswith(b"sub:") for f in fields) for fields in records
+    )
 
 
 def created_and_ended(ws: WS, frame: Frame, request_id: str) -> str:
@@ -65,6 +87,9 @@ def test_a2_a1_frames_without_redis_answer_service_unavailable_and_the_socket_re
     tid = new_thread(c)
     with WS(c.url, f"/threads/{tid}/ws") as ws:
         first = created_and_ended(ws, create_frame(tokens=3), "c1")
+        # Cut once the web has let go of that run's stream. Cut in the moment it does, the
+        # refused frames below often took ~40 s each instead of ~5 s (refused all the same).
+        wait_for(lambda: follows_nothing(c), 30, what="the web to report no subscription")
         proxy.cut()
         try:
             assert_unavailable(ws.request({**create_frame(), "request_id": "c2"}, 90), "c2")

@@ -42,7 +42,7 @@ pytestmark = pytest.mark.skipif(
 def ha(tmp_path: Path) -> Iterator[RedisHA]:
     """The HA group; every process is stopped by PID, also when the test fails."""
     redis_server()
-    group = RedisHA(tmp_path / "ha")
+    group = RedisHA(tmp_path / "ha", sync_delay_s=0)
     group.start()
     try:
         yield group
@@ -53,7 +53,9 @@ def ha(tmp_path: Path) -> Iterator[RedisHA]:
 @pytest.fixture
 def ha_auth(tmp_path: Path) -> Iterator[RedisHA]:
     """The HA group with a password on the data nodes and another on the Sentinels."""
-    group = RedisHA(tmp_path / "ha", password="node-pw", sentinel_password="sentinel-pw")
+    group = RedisHA(
+        tmp_path / "ha", password="node-pw", sentinel_password="sentinel-pw", sync_delay_s=0
+    )
     group.start()
     try:
         yield group

@@ -40,7 +40,7 @@ if sys.argv[2] == "stay":
 
 @pytest.fixture
 def ha(tmp_path: Path) -> Iterator[RedisHA]:
-    group = RedisHA(tmp_path / "ha", sentinel_password="sentinel-pw")
+    group = RedisHA(tmp_path / "ha", sentinel_password="sentinel-pw", sync_delay_s=0)
     group.start()
     try:
         yield group
