@@ -22,10 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -36,12 +33,10 @@ import httpx
 import psycopg
 import redis
 
-from bench.chaos import bench_cluster, log, table
-from bench.internals import _raise_interrupt, signals_ignored
-from bench.scale import sandboxed
+from bench.chaos import table
+from bench.system_cpu import WEBS, on_cluster, run_bench
 from shared.settings import Settings
 
-WEBS = 2
 BASELINE_N = 2000
 WARMUP = 20
 
@@ -187,39 +182,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.runs < 1:
         raise SystemExit("--runs: at least 1")
-    base = Settings()
-    workdir = Path(tempfile.mkdtemp(prefix="threadrun-ttft-"))
-    old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
-    rc = 0
-    try:
-        with sandboxed(base) as (sandbox, settings):
-            log(f"first_token: database {sandbox.db_name}, prefix {sandbox.prefix}, logs {workdir}")
-            cluster = bench_cluster(settings, workdir)
-            try:
-                urls = [cluster.start_web() for _ in range(WEBS)]
-                cluster.start_worker("ttft", base.worker_concurrency, timeout=90)
-                figures = measure(urls, settings, args.runs, args.tokens)
-            except (RuntimeError, subprocess.SubprocessError, httpx.HTTPError, psycopg.Error):
-                for p in cluster.procs:
-                    log(f"--- {p.name} ---\n{p.tail()}")
-                raise
-            finally:
-                with signals_ignored():
-                    cluster.stop()
+
+    def body() -> None:
+        figures = on_cluster(
+            "first_token",
+            lambda urls, _roots, settings: measure(urls, settings, args.runs, args.tokens),
+        )
         print(f"threadrun first token: {WEBS} web processes, 1 runs worker, {os.cpu_count()} CPUs")
         print()
         print(report(figures))
         if args.json is not None:
             args.json.write_text(json.dumps(asdict(figures), indent=2) + "\n")
-    except KeyboardInterrupt:
-        log("first_token: interrupted")
-        rc = 130
-    except (RuntimeError, subprocess.SubprocessError, httpx.HTTPError, psycopg.Error) as exc:
-        log(f"first_token: failed: {exc!r}")
-        rc = 1
-    finally:
-        signal.signal(signal.SIGTERM, old_term)
-    return rc
+
+    return run_bench("first_token", body)
 
 
 if __name__ == "__main__":

@@ -32,11 +32,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psycopg
@@ -53,6 +53,9 @@ BASELINE_N = 20_000
 """Raw XADDs and INSERTs per baseline: enough CPU ticks (10 ms each) to resolve µs/op."""
 XADD_BATCH = 100
 PG_SAMPLE_S = 0.2
+BENCH_ERRORS = (RuntimeError, subprocess.SubprocessError, httpx.HTTPError, psycopg.Error)
+"""What ends a benchmark as failed (a service, a process or a request), not as a crash."""
+T = TypeVar("T")
 
 
 def proc_ticks(pid: int) -> int | None:
@@ -297,30 +300,55 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def on_cluster(name: str, measure: Callable[[list[str], dict[str, list[int]], Settings], T]) -> T:
+    """`measure(urls, roots, settings)` on `WEBS` web processes and one runs worker (the `make
+    run` shape) on a private database and Redis prefix; `roots` holds the pids of the "web"
+    and "worker" process trees. The processes' logs are printed if it fails; the cluster is
+    stopped and the sandbox dropped either way."""
+    base = Settings()
+    workdir = Path(tempfile.mkdtemp(prefix=f"threadrun-{name}-"))
+    with sandboxed(base) as (sandbox, settings):
+        log(f"{name}: database {sandbox.db_name}, prefix {sandbox.prefix}, logs {workdir}")
+        cluster = bench_cluster(settings, workdir)
+        try:
+            urls = [cluster.start_web() for _ in range(WEBS)]
+            webs = [p.popen.pid for p in cluster.procs if p.alive()]
+            worker = cluster.start_worker(name, base.worker_concurrency, timeout=90)
+            return measure(urls, {"web": webs, "worker": [worker.popen.pid]}, settings)
+        except BENCH_ERRORS:
+            for p in cluster.procs:
+                log(f"--- {p.name} ---\n{p.tail()}")
+            raise
+        finally:
+            with signals_ignored():
+                cluster.stop()
+
+
+def run_bench(name: str, body: Callable[[], None]) -> int:
+    """Run a benchmark's `body` with SIGTERM as an interrupt; its exit code (130 when
+    interrupted, 1 when a service or a process failed)."""
+    old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        body()
+    except KeyboardInterrupt:
+        log(f"{name}: interrupted")
+        return 130
+    except BENCH_ERRORS as exc:
+        log(f"{name}: failed: {exc!r}")
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure in a private sandbox, print the tables, always clean up."""
     args = parse_args(argv)
-    base = Settings()
-    workdir = Path(tempfile.mkdtemp(prefix="threadrun-cpu-"))
-    old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
-    rc = 0
-    try:
-        with sandboxed(base) as (sandbox, settings):
-            log(f"system_cpu: database {sandbox.db_name}, prefix {sandbox.prefix}, logs {workdir}")
-            cluster = bench_cluster(settings, workdir)
-            try:
-                urls = [cluster.start_web() for _ in range(WEBS)]
-                webs = [p.popen.pid for p in cluster.procs if p.alive()]
-                worker = cluster.start_worker("cpu", base.worker_concurrency, timeout=90)
-                roots = {"web": webs, "worker": [worker.popen.pid]}
-                figures = measure(urls, roots, settings, args)
-            except (RuntimeError, subprocess.SubprocessError, httpx.HTTPError, psycopg.Error):
-                for p in cluster.procs:
-                    log(f"--- {p.name} ---\n{p.tail()}")
-                raise
-            finally:
-                with signals_ignored():
-                    cluster.stop()
+
+    def body() -> None:
+        figures = on_cluster(
+            "system_cpu", lambda urls, roots, settings: measure(urls, roots, settings, args)
+        )
         print(
             f"threadrun system CPU per run: {WEBS} web processes, 1 runs worker, {os.cpu_count()} CPUs"
         )
@@ -328,15 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(report(figures))
         if args.json is not None:
             args.json.write_text(json.dumps(asdict(figures), indent=2) + "\n")
-    except KeyboardInterrupt:
-        log("system_cpu: interrupted")
-        rc = 130
-    except (RuntimeError, subprocess.SubprocessError, httpx.HTTPError, psycopg.Error) as exc:
-        log(f"system_cpu: failed: {exc!r}")
-        rc = 1
-    finally:
-        signal.signal(signal.SIGTERM, old_term)
-    return rc
+
+    return run_bench("system_cpu", body)
 
 
 if __name__ == "__main__":
