@@ -26,6 +26,7 @@ from shared.errors import LeaseLost, StreamCursorInvalid
 from shared.leases import LeaseManager, lease_value
 from shared.redis_keys import Keys
 from shared.settings import Settings
+from shared.testing.polling import wait_for
 
 
 @dataclass
@@ -546,21 +547,11 @@ def test_b1_the_hub_keeps_its_connection_between_streams_for_its_linger(
     def connected(conn_id: int) -> bool:
         return any(int(c["id"]) == conn_id for c in rclient.client_list())
 
-    def wait_for(cond: object, timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if cond():  # type: ignore[operator]
-                return True
-            time.sleep(0.02)
-        return False
-
     key = f"hub-linger-{uuid.uuid4().hex}"
     lingering = SubscriptionHub(rclient, block_ms=200, linger_s=30)
     try:
         sub = lingering.attach(key, "0-0")
-        assert wait_for(lambda: lingering._conn_id is not None)
-        first = lingering._conn_id
-        assert first is not None
+        first = wait_for(lambda: lingering._conn_id, interval=0.02, what="the hub's connection")
         lingering.detach(sub)
         time.sleep(0.5)  # the reader has seen that nothing is followed
         assert lingering.followed == 0 and connected(first)
@@ -575,10 +566,8 @@ def test_b1_the_hub_keeps_its_connection_between_streams_for_its_linger(
     closing = SubscriptionHub(rclient, block_ms=200, linger_s=0)
     try:
         sub = closing.attach(key, "0-0")
-        assert wait_for(lambda: closing._conn_id is not None)
-        conn_id = closing._conn_id
-        assert conn_id is not None
+        conn_id = wait_for(lambda: closing._conn_id, interval=0.02, what="the hub's connection")
         closing.detach(sub)
-        assert wait_for(lambda: not connected(conn_id))
+        wait_for(lambda: not connected(conn_id), interval=0.02, what="the connection to close")
     finally:
         closing.close()
