@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
@@ -34,6 +35,7 @@ from shared.devservices import (
     free_port,
     with_database,
 )
+from shared.testing import Cluster
 
 
 class _Restartable:
@@ -155,6 +157,30 @@ def private_servers(*kinds: str) -> Iterator[dict[str, Any]]:
             with contextlib.suppress(Exception):
                 server.stop(signal.SIGKILL if isinstance(server, PrivateRedis) else None)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def proxied(url: str, port: int) -> str:
+    """`url` (a Redis URL) through a local proxy on `port`, its credentials kept."""
+    parts = urlsplit(url)
+    host = f"127.0.0.1:{port}"
+    if parts.username or parts.password:
+        host = f"{parts.netloc.rpartition('@')[0]}@{host}"
+    return urlunsplit(parts._replace(netloc=host))
+
+
+@contextlib.contextmanager
+def redis_behind_proxy(c: Cluster) -> Iterator[tuple[CuttableProxy, str]]:
+    """A `CuttableProxy` to the cluster's Redis and the Redis URL through it. On the way out
+    the link is healed and the cluster's processes stopped before the proxy closes: a process
+    whose proxy is gone retries Redis through its shutdown until SIGKILL (STOP_TIMEOUT_S)."""
+    target = urlsplit(c.settings.redis_url)
+    proxy = CuttableProxy(target.hostname or "127.0.0.1", target.port or 6379)
+    try:
+        yield proxy, proxied(c.settings.redis_url, proxy.port)
+    finally:
+        proxy.heal()
+        c.stop()
+        proxy.close()
 
 
 class CuttableProxy:

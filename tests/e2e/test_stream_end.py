@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import psycopg
@@ -34,8 +33,7 @@ from shared.redis_keys import Keys
 from shared.testing import Cluster, SseEvent, read_stream, wait_for
 from shared.testing.cluster import worker_argv
 from tests.e2e.conftest import ALICE, FAST_LEASES, ClusterFactory
-from tests.e2e.faults import CuttableProxy
-from tests.e2e.test_stream_gate import proxied
+from tests.e2e.faults import CuttableProxy, redis_behind_proxy
 
 pytestmark = pytest.mark.e2e
 
@@ -54,24 +52,12 @@ ENV = {
 @pytest.fixture(scope="module")
 def cut_worker(private_cluster: ClusterFactory) -> Iterator[tuple[Cluster, CuttableProxy]]:
     """A web process, and worker `w1` whose Redis (runs, leases, broker) is behind a proxy."""
-    with private_cluster("stream-end", ENV) as c:
-        target = urlsplit(c.settings.redis_url)
-        proxy = CuttableProxy(target.hostname or "127.0.0.1", target.port or 6379)
-        try:
-            c.start_web()
-            env = {
-                "THREADRUN_WORKER_CONCURRENCY": "2",
-                "THREADRUN_REDIS_URL": proxied(c.settings.redis_url, proxy.port),
-            }
-            w1 = c.spawn("w1", worker_argv("w1", 2), env, role="worker")
-            c.wait_log(w1, "ready.")
-            yield c, proxy
-        finally:
-            # Stop the processes while their Redis link is up: a process whose proxy is
-            # gone retries Redis through its shutdown until SIGKILL (STOP_TIMEOUT_S).
-            proxy.heal()
-            c.stop()
-            proxy.close()
+    with private_cluster("stream-end", ENV) as c, redis_behind_proxy(c) as (proxy, proxied_url):
+        c.start_web()
+        env = {"THREADRUN_WORKER_CONCURRENCY": "2", "THREADRUN_REDIS_URL": proxied_url}
+        w1 = c.spawn("w1", worker_argv("w1", 2), env, role="worker")
+        c.wait_log(w1, "ready.")
+        yield c, proxy
 
 
 def event_names(client: redis.Redis, key: str) -> list[bytes]:

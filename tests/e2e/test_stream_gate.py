@@ -16,7 +16,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -29,7 +28,7 @@ from shared.runs.store import RunStore
 from shared.testing import Cluster, read_stream, wait_for
 from shared.testing.cluster import worker_argv
 from tests.e2e.conftest import ALICE, FAST_LEASES, ClusterFactory
-from tests.e2e.faults import CuttableProxy
+from tests.e2e.faults import CuttableProxy, redis_behind_proxy
 
 pytestmark = pytest.mark.e2e
 
@@ -40,14 +39,6 @@ CUT_BEFORE_END = 12
 partition, well within the lease's TTL (3 s), so attempt 1 reaches its checkpoint write."""
 PARTITION_S = 12.0
 """Longer than the publisher's retries (~8 s) and as long as the longer lease TTL."""
-
-
-def proxied(url: str, port: int) -> str:
-    parts = urlsplit(url)
-    host = f"127.0.0.1:{port}"
-    if parts.username or parts.password:
-        host = f"{parts.netloc.rpartition('@')[0]}@{host}"
-    return urlunsplit(parts._replace(netloc=host))
 
 
 LEASES = {
@@ -64,25 +55,16 @@ def gated(
 ) -> Iterator[tuple[Cluster, CuttableProxy]]:
     """A web process, worker `w1`, whose Redis (runs, leases, broker) is behind a proxy, and
     worker `w2` on Redis directly."""
-    with private_cluster(f"stream-gate-{request.param}", LEASES[request.param]) as c:
-        target = urlsplit(c.settings.redis_url)
-        proxy = CuttableProxy(target.hostname or "127.0.0.1", target.port or 6379)
-        try:
-            c.start_web()
-            env = {
-                "THREADRUN_WORKER_CONCURRENCY": "4",
-                "THREADRUN_REDIS_URL": proxied(c.settings.redis_url, proxy.port),
-            }
-            w1 = c.spawn("w1", worker_argv("w1", 4), env, role="worker")
-            c.wait_log(w1, "ready.")
-            c.start_worker("w2", 4)  # its reaper takes the run over after the cut
-            yield c, proxy
-        finally:
-            # Stop the processes while their Redis link is up: a process whose proxy is
-            # gone retries Redis through its shutdown until SIGKILL (STOP_TIMEOUT_S).
-            proxy.heal()
-            c.stop()
-            proxy.close()
+    with (
+        private_cluster(f"stream-gate-{request.param}", LEASES[request.param]) as c,
+        redis_behind_proxy(c) as (proxy, proxied_url),
+    ):
+        c.start_web()
+        env = {"THREADRUN_WORKER_CONCURRENCY": "4", "THREADRUN_REDIS_URL": proxied_url}
+        w1 = c.spawn("w1", worker_argv("w1", 4), env, role="worker")
+        c.wait_log(w1, "ready.")
+        c.start_worker("w2", 4)  # its reaper takes the run over after the cut
+        yield c, proxy
 
 
 def tokens_published(client: redis.Redis, key: str) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -20,8 +19,7 @@ from app.errors import SERVICE_RETRY_AFTER_S
 from shared.redis_keys import Keys
 from shared.testing import Cluster, wait_for
 from tests.e2e.conftest import ClusterFactory
-from tests.e2e.faults import CuttableProxy
-from tests.e2e.test_stream_gate import proxied
+from tests.e2e.faults import CuttableProxy, redis_behind_proxy
 from tests.e2e.test_ws import WS, Frame, create_frame, new_thread
 
 pytestmark = pytest.mark.e2e
@@ -30,19 +28,10 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def cut_web(private_cluster: ClusterFactory) -> Iterator[tuple[Cluster, CuttableProxy]]:
     """A web process whose Redis is behind a cuttable proxy, and a worker on Redis directly."""
-    with private_cluster("ws-services") as c:
-        target = urlsplit(c.settings.redis_url)
-        proxy = CuttableProxy(target.hostname or "127.0.0.1", target.port or 6379)
-        try:
-            c.start_web({"THREADRUN_REDIS_URL": proxied(c.settings.redis_url, proxy.port)})
-            c.start_worker("w1", 2)
-            yield c, proxy
-        finally:
-            # Stop the processes while their Redis link is up: a process whose proxy is
-            # gone retries Redis through its shutdown until SIGKILL (STOP_TIMEOUT_S).
-            proxy.heal()
-            c.stop()
-            proxy.close()
+    with private_cluster("ws-services") as c, redis_behind_proxy(c) as (proxy, proxied_url):
+        c.start_web({"THREADRUN_REDIS_URL": proxied_url})
+        c.start_worker("w1", 2)
+        yield c, proxy
 
 
 def assert_unavailable(frame: Frame, request_id: str) -> None:
