@@ -71,14 +71,10 @@ PAUSE_MS = 3000
 
 @pytest.fixture
 def ha(tmp_path: Path) -> Iterator[RedisHA]:
-    group = RedisHA(
+    with RedisHA(
         tmp_path / "ha", password="node-pw", sentinel_password="sentinel-pw", sync_delay_s=0
-    )
-    group.start()
-    try:
+    ) as group:
         yield group
-    finally:
-        group.stop()
 
 
 def body(config: dict[str, Any], **extra: Any) -> dict[str, Any]:

@@ -42,25 +42,17 @@ pytestmark = pytest.mark.skipif(
 def ha(tmp_path: Path) -> Iterator[RedisHA]:
     """The HA group; every process is stopped by PID, also when the test fails."""
     redis_server()
-    group = RedisHA(tmp_path / "ha", sync_delay_s=0)
-    group.start()
-    try:
+    with RedisHA(tmp_path / "ha", sync_delay_s=0) as group:
         yield group
-    finally:
-        group.stop()
 
 
 @pytest.fixture
 def ha_auth(tmp_path: Path) -> Iterator[RedisHA]:
     """The HA group with a password on the data nodes and another on the Sentinels."""
-    group = RedisHA(
+    with RedisHA(
         tmp_path / "ha", password="node-pw", sentinel_password="sentinel-pw", sync_delay_s=0
-    )
-    group.start()
-    try:
+    ) as group:
         yield group
-    finally:
-        group.stop()
 
 
 @pytest.fixture

@@ -40,12 +40,8 @@ if sys.argv[2] == "stay":
 
 @pytest.fixture
 def ha(tmp_path: Path) -> Iterator[RedisHA]:
-    group = RedisHA(tmp_path / "ha", sentinel_password="sentinel-pw", sync_delay_s=0)
-    group.start()
-    try:
+    with RedisHA(tmp_path / "ha", sentinel_password="sentinel-pw", sync_delay_s=0) as group:
         yield group
-    finally:
-        group.stop()
 
 
 def test_probe_sentinel_names_the_master_or_why_not(ha: RedisHA) -> None:
