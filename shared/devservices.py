@@ -146,9 +146,9 @@ def probe_sentinel(settings: Settings, timeout: float = 2.0) -> tuple[str, str |
     kwargs: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if password := settings.redis_sentinel_password.get_secret_value():
         kwargs["password"] = password
-    manager = Sentinel(settings.sentinel_nodes, sentinel_kwargs=kwargs)  # type: ignore[no-untyped-call]
+    manager = Sentinel(settings.sentinel_nodes, sentinel_kwargs=kwargs)  # type: ignore[no-untyped-call, unused-ignore]
     try:
-        host, port = manager.discover_master(settings.redis_sentinel_master)  # type: ignore[no-untyped-call]
+        host, port = manager.discover_master(settings.redis_sentinel_master)  # type: ignore[no-untyped-call, unused-ignore]
     except (redis.RedisError, OSError) as exc:
         return "", f"{type(exc).__name__}: {exc}"
     finally:

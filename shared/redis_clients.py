@@ -117,7 +117,7 @@ def _aretry(retry_commands: bool) -> aretry.Retry:
 
 def _node_kwargs(settings: Settings) -> dict[str, Any]:
     """The data node's credentials and db from the URL (its host/port come from Sentinel)."""
-    parsed: dict[str, Any] = parse_url(settings.redis_url)  # type: ignore[no-untyped-call]
+    parsed: dict[str, Any] = parse_url(settings.redis_url)  # type: ignore[no-untyped-call, unused-ignore]
     out: dict[str, Any] = {"db": parsed.get("db", 0)}
     for name in ("username", "password"):
         if parsed.get(name):
@@ -164,9 +164,9 @@ class SentinelConnection(sentinel.SentinelManagedConnection):
         # The handshake (AUTH, SELECT, ...) reads replies too; redis-py closes the socket
         # only on a RedisError there.
         try:
-            super().connect_to(address)  # type: ignore[no-untyped-call]
+            super().connect_to(address)  # type: ignore[no-untyped-call, unused-ignore]
         except BaseException:
-            self.disconnect()  # type: ignore[no-untyped-call]
+            self.disconnect()  # type: ignore[no-untyped-call, unused-ignore]
             raise
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
@@ -174,7 +174,7 @@ class SentinelConnection(sentinel.SentinelManagedConnection):
         # the host and port it last had: a retry after a failover went to the old primary.
         if not self._sock:
             self.connect()  # type: ignore[no-untyped-call]  # through the Sentinels
-        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call, unused-ignore]
 
 
 class SentinelSSLConnection(SentinelConnection, sentinel.SentinelManagedSSLConnection):
@@ -188,7 +188,7 @@ class AsyncSentinelConnection(asentinel.SentinelManagedConnection):
 
     async def connect_to(self, address: tuple[str, int]) -> None:
         try:
-            await super().connect_to(address)  # type: ignore[no-untyped-call]
+            await super().connect_to(address)  # type: ignore[no-untyped-call, unused-ignore]
         except BaseException:
             await self.disconnect(nowait=True)
             raise
@@ -231,14 +231,14 @@ def sync_client(
                 connection_pool=redis.BlockingConnectionPool.from_url(settings.redis_url, **kwargs)
             )
         return redis.Redis.from_url(settings.redis_url, **kwargs)
-    manager = sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    manager = sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         settings.sentinel_nodes,
         sentinel_kwargs=_sentinel_kwargs(settings),
         **_node_kwargs(settings),
     )
     pool_class = SentinelBlockingConnectionPool if blocking else sentinel.SentinelConnectionPool
     kwargs.setdefault("connection_class", _sentinel_connection_class(settings))
-    client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
+    client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         settings.redis_sentinel_master, connection_pool_class=pool_class, **kwargs
     )
     return client
@@ -249,7 +249,7 @@ def async_client(settings: Settings, *, retry_commands: bool = True, **kwargs: A
     kwargs.setdefault("retry", _aretry(retry_commands))
     if not sentinel_enabled(settings):
         return aredis.Redis.from_url(settings.redis_url, **kwargs)
-    manager = asentinel.Sentinel(  # type: ignore[no-untyped-call]
+    manager = asentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         settings.sentinel_nodes,
         sentinel_kwargs=_sentinel_kwargs(settings),
         **_node_kwargs(settings),

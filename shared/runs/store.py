@@ -13,7 +13,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from shared import serde
-from shared.db import DictPool
+from shared.db import DictPool, pipeline_block, pipelined_transaction
 from shared.errors import Conflict, RunNotFound, ThreadBusy, ThreadExists, ThreadNotFound
 from shared.journal import Category, queue_in, with_event
 from shared.runs import thread_ids
@@ -597,9 +597,12 @@ class RunStore:
         """Write what `admission.decide` decides (R2): the thread row lock serialises admissions,
         and nothing but SQL happens between reading the inflight runs and the insert."""
         item = AdmitItem(request, run_id, graph_id, strategy)
-        # In pipeline mode BEGIN goes with the first reads and COMMIT after the writes.
-        with self._pool.connection() as conn, conn.pipeline(), conn.transaction():
-            return self._admit_in(conn, owner, item)
+        # Two round trips: BEGIN with the reads, then the writes with COMMIT; the run row
+        # is read back once the block has ended (docs/performance.md).
+        with self._pool.connection() as conn:
+            with pipelined_transaction(conn):
+                admission = self._queue_admission(conn, owner, item)
+            return admission()
 
     def admit_many(self, owner: str, items: Sequence[AdmitItem]) -> list[Admission]:
         """Admit a batch all or nothing: one transaction; an item whose thread is missing
@@ -646,14 +649,24 @@ class RunStore:
         self, conn: psycopg.Connection[DictRow], owner: str, item: AdmitItem
     ) -> Admission:
         """The admission of one run inside the caller's transaction."""
+        return self._queue_admission(conn, owner, item)()
+
+    def _queue_admission(
+        self, conn: psycopg.Connection[DictRow], owner: str, item: AdmitItem
+    ) -> Callable[[], Admission]:
+        """Admit one run inside the caller's transaction, up to its queued writes; the
+        admission is what the returned function answers (it reads the new run row back).
+
+        Pipeline mode (libpq): the reads go in one round trip with whatever the caller
+        queued before them (BEGIN), and the writes are only queued, so that a caller in a
+        `pipelined_transaction` sends them with its COMMIT. A run's first token waits on
+        every round trip before it (docs/performance.md). Outside pipeline mode each block
+        is a pipeline of its own.
+        """
         request, run_id, strategy = item.request, item.run_id, item.strategy
         thread_id = request.thread_id
         params = {"thread_id": thread_id, "owner": owner}
-        # Pipeline mode (libpq): the statements of each block below go in one round trip,
-        # results read when the block needs them; an admission costs three round trips
-        # (these reads, the writes, COMMIT) instead of one per statement. A run's first
-        # token waits on every round trip before it (docs/performance.md).
-        with conn.pipeline():
+        with pipeline_block(conn):
             if request.create_thread:
                 conn.execute(
                     INSERT_THREAD_SQL,
@@ -668,7 +681,7 @@ class RunStore:
             inflight = _as_inflight(inflight_rows)
         decision = decide(strategy, inflight, delayed=request.after_seconds > 0)
         if not decision.creates:
-            return Admission(decision, None, [], [])
+            return lambda: Admission(decision, None, [], [])
         cancel_running: list[str] = []
         ended: list[str] = []
         for victim in decision.cancel:
@@ -679,7 +692,7 @@ class RunStore:
                 cancel_running.append(victim.run_id)  # its owner must hear of it
             elif outcome is CancelOutcome.CANCELLED:
                 ended.append(victim.run_id)
-        with conn.pipeline():
+        with pipeline_block(conn):
             inserted = conn.execute(
                 INSERT_RUN_SQL,
                 {
@@ -708,10 +721,14 @@ class RunStore:
                 {**params, "graph_id": item.graph_id, "assistant_id": request.assistant_id},
             )
             self._lifecycle(conn, run_id, thread_id, "created", {"outcome": decision.outcome.value})
-            row = inserted.fetchone()
-        assert row is not None
         dispatch = [run_id] if decision.dispatch_now else []
-        return Admission(decision, Run.from_row(row), dispatch, cancel_running, tuple(ended))
+
+        def admission() -> Admission:
+            row = inserted.fetchone()
+            assert row is not None
+            return Admission(decision, Run.from_row(row), dispatch, cancel_running, tuple(ended))
+
+        return admission
 
     def _inflight(
         self, conn: psycopg.Connection[DictRow], thread_id: str, *, limit: int | None

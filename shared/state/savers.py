@@ -60,6 +60,7 @@ from psycopg import AsyncCursor, Cursor
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
+from shared.db import apipelined_transaction
 from shared.errors import LeaseLost
 from shared.state import head_copies
 from shared.state.modes import METADATA_KEY, CheckpointMode, check_readable
@@ -322,12 +323,11 @@ class FencedPostgresSaver(AsyncPostgresSaver):
             return
         # Pipeline mode, as LangGraph's own writes use: BEGIN and the fence go in one round
         # trip (its answer is needed before writing), the checkpoint's statements and COMMIT
-        # in the next; five round trips a checkpoint before.
+        # in the next (`apipelined_transaction`: `conn.transaction()` would add three).
         async with (
             self.lock,
             saver_connection(self.conn) as conn,
-            conn.pipeline(),
-            conn.transaction(),
+            apipelined_transaction(conn),
             conn.cursor(binary=True, row_factory=dict_row) as cur,
         ):
             await cur.execute(FENCE_SQL, (self._idle_timeout, *fence))

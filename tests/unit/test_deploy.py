@@ -185,7 +185,7 @@ def test_compose_roles_health_checks_and_dependencies() -> None:
     assert "/ok" in " ".join(services["web"]["healthcheck"]["test"])
 
     worker = argv(services["worker"]["command"])
-    assert option(worker, "-Q") == "runs" and "-E" in worker
+    assert option(worker, "-Q") == "runs" and "-E" not in worker  # THREADRUN_TASK_EVENTS
     assert option(worker, "-c") == str(DEFAULTS.worker_concurrency)
     assert int(services["worker"]["deploy"]["replicas"]) >= 2
     assert "container_name" not in services["worker"]  # replicas need generated names
@@ -196,7 +196,7 @@ def test_compose_roles_health_checks_and_dependencies() -> None:
 
     memory = argv(services["memory-worker"]["command"])
     # webhooks: the memory worker consumes the webhooks queue too
-    assert option(memory, "-Q").split(",") == ["memory", "webhooks"] and "-E" in memory
+    assert option(memory, "-Q").split(",") == ["memory", "webhooks"] and "-E" not in memory
     beats = [n for n, s in services.items() if "beat" in argv(s.get("command", []))]
     assert beats == ["scheduler"]  # the cron scheduler is the one beat
     assert "workers.cron_beat:CronScheduler" in argv(services["scheduler"]["command"])
@@ -374,7 +374,7 @@ def test_k8s_one_deployment_per_role_with_probes_resources_and_non_root() -> Non
     for name, queue in (("threadrun-runs-worker", "runs"), ("threadrun-memory-worker", "memory")):
         c = _container(deps[name])
         cmd = c["command"]
-        assert option(cmd, "-Q").split(",")[0] == queue and "-E" in cmd
+        assert option(cmd, "-Q").split(",")[0] == queue and "-E" not in cmd
         node = option(cmd, "-n")
         assert node == f"{queue}@$(POD_NAME)"
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):

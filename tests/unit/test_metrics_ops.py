@@ -82,6 +82,11 @@ def test_task_events_follow_the_setting() -> None:
     off = make_celery(Settings(redis_prefix="t:", task_events=False))
     assert not off.conf.worker_send_task_events and not off.conf.task_send_sent_event
     assert {q.name for q in on.conf.task_queues} == {"runs", "memory", "webhooks"}
+    # What a worker decides, as Celery's WorkController does (`either`, the command line's
+    # `-E` first): our workers pass no `-E`, so the setting decides for them too.
+    for app, want in ((on, True), (off, False)):
+        assert bool(app.either("worker_send_task_events", None)) is want
+    assert app.either("worker_send_task_events", True)  # what `-E` would have forced
 
 
 def test_flower_spec_keeps_the_password_out_of_argv() -> None:
