@@ -328,8 +328,9 @@ class Settings(BaseSettings):
         default=0, ge=0, description="Celery workers serve /metrics on this port (0 = off)."
     )
     task_events: bool = Field(
-        default=True,
-        description="Celery task events (worker + sent) for Flower and `celery events`.",
+        default=False,
+        description="Celery task events (worker + sent) always; off, Flower turns the workers'"
+        " on while it runs (its enable_events), so only Flower's watchers pay for them.",
     )
     flower_port: int = Field(default=5555, ge=1)
     flower_basic_auth: SecretStr = Field(

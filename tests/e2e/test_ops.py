@@ -25,6 +25,7 @@ from shared.db import make_pool
 from shared.runs.model import TERMINAL_STATUSES
 from shared.runs.store import RunStore
 from shared.settings import Settings
+from shared.taskqueue import RUN_TASK
 from shared.testing import Cluster, free_port, settings_env, wait_for
 from tests.e2e.conftest import ALICE, API_KEYS, FAST_LEASES, ClusterFactory
 
@@ -393,7 +394,9 @@ def test_worker_logs_are_json_with_run_identities(ops_cluster: Cluster, store: R
 
 
 def test_flower_sees_our_workers_with_auth(ops_cluster: Cluster) -> None:
-    """Flower starts against our Celery app with basic auth and lists the worker's queues."""
+    """Flower starts against our Celery app with basic auth and lists the worker's queues;
+    it turns on the task events of a worker started without them (the default) and then
+    sees the runs' tasks."""
     from shared.supervisor import flower_env, flower_spec
 
     port = free_port()
@@ -423,6 +426,14 @@ def test_flower_sees_our_workers_with_auth(ops_cluster: Cluster) -> None:
             return None
 
         assert wait_for(queues, 10, what="flower to list the worker") == ["memory", "runs"]
+
+        def run_task_seen() -> bool:
+            new_run(ops_cluster, tokens=1)  # the events of an earlier one may be on their way
+            res = httpx.get(f"{url}/api/tasks", auth=auth, timeout=5)
+            assert res.status_code == 200, res.text
+            return any(t.get("name") == RUN_TASK for t in res.json().values())
+
+        wait_for(run_task_seen, 30, 1, what="flower to turn task events on and see a run")
     finally:
         proc.stop()
 

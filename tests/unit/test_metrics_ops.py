@@ -73,13 +73,14 @@ def test_tracker_counts_connections_and_subscribers() -> None:
 
 
 def test_task_events_follow_the_setting() -> None:
-    """Flower needs task events: on by default (worker and sent events), off by setting."""
+    """Task events (worker and sent) always on by setting; off by default (Flower turns the
+    workers' on while it runs: tests/e2e/test_ops.py)."""
     from shared.settings import Settings
     from shared.taskqueue import make_celery
 
-    on = make_celery(Settings(redis_prefix="t:"))
+    on = make_celery(Settings(redis_prefix="t:", task_events=True))
     assert on.conf.worker_send_task_events and on.conf.task_send_sent_event
-    off = make_celery(Settings(redis_prefix="t:", task_events=False))
+    off = make_celery(Settings(redis_prefix="t:"))
     assert not off.conf.worker_send_task_events and not off.conf.task_send_sent_event
     assert {q.name for q in on.conf.task_queues} == {"runs", "memory", "webhooks"}
     # What a worker decides, as Celery's WorkController does (`either`, the command line's
