@@ -102,7 +102,7 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
     memory_c = _int_env(env, "THREADRUN_MEMORY_CONCURRENCY", 4)
     celery = [py, "-m", "celery", "-A", "workers.celery_app:celery", "worker", "-P", "threads"]
     # No `-E`: Celery's flag wins over the configuration, so THREADRUN_TASK_EVENTS=false would
-    # silence only the web's `task-sent` events; the setting (default on) decides alone.
+    # silence only the web's `task-sent` events; the setting (default off) decides alone.
     tail = ["--without-gossip", "--without-mingle"]
     # The `webhooks` queue: by default the memory worker consumes it too (both
     # are side-effect, I/O-bound queues that never touch a run's lease); a dedicated

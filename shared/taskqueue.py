@@ -88,9 +88,9 @@ def make_celery(settings: Settings) -> Celery:
         accept_content=["json"],
         # Task events for Flower and `celery events` (`task_events`): the workers'
         # received/started/succeeded events and the client's "sent" event (one PUBLISH per
-        # dispatch, `python -m bench.ops`; ~0.8 ms of a run's first token on two cores,
-        # docs/performance.md). Off by default: Flower sends the workers `enable_events`
-        # every 5 s while it runs, so its task views work without paying for them always.
+        # dispatch, `python -m bench.ops`; ~3 ms of CPU per run at C=50, docs/performance.md).
+        # Off by default: Flower sends the workers `enable_events` every 5 s while it runs,
+        # so its task views work without every run paying for them.
         worker_send_task_events=settings.task_events,
         task_send_sent_event=settings.task_events,
         broker_connection_retry_on_startup=True,
