@@ -19,25 +19,23 @@ import pytest
 from langgraph.checkpoint.base import empty_checkpoint
 from psycopg import pq
 from psycopg.rows import DictRow
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import ConnectionPool
 
-from shared.db import CONN_KWARGS, pipelined_transaction
+from shared.db import make_async_pool, make_pool, pipelined_transaction
 from shared.errors import LeaseLost
 from shared.leases import lease_value
 from shared.runs.model import MultitaskStrategy, RunRequest
-from shared.runs.store import ClaimOutcome, RunStore
+from shared.runs.store import RunStore
 from shared.settings import Settings
 from shared.state.savers import LEASE_KEY, RUN_KEY, FencedPostgresSaver
 from shared.testing.pgtrace import traced
+from tests.integration.test_fenced_saver import _claimed_run
 
 
 @pytest.fixture
 def one_conn_pool(settings: Settings) -> Iterator[ConnectionPool]:
     """A pool of one connection: every call of the store goes through the traced one."""
-    pool: ConnectionPool = ConnectionPool(
-        settings.dsn, min_size=1, max_size=1, kwargs=dict(CONN_KWARGS), name="test-rt", open=False
-    )
-    pool.open(wait=True, timeout=30)
+    pool = make_pool(settings, name="test-round-trips", max_size=1)
     yield pool
     pool.close()
 
@@ -119,28 +117,16 @@ def test_r2_an_error_raised_between_the_round_trips_rolls_back(
         assert row is not None and row["n"] == 0
 
 
-def _claimed(pool: ConnectionPool) -> tuple[str, str, int]:
-    store = RunStore(pool)
-    tid = store.create_thread(None, "alice", {}, "raise").thread_id
-    run_id = _admit(store, tid)
-    claim = store.claim(run_id, "w1")
-    assert claim.outcome is ClaimOutcome.CLAIMED and claim.run is not None
-    return tid, run_id, claim.run.owner_epoch
-
-
 def test_l2_a_fenced_checkpoint_write_is_two_round_trips(
     settings: Settings, one_conn_pool: ConnectionPool
 ) -> None:
     """L2: the fence (with BEGIN) in one round trip, the checkpoint's statements with COMMIT
     in the next; a stale epoch's write raises LeaseLost, writes nothing and leaves the
     connection idle."""
-    tid, run_id, epoch = _claimed(one_conn_pool)
+    tid, run_id, epoch = _claimed_run(RunStore(one_conn_pool), "w1")
 
     async def scenario() -> None:
-        apool: AsyncConnectionPool = AsyncConnectionPool(
-            settings.dsn, min_size=1, max_size=1, kwargs=dict(CONN_KWARGS), open=False
-        )
-        await apool.open(wait=True, timeout=30)
+        apool = await make_async_pool(settings, name="test-round-trips", max_size=1, min_size=1)
         try:
             saver = FencedPostgresSaver(apool, mode="full")
 
