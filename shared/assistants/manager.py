@@ -79,6 +79,10 @@ class AssistantManager:
     def __init__(self, store: AssistantStore, graphs: GraphSource) -> None:
         self.store = store
         self._graphs = graphs
+        # System assistants by id, kept once read: their rows never change after the
+        # upsert (`ensure_system` inserts or does nothing; every write refuses them,
+        # `check_writable`), so a run on a graph name costs no read on its admission path.
+        self._system: dict[str, Assistant] = {}
 
     def ensure_system(self) -> list[str]:
         """Upsert a system assistant per graph of the config; return the ids created now."""
@@ -100,7 +104,14 @@ class AssistantManager:
 
     def get(self, owner: str, id_or_graph: str) -> Assistant:
         """The caller's or a system assistant; AssistantNotFound otherwise."""
-        return self.store.get(self.assistant_id(id_or_graph), owner, self._graphs.ids())
+        assistant_id = self.assistant_id(id_or_graph)
+        known = self._system.get(assistant_id)
+        if known is not None and known.graph_id in self._graphs.ids():
+            return known
+        assistant = self.store.get(assistant_id, owner, self._graphs.ids())
+        if assistant.system:
+            self._system[assistant_id] = assistant
+        return assistant
 
     def resolve(self, owner: str, id_or_graph: str) -> Assistant:
         """The assistant a run of `owner` runs on, whose graph this deployment serves."""

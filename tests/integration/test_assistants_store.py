@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -12,7 +12,7 @@ from psycopg_pool import ConnectionPool
 
 from shared.agent.graphs import GraphNotFound, GraphRegistry, assistant_id_for
 from shared.assistants.manager import AssistantManager, AssistantSpec, system_content
-from shared.assistants.model import AssistantPatch, OnConflict
+from shared.assistants.model import Assistant, AssistantPatch, OnConflict
 from shared.assistants.store import AssistantFilter, AssistantStore
 from shared.db import make_pool
 from shared.errors import AssistantExists, AssistantNotFound, AssistantReadOnly, ValidationFailed
@@ -118,6 +118,36 @@ def test_system_assistants_are_stable_and_idempotent(manager: AssistantManager) 
         assert manager.get(user, "lead_agent") == a
     versions = manager.versions(ALICE, "lead_agent", metadata={}, limit=10, offset=0)
     assert [v.version for v in versions] == [1]
+
+
+class CountingStore(AssistantStore):
+    """An AssistantStore that counts its single-assistant reads."""
+
+    reads = 0
+
+    def get(self, assistant_id: str, owner: str, graphs: Sequence[str]) -> Assistant:
+        self.reads += 1
+        return super().get(assistant_id, owner, graphs)
+
+
+def test_a_system_assistant_is_read_once_a_user_one_every_time(pool: ConnectionPool) -> None:
+    """R2's admission path: a run on a graph name reads its system assistant once per
+    process (those rows never change); a user's assistant is read on every run, so a patch
+    is seen by the next one."""
+    store = CountingStore(pool)
+    manager = AssistantManager(store, GraphRegistry.from_config(PROJECT_ROOT / "langgraph.json"))
+    manager.ensure_system()
+    first = manager.resolve(ALICE, "lead_agent")
+    assert manager.resolve(BOB, "lead_agent") is first
+    assert manager.resolve(ALICE, assistant_id_for("lead_agent")) is first
+    assert store.reads == 1
+    own = manager.create(ALICE, AssistantSpec(graph_id="lead_agent", name="mine"))
+    before = store.reads
+    manager.patch(ALICE, own.assistant_id, AssistantPatch(name="renamed"))
+    assert manager.resolve(ALICE, own.assistant_id).name == "renamed"
+    assert store.reads == before + 1
+    with pytest.raises(AssistantNotFound):  # still another user's, cache or not
+        manager.resolve(BOB, own.assistant_id)
 
 
 def test_system_upserts_racing_from_many_processes_make_one_row(store: AssistantStore) -> None:
