@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
 import psycopg
-from psycopg import AsyncConnection, Connection, pq
+from psycopg import AsyncConnection, AsyncPipeline, Connection, Pipeline, pq
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
@@ -62,7 +62,7 @@ def _looks_alive(conn: Connection[Any] | AsyncConnection[Any]) -> bool:
 
 
 @contextlib.contextmanager
-def pipelined_transaction(conn: Connection[Any]) -> Iterator[None]:
+def pipelined_transaction(conn: Connection[Any]) -> Iterator[Pipeline]:
     """One transaction in pipeline mode whose BEGIN goes with its first statements and whose
     COMMIT goes with its last: a transaction that reads, then writes, is two round trips
     (the read's fetch, then the block's end), one that only writes is one.
@@ -74,14 +74,15 @@ def pipelined_transaction(conn: Connection[Any]) -> Iterator[None]:
     five; tests/integration/test_round_trips.py).
 
     The block's statements must not open ``conn.transaction()`` themselves (psycopg does not
-    know of this BEGIN: it would commit it). On any error the transaction is rolled back
+    know of this BEGIN: it would commit it); the pipeline it yields can `sync()` mid-way
+    (a savepoint's statements, say, whose failure the caller handles). On any error the transaction is rolled back
     before the error propagates; a statement error surfaces at the next fetch or at the
     block's end.
     """
     try:
-        with conn.pipeline():
+        with conn.pipeline() as pipeline:
             conn.execute("BEGIN", prepare=False)
-            yield
+            yield pipeline
             conn.execute("COMMIT", prepare=False)
     except BaseException:
         if _in_transaction(conn):
@@ -91,12 +92,12 @@ def pipelined_transaction(conn: Connection[Any]) -> Iterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def apipelined_transaction(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
+async def apipelined_transaction(conn: AsyncConnection[Any]) -> AsyncIterator[AsyncPipeline]:
     """`pipelined_transaction` for async connections."""
     try:
-        async with conn.pipeline():
+        async with conn.pipeline() as pipeline:
             await conn.execute("BEGIN", prepare=False)
-            yield
+            yield pipeline
             await conn.execute("COMMIT", prepare=False)
     except BaseException:
         if _in_transaction(conn):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import logging
 import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,30 @@ from shared.runs.model import (
 )
 from shared.webhooks import store as webhooks
 
+log = logging.getLogger(__name__)
+
+
+def _isolated(
+    conn: psycopg.Connection[DictRow],
+    pipeline: psycopg.Pipeline,
+    write: Callable[[psycopg.Connection[DictRow]], None],
+) -> None:
+    """Queue `write` under a savepoint of the caller's pipelined transaction and send it
+    (one round trip); if it fails, roll back to the savepoint and log: the transaction goes
+    on without it."""
+    conn.execute("SAVEPOINT isolated", prepare=False)
+    write(conn)
+    try:
+        pipeline.sync()
+    except psycopg.Error:
+        log.exception("an optional write of the transaction failed; rolled back alone")
+        conn.execute("ROLLBACK TO SAVEPOINT isolated", prepare=False)
+
+
+def _next_run_id(row: DictRow | None) -> str | None:
+    """The run `SETTLE_THREAD_SQL` dispatched, if any."""
+    return None if row is None or row["next_run_id"] is None else str(row["next_run_id"])
+
 
 def _json(value: Any) -> Jsonb | None:
     return None if value is None else Jsonb(value, dumps=serde.dumps_str)
@@ -72,7 +97,6 @@ LOCK_THREAD_SQL = GET_THREAD_SQL + " FOR UPDATE"
 LOCK_THREAD_BY_ID_SQL = (
     "SELECT thread_id, owner FROM threads WHERE thread_id = %(thread_id)s FOR UPDATE"
 )
-THREAD_HAS_RUNNING_SQL = "SELECT 1 FROM runs WHERE thread_id = %(thread_id)s AND status = 'running'"
 PATCH_THREAD_SQL = """
 UPDATE threads SET metadata = metadata || %(metadata)s, updated_at = now()
 WHERE thread_id = %(thread_id)s AND owner = %(owner)s
@@ -285,15 +309,27 @@ UPDATE runs SET status = %(status)s, error = %(error)s, ended_at = now(), update
 WHERE run_id = %(run_id)s AND owner_epoch = %(epoch)s AND status = 'running'
 RETURNING thread_id
 """
-NEXT_PENDING_SQL = """
-SELECT run_id::text, (due_at IS NULL OR due_at <= now()) AS due FROM runs
-WHERE thread_id = %(thread_id)s AND status = 'pending'
-ORDER BY seq LIMIT 1
-"""
-MARK_DISPATCHED_SQL = "UPDATE runs SET dispatched_at = now() WHERE run_id = %(run_id)s"
 SETTLE_THREAD_SQL = """
-UPDATE threads SET status = %(status)s, updated_at = now() WHERE thread_id = %(thread_id)s
+WITH running AS (
+    SELECT 1 FROM runs WHERE thread_id = %(thread_id)s AND status = 'running' LIMIT 1
+), nxt AS (
+    SELECT run_id, (due_at IS NULL OR due_at <= now()) AS due FROM runs
+    WHERE thread_id = %(thread_id)s AND status = 'pending' AND NOT EXISTS (SELECT FROM running)
+    ORDER BY seq LIMIT 1
+), dispatched AS (
+    UPDATE runs SET dispatched_at = now() WHERE run_id = (SELECT run_id FROM nxt WHERE due)
+    RETURNING run_id::text
+), settled AS (
+    UPDATE threads SET status = %(status)s, updated_at = now()
+    WHERE thread_id = %(thread_id)s
+      AND NOT EXISTS (SELECT FROM running) AND NOT EXISTS (SELECT FROM nxt)
+)
+SELECT (SELECT run_id FROM dispatched) AS next_run_id
 """
+"""`RunStore._settle_thread` in one statement (one round trip): a running run of the thread
+hands over when it ends; else the next pending run is dispatched if due (a delayed one not
+yet due keeps the thread busy: the reaper dispatches it once due, R4); else the thread takes
+its idle status. Its data-modifying parts run whether or not the SELECT reads them."""
 LIST_RUN_EVENTS_SQL = """
 SELECT seq, category, type, payload, created_at FROM run_events
 WHERE run_id = %(run_id)s ORDER BY seq
@@ -1021,49 +1057,49 @@ class RunStore:
     ) -> Finish:
         """Write the terminal status only while we own the run (L2), then settle the thread.
 
-        `also` runs in the same transaction once the fenced write succeeded (the run row is
-        ours and locked until commit), for writes that must be fenced like the status: the
-        thread's head copy (`shared.state.head_copies`)."""
-        with self._pool.connection() as conn, conn.transaction():
-            conn.execute(LOCK_THREAD_BY_ID_SQL, {"thread_id": thread_id})
-            row = conn.execute(
-                FINISH_SQL,
-                {
-                    "run_id": run_id,
-                    "epoch": epoch,
-                    "status": status,
-                    "error": _json(error),
-                    "usage": _json(usage),
-                },
-            ).fetchone()
-            if row is None:
-                self._lifecycle(
-                    conn, run_id, thread_id, "fenced", {"epoch": epoch, "status": status}
+        `also` queues writes in the same transaction once the fenced write succeeded (the run
+        row is ours and locked until commit), for writes that must be fenced like the status:
+        the thread's head copy (`shared.state.head_copies`). They run under a savepoint: if
+        they fail, they are rolled back alone and logged, and the run still ends (its
+        terminal status never depends on them). `also` must not open a transaction itself
+        (the connection is in a `pipelined_transaction`)."""
+        # Two round trips (three with `also`): BEGIN, the lock and the fenced write, whose
+        # row decides the rest; then the writes, the settle and COMMIT (docs/performance.md).
+        with self._pool.connection() as conn:
+            with pipelined_transaction(conn) as pipeline:
+                conn.execute(LOCK_THREAD_BY_ID_SQL, {"thread_id": thread_id})
+                row = conn.execute(
+                    FINISH_SQL,
+                    {
+                        "run_id": run_id,
+                        "epoch": epoch,
+                        "status": status,
+                        "error": _json(error),
+                        "usage": _json(usage),
+                    },
+                ).fetchone()
+                if row is None:
+                    self._lifecycle(
+                        conn, run_id, thread_id, "fenced", {"epoch": epoch, "status": status}
+                    )
+                    return Finish(fenced=True)
+                self._lifecycle(conn, run_id, thread_id, status, {"epoch": epoch, "error": error})
+                if also is not None:
+                    _isolated(conn, pipeline, also)
+                settled = conn.execute(
+                    SETTLE_THREAD_SQL, {"thread_id": thread_id, "status": thread_status}
                 )
-                return Finish(fenced=True)
-            self._lifecycle(conn, run_id, thread_id, status, {"epoch": epoch, "error": error})
-            if also is not None:
-                also(conn)
-            nxt = self._settle_thread(conn, thread_id, thread_status)
-        return Finish(fenced=False, next_run_id=nxt)
+            return Finish(fenced=False, next_run_id=_next_run_id(settled.fetchone()))
 
     def _settle_thread(
         self, conn: psycopg.Connection[DictRow], thread_id: str, idle_status: ThreadStatus
     ) -> str | None:
-        """Pick the next pending run (marking it dispatched) or set the thread's idle status.
-
-        A next run that is delayed and not due yet keeps the thread busy and is not
-        dispatched: the reaper dispatches it once due (R4)."""
-        if conn.execute(THREAD_HAS_RUNNING_SQL, {"thread_id": thread_id}).fetchone():
-            return None  # the running run hands over when it ends
-        nxt = conn.execute(NEXT_PENDING_SQL, {"thread_id": thread_id}).fetchone()
-        if nxt is not None:
-            if not nxt["due"]:
-                return None
-            conn.execute(MARK_DISPATCHED_SQL, {"run_id": nxt["run_id"]})
-            return str(nxt["run_id"])
-        conn.execute(SETTLE_THREAD_SQL, {"thread_id": thread_id, "status": idle_status})
-        return None
+        """Pick the next pending run (marking it dispatched) or set the thread's idle status
+        (`SETTLE_THREAD_SQL`); the run to dispatch, if any."""
+        row = conn.execute(
+            SETTLE_THREAD_SQL, {"thread_id": thread_id, "status": idle_status}
+        ).fetchone()
+        return _next_run_id(row)
 
     def _lifecycle(
         self,

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import orjson
-import psycopg
 from psycopg import Connection, Cursor
 from psycopg.rows import DictRow
 
@@ -132,11 +131,7 @@ def write_fenced(
     conn: Connection[DictRow], heads: Sequence[tuple[str, ThreadHead]], *, max_bytes: int
 ) -> None:
     """A run's finalize: store its thread's head copy inside the fenced terminal transaction
-    (`RunStore.finish(also=...)`), under a savepoint: a failure here is rolled back alone
-    and logged, since the run's terminal status must never depend on a cache (reads then
-    find no current copy and compute the head from the checkpoint)."""
-    try:
-        with conn.transaction():
-            write(conn, heads, max_bytes=max_bytes, fenced=True)
-    except psycopg.Error:
-        log.exception("storing the thread's head copy failed")
+    (`RunStore.finish(also=...)`), which runs it under a savepoint: a failure here is rolled
+    back alone and logged, since the run's terminal status must never depend on a cache
+    (reads then find no current copy and compute the head from the checkpoint)."""
+    write(conn, heads, max_bytes=max_bytes, fenced=True)

@@ -11,6 +11,7 @@ a pipeline would add three to each (docs/performance.md).
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import Iterator
 
@@ -24,9 +25,11 @@ from psycopg_pool import ConnectionPool
 from shared.db import make_async_pool, make_pool, pipelined_transaction
 from shared.errors import LeaseLost
 from shared.leases import lease_value
-from shared.runs.model import MultitaskStrategy, RunRequest
-from shared.runs.store import RunStore
+from shared.runs.model import MultitaskStrategy, RunRequest, RunStatus, ThreadStatus
+from shared.runs.store import Finish, RunStore
 from shared.settings import Settings
+from shared.state import head_copies
+from shared.state.accessor import ThreadHead
 from shared.state.savers import LEASE_KEY, RUN_KEY, FencedPostgresSaver
 from shared.testing.pgtrace import traced
 from tests.integration.test_fenced_saver import _claimed_run
@@ -159,3 +162,51 @@ def test_l2_a_fenced_checkpoint_write_is_two_round_trips(
             await apool.close()
 
     asyncio.run(scenario())
+
+
+def test_l2_a_terminal_write_is_two_round_trips_three_with_the_head_copy(
+    one_conn_pool: ConnectionPool,
+) -> None:
+    """L2: BEGIN, the thread lock and the fenced status write in one round trip; the
+    lifecycle event, the thread's settle and COMMIT in the next; a head copy (`also`) adds
+    one, for its savepoint. A stale epoch's finish is fenced in two and changes nothing."""
+    store = RunStore(one_conn_pool)
+
+    def finish(run_id: str, tid: str, epoch: int, *, copy: bool = False) -> Finish:
+        write = functools.partial(
+            head_copies.write_fenced,
+            heads=[(tid, ThreadHead(b'{"messages": []}', {}, f"1f0-{run_id}"))],
+            max_bytes=1 << 20,
+        )
+        return store.finish(
+            run_id,
+            tid,
+            epoch,
+            status=RunStatus.SUCCESS,
+            error=None,
+            thread_status=ThreadStatus.IDLE,
+            also=write if copy else None,
+        )
+
+    tid, run_id, epoch = _claimed_run(store, "w1")
+    finish(run_id, tid, epoch, copy=True)  # the statements are prepared: the steady state
+    with one_conn_pool.connection() as conn:
+        pgconn = conn.pgconn
+    for copy, expected in ((False, 2), (True, 3)):
+        tid, run_id, epoch = _claimed_run(store, "w1")
+        with traced(pgconn) as trace:
+            assert not finish(run_id, tid, epoch, copy=copy).fenced
+        assert trace.round_trips == expected, trace.lines
+        assert '"BEGIN"' in trace.flights()[0] and '"COMMIT"' in trace.flights()[-1]
+        assert store.run_status(run_id) is RunStatus.SUCCESS
+        assert store.get_thread(tid, "alice").status == ThreadStatus.IDLE
+    tid, run_id, epoch = _claimed_run(store, "w1")
+    assert store.requeue(run_id, epoch, "lease expired")
+    with traced(pgconn) as trace:
+        assert finish(run_id, tid, epoch, copy=True).fenced
+    assert trace.round_trips == 2, trace.lines
+    assert store.run_status(run_id) is RunStatus.PENDING
+    with one_conn_pool.connection() as conn:
+        assert conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+    fenced = "SELECT count(*) AS n FROM run_events WHERE run_id = %s AND type = 'fenced'"
+    assert _count(one_conn_pool, fenced, run_id) == 1
