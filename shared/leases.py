@@ -86,9 +86,13 @@ class LeaseManager:
             out.append(Renewal(outcome, action, int(seq)))
         return out
 
-    async def release(self, run_id: str, value: str) -> bool:
-        """Drop the lease if it is still ours."""
-        return bool(await self._release(keys=[self._keys.lease(run_id)], args=[value]))
+    async def release(self, run_id: str, value: str, *, ended: bool = False) -> bool:
+        """Drop the lease if it is still ours; `ended` (the run's terminal status is
+        committed): its pending cancel request goes too, in the same round trip."""
+        keys = [self._keys.lease(run_id)]
+        if ended:
+            keys.append(self._keys.cancel(run_id))
+        return bool(await self._release(keys=keys, args=[value]))
 
     async def holds(self, run_id: str, value: str) -> bool:
         """Whether `value` is the run's current lease."""

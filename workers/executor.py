@@ -38,7 +38,7 @@ from shared.runs import temporary
 from shared.runs.model import CancelAction, JSONObject, Run, RunStatus, Sink, ThreadStatus
 from shared.runs.reserved import without_reserved
 from shared.runs.result import final_result
-from shared.runs.store import ClaimOutcome, Finish
+from shared.runs.store import Claim, ClaimOutcome, Finish
 from shared.state import head_copies
 from shared.state.accessor import ThreadHead
 from shared.state.savers import GATE_KEY, HEAD_KEY, LEASE_KEY, RUN_KEY, ReadHead
@@ -155,11 +155,26 @@ class RunAttempt:
                 self.task.cancel()
 
 
-async def execute_run(rt: WorkerRuntime, run_id: str) -> AttemptResult:
-    """Claim and execute one run; returns what happened (for the task's log line)."""
-    if await over_fair_share(rt, run_id):
-        return AttemptResult(AttemptOutcome.PUT_BACK)
-    attempt = await claim(rt, run_id)
+def claim_at_once(rt: WorkerRuntime, run_id: str) -> Claim | None:
+    """The claim, made on the calling thread (the Celery pool thread the task arrived on)
+    when the fair-share check cannot put the run back: the loop then gets the claimed run,
+    and the claim costs no hop from the loop to a thread and back on the first token's path.
+    None when the check has to look (`execute_run` then checks, then claims)."""
+    if len(rt.active) >= _fair_share_cap(rt):
+        return None
+    return rt.store.claim(run_id, rt.worker_id)
+
+
+async def execute_run(
+    rt: WorkerRuntime, run_id: str, claimed: Claim | None = None
+) -> AttemptResult:
+    """Claim (unless `claimed` is the claim already made, `claim_at_once`) and execute one
+    run; returns what happened (for the task's log line)."""
+    if claimed is None:
+        if await over_fair_share(rt, run_id):
+            return AttemptResult(AttemptOutcome.PUT_BACK)
+        claimed = await asyncio.to_thread(rt.store.claim, run_id, rt.worker_id)
+    attempt = await take_lease(rt, run_id, claimed)
     if attempt is None:
         return AttemptResult(AttemptOutcome.NOT_CLAIMED)
     metrics.run_started()
@@ -224,7 +239,7 @@ async def over_fair_share(rt: WorkerRuntime, run_id: str) -> bool:
     other slots to either of them rather than putting each other back for ever.
     """
     s = rt.settings
-    cap = max(1, int(s.worker_user_share * s.worker_concurrency))
+    cap = _fair_share_cap(rt)
     if len(rt.active) < cap:
         return False
     owner = await asyncio.to_thread(rt.store.run_owner, run_id)
@@ -243,10 +258,16 @@ async def over_fair_share(rt: WorkerRuntime, run_id: str) -> bool:
     return True
 
 
+def _fair_share_cap(rt: WorkerRuntime) -> int:
+    """How many of this worker's slots one user's runs may hold while others wait."""
+    s = rt.settings
+    return max(1, int(s.worker_user_share * s.worker_concurrency))
+
+
 # --- claim ---------------------------------------------------------------------------------
-async def claim(rt: WorkerRuntime, run_id: str) -> RunAttempt | None:
-    """Epoch + 1 in Postgres, then the Redis lease with that epoch (L1, L3)."""
-    result = await asyncio.to_thread(rt.store.claim, run_id, rt.worker_id)
+async def take_lease(rt: WorkerRuntime, run_id: str, result: Claim) -> RunAttempt | None:
+    """After the claim (epoch + 1 in Postgres), the Redis lease with that epoch (L1, L3);
+    None when the run was not claimed or a newer epoch holds the lease."""
     if result.outcome is not ClaimOutcome.CLAIMED:
         log.info("run not claimed: %s", result.outcome.value, extra={"run_id": run_id})
         return None
@@ -689,8 +710,7 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
     end = {"run_id": attempt.run_id, "status": settled.status}
     await publish_end(rt, attempt, sink, serde.dumps(end))
     try:
-        await rt.leases.release(attempt.run_id, attempt.lease)
-        await rt.redis.delete(rt.keys.cancel(attempt.run_id))
+        await rt.leases.release(attempt.run_id, attempt.lease, ended=True)
     except redis.RedisError:  # both expire by themselves
         log.warning("could not release the lease", extra={"run_id": attempt.run_id})
     if attempt.run.deletes_thread:

@@ -9,7 +9,7 @@ import uuid
 
 from shared.taskqueue import RUN_TASK
 from workers.celery_app import celery
-from workers.executor import StopReason, execute_run
+from workers.executor import StopReason, claim_at_once, execute_run
 from workers.reaper import reaper_loop
 from workers.runtime import close_runtime, get_runtime
 
@@ -26,7 +26,7 @@ def execute(run_id: str) -> str:
         log.error("ignoring run task with a malformed id: %r", run_id)
         return "malformed"
     rt = get_runtime()
-    result = rt.submit(execute_run(rt, run_id)).result()
+    result = rt.submit(execute_run(rt, run_id, claim_at_once(rt, run_id))).result()
     log.info("run %s: %s", run_id, result)
     return str(result)
 

@@ -158,6 +158,27 @@ def test_l2_stale_owner_cannot_publish(bridge: Bridge) -> None:
     assert datas == ['{"i": 0}', '{"i": 2}']
 
 
+def test_l1_release_drops_only_its_own_lease_and_an_ended_runs_cancel(bridge: Bridge) -> None:
+    """L1: a stale owner's release leaves the newer owner's lease; the owner's release at
+    the end (`ended=True`) drops its lease and the run's pending cancel request, in one call;
+    a release that is not at the end leaves the cancel request."""
+    run = str(uuid.uuid4())
+    old = bridge.lease(run, 1, "old")
+    new = bridge.lease(run, 2, "new")
+    cancel_key = bridge.keys.cancel(run)
+
+    async def release(client: aredis.Redis, value: str, ended: bool) -> bool:
+        return await LeaseManager(client, bridge.keys, ttl_s=30).release(run, value, ended=ended)
+
+    bridge.sync.set(cancel_key, "interrupt")
+    assert bridge.run(release, old, False) is False
+    assert bridge.sync.get(bridge.keys.lease(run)) == new.encode()
+    assert bridge.sync.exists(cancel_key)
+    assert bridge.run(release, new, True) is True
+    assert not bridge.sync.exists(bridge.keys.lease(run))
+    assert not bridge.sync.exists(cancel_key)
+
+
 def test_b4_retried_publish_adds_nothing_twice(bridge: Bridge) -> None:
     """B4: a publish retried after a lost reply (same sequence numbers) never duplicates events."""
     run = str(uuid.uuid4())
