@@ -91,7 +91,12 @@ class Services:
             webhook_policy=EgressPolicy.parse(settings.webhook_allow),
             webhook_url_max=settings.webhook_url_max,
         )
-        hub = SubscriptionHub(client, linger_s=settings.stream_hub_linger_s)
+        hub = SubscriptionHub(
+            client,
+            linger_s=settings.stream_hub_linger_s,
+            reconnect_base_s=settings.redis_retry_base_s,
+            reconnect_cap_s=settings.redis_retry_cap_s,
+        )
         subscriber = StreamSubscriber(client, keys, settings, hub=hub)
         return cls(
             settings=settings,

@@ -25,8 +25,9 @@ here uses, Celery's broker included (shared/taskqueue.py):
   until its retries ran out, and once the old primary was back as a replica, reads (the
   subscription hub's XREAD) stayed on it. Now every reconnect asks the Sentinels.
 
-Why retrying a command after a connection error is safe here (`RETRIED_ERRORS`): a command
-whose reply was lost may have run, so a retry may apply it twice. Everything we send is
+Why retrying a command after a connection error is safe here (`RETRIED_ERRORS`,
+`THREADRUN_REDIS_RETRIES`): a command whose reply was lost may have run, so a retry may
+apply it twice. Everything we send is
 either idempotent or fails safe under that:
 - lease scripts (shared/lua/lease_*.lua): claim sets the same `{epoch}|{owner}` value again
   (a claim never lowers the epoch), renew is compare-and-extend, release compare-and-delete;
@@ -66,18 +67,14 @@ from redis.utils import SENTINEL
 
 from shared.settings import Settings
 
-RETRIES = 8
-"""Command retries after a connection error, with jittered exponential back-off (each wait
-uniform in [0, min(RETRY_CAP_S, RETRY_BASE_S * 2^n)]): at most ~5.5 s in all, so a request
-usually rides through a Sentinel failover (the replica is promoted ~2.3 s after the primary
-dies with down-after-milliseconds 1000, bench/failover.py) instead of failing, while no
-single wait overshoots the promotion by more than RETRY_CAP_S (a 2 s cap measured 4.4 s to
-a publisher's first event after the kill, this one 2.8 s in two of three rounds)."""
-RETRY_BASE_S = 0.1
-RETRY_CAP_S = 1.0
 RETRIED_ERRORS: tuple[type[RedisError], ...] = (ConnectionError, TimeoutError, ReadOnlyError)
-SENTINEL_TIMEOUT_S = 2.0
-"""Socket timeouts of the connections to the Sentinels themselves."""
+"""What a command is retried after (`THREADRUN_REDIS_RETRIES` times, with jittered exponential
+back-off: each wait uniform in [0, min(cap, base * 2^n)]). The defaults (8, 0.1 s, 1 s) wait at
+most ~5.5 s in all, so a request usually rides through a Sentinel failover (the replica is
+promoted ~2.3 s after the primary dies with down-after-milliseconds 1000, bench/failover.py)
+instead of failing, while no single wait overshoots the promotion by more than the cap (a
+2 s cap measured 4.4 s to a publisher's first event after the kill, 1 s gave 2.8 s in two of
+three rounds)."""
 
 
 def sentinel_enabled(settings: Settings) -> bool:
@@ -91,26 +88,27 @@ class _PrivateJitterBackoff(ExponentialWithJitterBackoff):
     background thread would move the state that other code (seeded simulations, hypothesis)
     expects to own."""
 
-    def __init__(self) -> None:
-        super().__init__(cap=RETRY_CAP_S, base=RETRY_BASE_S)
+    def __init__(self, base_s: float, cap_s: float) -> None:
+        super().__init__(cap=cap_s, base=base_s)
+        self._base_s, self._cap_s = base_s, cap_s
         self._rng = random.Random()
 
     def compute(self, failures: int) -> float:
-        return min(RETRY_CAP_S, math.ldexp(self._rng.random() * RETRY_BASE_S, failures))
+        return min(self._cap_s, math.ldexp(self._rng.random() * self._base_s, failures))
 
 
-def _retry(retry_commands: bool) -> Retry:
+def _retry(settings: Settings, retry_commands: bool) -> Retry:
     return Retry(
-        _PrivateJitterBackoff(),
-        RETRIES if retry_commands else 0,
+        _PrivateJitterBackoff(settings.redis_retry_base_s, settings.redis_retry_cap_s),
+        settings.redis_retries if retry_commands else 0,
         supported_errors=RETRIED_ERRORS,
     )
 
 
-def _aretry(retry_commands: bool) -> aretry.Retry:
+def _aretry(settings: Settings, retry_commands: bool) -> aretry.Retry:
     return aretry.Retry(
-        _PrivateJitterBackoff(),
-        RETRIES if retry_commands else 0,
+        _PrivateJitterBackoff(settings.redis_retry_base_s, settings.redis_retry_cap_s),
+        settings.redis_retries if retry_commands else 0,
         supported_errors=RETRIED_ERRORS,
     )
 
@@ -129,8 +127,8 @@ def _node_kwargs(settings: Settings) -> dict[str, Any]:
 
 def _sentinel_kwargs(settings: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "socket_timeout": SENTINEL_TIMEOUT_S,
-        "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+        "socket_timeout": settings.redis_sentinel_timeout_s,
+        "socket_connect_timeout": settings.redis_sentinel_timeout_s,
     }
     password = settings.redis_sentinel_password.get_secret_value()
     if password:
@@ -224,7 +222,7 @@ def sync_client(
 ) -> redis.Redis:
     """A redis-py client of the data node. `blocking`: a BlockingConnectionPool (kwargs
     `max_connections`, `timeout` apply); other kwargs are connection options."""
-    kwargs.setdefault("retry", _retry(retry_commands))
+    kwargs.setdefault("retry", _retry(settings, retry_commands))
     if not sentinel_enabled(settings):
         if blocking:
             return redis.Redis(
@@ -246,7 +244,7 @@ def sync_client(
 
 def async_client(settings: Settings, *, retry_commands: bool = True, **kwargs: Any) -> aredis.Redis:
     """A redis.asyncio client of the data node (the worker runtime's)."""
-    kwargs.setdefault("retry", _aretry(retry_commands))
+    kwargs.setdefault("retry", _aretry(settings, retry_commands))
     if not sentinel_enabled(settings):
         return aredis.Redis.from_url(settings.redis_url, **kwargs)
     manager = asentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]

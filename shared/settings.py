@@ -43,6 +43,24 @@ class Settings(BaseSettings):
     redis_sentinel_password: SecretStr = Field(
         default=SecretStr(""), description="Password of the Sentinels (empty: no auth)."
     )
+    redis_retries: int = Field(
+        default=8,
+        ge=0,
+        description=(
+            "Command retries after a Redis connection error (0: none), with jittered"
+            " exponential back-off: the defaults wait ~5.5 s in all, enough to ride through"
+            " a Sentinel failover (shared/redis_clients.py)."
+        ),
+    )
+    redis_retry_base_s: float = Field(
+        default=0.1, gt=0, description="First back-off step of a Redis retry (doubles after)."
+    )
+    redis_retry_cap_s: float = Field(
+        default=1.0, gt=0, description="Longest single wait between two Redis retries."
+    )
+    redis_sentinel_timeout_s: float = Field(
+        default=2.0, gt=0, description="Socket timeouts of the connections to the Sentinels."
+    )
     redis_prefix: str = Field(
         default="threadrun:",
         description="Prefix of every Redis key we write, Celery's included (isolation).",

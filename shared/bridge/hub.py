@@ -29,9 +29,6 @@ log = logging.getLogger(__name__)
 
 QUEUE_LIMIT = 4096
 """Entries buffered per subscriber before it is detached (it then catches up on its own)."""
-RECONNECT_BASE_S = 0.1
-RECONNECT_CAP_S = 1.0
-"""The reader's waits between reconnects: 0.1, 0.2, 0.4, 0.8, then 1 s."""
 
 
 class SharedEntries:
@@ -106,8 +103,14 @@ class SubscriptionHub:
         batch: int = 500,
         block_ms: int = 5000,
         linger_s: float = 0.0,
+        reconnect_base_s: float = 0.1,
+        reconnect_cap_s: float = 1.0,
     ) -> None:
         self._client = client
+        # The reader's waits between reconnects: base, doubling, up to the cap (the client
+        # retries' THREADRUN_REDIS_RETRY_BASE_S / _CAP_S: 0.1, 0.2, 0.4, 0.8, then 1 s).
+        self._reconnect_base_s = reconnect_base_s
+        self._reconnect_cap_s = reconnect_cap_s
         self._batch = batch
         self._block_ms = block_ms
         # With no stream to follow the reader waits this long for the next attach before it
@@ -234,7 +237,8 @@ class SubscriptionHub:
                 self._drop(self._conn)
                 # Back off like the client retries (shared/redis_clients.py): a failover
                 # takes seconds, and every attempt asks the Sentinels.
-                self._stopped.wait(min(RECONNECT_CAP_S, RECONNECT_BASE_S * 2 ** (failures - 1)))
+                backoff = self._reconnect_base_s * 2 ** (failures - 1)
+                self._stopped.wait(min(self._reconnect_cap_s, backoff))
                 continue
             failures = 0
             self._deliver(streams, got or [])
