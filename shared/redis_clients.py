@@ -27,8 +27,7 @@ here uses, Celery's broker included (shared/taskqueue.py):
 
 Why retrying a command after a connection error is safe here (`RETRIED_ERRORS`,
 `THREADRUN_REDIS_RETRIES`): a command whose reply was lost may have run, so a retry may
-apply it twice. Everything we send is
-either idempotent or fails safe under that:
+apply it twice. Everything we send is either idempotent or fails safe under that:
 - lease scripts (shared/lua/lease_*.lua): claim sets the same `{epoch}|{owner}` value again
   (a claim never lowers the epoch), renew is compare-and-extend, release compare-and-delete;
   running any of them twice equals running it once. The ownership itself is fenced by the

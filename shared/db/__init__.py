@@ -74,10 +74,10 @@ def pipelined_transaction(conn: Connection[Any]) -> Iterator[Pipeline]:
     five; tests/integration/test_round_trips.py).
 
     The block's statements must not open ``conn.transaction()`` themselves (psycopg does not
-    know of this BEGIN: it would commit it); the pipeline it yields can `sync()` mid-way
-    (a savepoint's statements, say, whose failure the caller handles). On any error the transaction is rolled back
-    before the error propagates; a statement error surfaces at the next fetch or at the
-    block's end.
+    know of this BEGIN: it would commit it); the pipeline it yields can `sync()` mid-way (a
+    savepoint's statements, say, whose failure the caller handles). On any error the
+    transaction is rolled back before the error propagates; a statement error surfaces at the
+    next fetch, at a `sync()` or at the block's end.
     """
     try:
         with conn.pipeline() as pipeline:

@@ -55,6 +55,8 @@ def _isolated(
     try:
         pipeline.sync()
     except psycopg.Error:
+        if conn.broken:
+            raise  # the connection, not the write: the whole transaction is lost
         log.exception("an optional write of the transaction failed; rolled back alone")
         conn.execute("ROLLBACK TO SAVEPOINT isolated", prepare=False)
 
@@ -1063,8 +1065,9 @@ class RunStore:
         they fail, they are rolled back alone and logged, and the run still ends (its
         terminal status never depends on them). `also` must not open a transaction itself
         (the connection is in a `pipelined_transaction`)."""
-        # Two round trips (three with `also`): BEGIN, the lock and the fenced write, whose
-        # row decides the rest; then the writes, the settle and COMMIT (docs/performance.md).
+        # Two round trips (three with `also`, whose savepoint is sent on its own): BEGIN, the
+        # lock and the fenced write, whose row decides the rest; then the lifecycle event,
+        # the settle and COMMIT (docs/performance.md).
         with self._pool.connection() as conn:
             with pipelined_transaction(conn) as pipeline:
                 conn.execute(LOCK_THREAD_BY_ID_SQL, {"thread_id": thread_id})
@@ -1083,9 +1086,9 @@ class RunStore:
                         conn, run_id, thread_id, "fenced", {"epoch": epoch, "status": status}
                     )
                     return Finish(fenced=True)
-                self._lifecycle(conn, run_id, thread_id, status, {"epoch": epoch, "error": error})
-                if also is not None:
+                if also is not None:  # first: a failure met at its sync is then its own
                     _isolated(conn, pipeline, also)
+                self._lifecycle(conn, run_id, thread_id, status, {"epoch": epoch, "error": error})
                 settled = conn.execute(
                     SETTLE_THREAD_SQL, {"thread_id": thread_id, "status": thread_status}
                 )
