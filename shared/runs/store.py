@@ -61,6 +61,14 @@ def _isolated(
         conn.execute("ROLLBACK TO SAVEPOINT isolated", prepare=False)
 
 
+def _queue_settle(
+    conn: psycopg.Connection[DictRow], thread_id: str, idle_status: ThreadStatus
+) -> psycopg.Cursor[DictRow]:
+    """Send (or, in pipeline mode, queue) `SETTLE_THREAD_SQL`; its row says the run to
+    dispatch (`_next_run_id`), readable once the statement's results arrived."""
+    return conn.execute(SETTLE_THREAD_SQL, {"thread_id": thread_id, "status": idle_status})
+
+
 def _next_run_id(row: DictRow | None) -> str | None:
     """The run `SETTLE_THREAD_SQL` dispatched, if any."""
     return None if row is None or row["next_run_id"] is None else str(row["next_run_id"])
@@ -1089,9 +1097,7 @@ class RunStore:
                 if also is not None:  # first: a failure met at its sync is then its own
                     _isolated(conn, pipeline, also)
                 self._lifecycle(conn, run_id, thread_id, status, {"epoch": epoch, "error": error})
-                settled = conn.execute(
-                    SETTLE_THREAD_SQL, {"thread_id": thread_id, "status": thread_status}
-                )
+                settled = _queue_settle(conn, thread_id, thread_status)
             return Finish(fenced=False, next_run_id=_next_run_id(settled.fetchone()))
 
     def _settle_thread(
@@ -1099,10 +1105,7 @@ class RunStore:
     ) -> str | None:
         """Pick the next pending run (marking it dispatched) or set the thread's idle status
         (`SETTLE_THREAD_SQL`); the run to dispatch, if any."""
-        row = conn.execute(
-            SETTLE_THREAD_SQL, {"thread_id": thread_id, "status": idle_status}
-        ).fetchone()
-        return _next_run_id(row)
+        return _next_run_id(_queue_settle(conn, thread_id, idle_status).fetchone())
 
     def _lifecycle(
         self,
