@@ -889,7 +889,7 @@ async def settle_journal(
     if status != outcome.status:
         settled = GraphOutcome(RunStatus(status), error, ThreadStatus.ERROR)
     usage = journal.usage()
-    if flushed:
+    if flushed and attempt.run.attempt > 1:  # a first attempt's journal holds all of it
         try:  # every attempt's usage, not just this one's
             usage = await asyncio.to_thread(rt.events.run_usage, attempt.run_id)
         except Exception:  # the attempt's own figures stand in

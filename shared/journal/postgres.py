@@ -183,22 +183,32 @@ CROSS JOIN LATERAL (
 ORDER BY r.seq {order}, e.seq {order}
 LIMIT %(limit)s
 """
+# Usage reads the run's (the thread's) rows by its own key first, then picks `model.end`:
+# without the MATERIALIZED fence the planner, with no statistics yet, prefers the small
+# partial index run_events_model_end_at and reads every `model.end` row ever written, a
+# cost that grows with the table instead of with the run (J5).
 RUN_USAGE_SQL = """
+WITH e AS MATERIALIZED (
+    SELECT category, type, payload FROM run_events WHERE run_id = %(run_id)s
+)
 SELECT coalesce(payload ->> 'tag', 'lead_agent') AS tag,
        sum(coalesce((payload -> 'usage' ->> 'input_tokens')::bigint, 0)) AS input_tokens,
        sum(coalesce((payload -> 'usage' ->> 'output_tokens')::bigint, 0)) AS output_tokens,
        sum(coalesce((payload -> 'usage' ->> 'total_tokens')::bigint, 0)) AS total_tokens
-FROM run_events
-WHERE run_id = %(run_id)s AND category = 'model' AND type = 'model.end'
+FROM e
+WHERE category = 'model' AND type = 'model.end'
 GROUP BY 1
 """
 THREAD_USAGE_SQL = """
+WITH e AS MATERIALIZED (
+    SELECT run_id, category, type, payload FROM run_events WHERE thread_id = %(thread_id)s
+)
 SELECT e.run_id::text AS run_id, coalesce(e.payload ->> 'tag', 'lead_agent') AS tag,
        sum(coalesce((e.payload -> 'usage' ->> 'input_tokens')::bigint, 0)) AS input_tokens,
        sum(coalesce((e.payload -> 'usage' ->> 'output_tokens')::bigint, 0)) AS output_tokens,
        sum(coalesce((e.payload -> 'usage' ->> 'total_tokens')::bigint, 0)) AS total_tokens
-FROM run_events e
-WHERE e.thread_id = %(thread_id)s AND e.category = 'model' AND e.type = 'model.end'
+FROM e
+WHERE e.category = 'model' AND e.type = 'model.end'
 GROUP BY 1, 2
 """
 GET_RECEIPT_SQL = f"""

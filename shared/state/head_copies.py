@@ -45,27 +45,36 @@ SELECT t.thread_id,
        (SELECT c.checkpoint_id FROM checkpoints c
         WHERE c.thread_id = t.thread_id AND c.checkpoint_ns = ''
         ORDER BY c.checkpoint_id DESC LIMIT 1) AS head_id,
-       h.checkpoint_id AS copy_id,
-       h.values_json::text AS values_json,
-       h.interrupts::text AS interrupts
+       h.copy_id, h.values_json, h.interrupts
 FROM unnest(%(thread_ids)s::text[]) AS t (thread_id)
-LEFT JOIN thread_heads h ON h.thread_id = t.thread_id::uuid
+LEFT JOIN LATERAL (
+    SELECT h.checkpoint_id AS copy_id, h.values_json::text AS values_json,
+           h.interrupts::text AS interrupts
+    FROM thread_heads h WHERE h.thread_id = t.thread_id::uuid
+    LIMIT 1
+) h ON true
 """
-"""For each thread: its head checkpoint's id (None: no checkpoint) and its copy, if any."""
+"""For each thread: its head checkpoint's id (None: no checkpoint) and its copy, if any.
+The copy is a primary-key probe per thread: the LIMIT keeps the lateral subquery from
+becoming a plain join, whose plan, cached by a connection while `thread_heads` was small,
+scanned the whole table on every read."""
 
 WRITE_SQL = """
 INSERT INTO thread_heads AS h (thread_id, checkpoint_id, values_json, interrupts, updated_at)
 SELECT c.thread_id, c.checkpoint_id, c.values_json::json, c.interrupts::json, now()
 FROM unnest(%(thread_ids)s::uuid[], %(checkpoint_ids)s::text[], %(values)s::text[],
             %(interrupts)s::text[]) AS c (thread_id, checkpoint_id, values_json, interrupts)
-JOIN threads t ON t.thread_id = c.thread_id AND (%(fenced)s OR t.status <> 'busy')
+WHERE (SELECT %(fenced)s OR t.status <> 'busy' FROM threads t WHERE t.thread_id = c.thread_id)
 ON CONFLICT (thread_id) DO UPDATE
 SET checkpoint_id = excluded.checkpoint_id, values_json = excluded.values_json,
     interrupts = excluded.interrupts, updated_at = excluded.updated_at
 WHERE h.checkpoint_id <= excluded.checkpoint_id
 """
 """Upsert copies, the newer head winning; unfenced ones only for threads not busy (the
-module docstring says why); a thread deleted meanwhile is skipped, not an error."""
+module docstring says why); a thread deleted meanwhile is skipped (its subquery is NULL), not
+an error. The thread is checked by a per-row subquery, one primary-key probe per copy, not a
+join: a join's plan, cached by the connection while `threads` was small, hashed the whole
+table on every write, a cost that grew with the number of threads."""
 
 
 @dataclass(frozen=True, slots=True)

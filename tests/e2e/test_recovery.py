@@ -133,6 +133,11 @@ def test_l4_l5_killed_owner_run_resumes_on_another_worker(fast: Cluster, store: 
         assert (
             kinds.count("claimed") == 2 and kinds.count("requeued") == 1 and kinds[-1] == "success"
         )
+        # J2: a later attempt's run record sums the usage of every attempt's model calls
+        ends = [e for e in store.run_events(run_id) if e["type"] == "model.end"]
+        assert ends and row["usage"]["total"]["total_tokens"] == sum(
+            e["payload"]["usage"]["total_tokens"] for e in ends
+        )
         assert recovered_s < 30
     fast.start_worker("w3")  # keep two workers for the next test
 

@@ -21,11 +21,13 @@ from shared.errors import LeaseLost, RunNotFound
 from shared.journal import (
     Category,
     DeliveryOutcome,
+    RunEvent,
     RunEventStore,
     RunJournal,
     append_in,
     write_delivery_receipt,
 )
+from shared.journal.postgres import RUN_USAGE_SQL, THREAD_USAGE_SQL
 from shared.runs.model import MultitaskStrategy, RunRequest, RunStatus, ThreadStatus
 from shared.runs.store import RunStore
 from shared.settings import Settings
@@ -306,6 +308,44 @@ def test_j1_j2_lead_agent_audit_trail(runs: RunStore, pool: ConnectionPool, tmp_
     receipt = store.get_receipt(run_id, 1)
     assert receipt is not None
     assert receipt.payload["coverage"][0]["sha256"] == digest
+
+
+def _scans_of_run_events(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plan nodes (EXPLAIN ANALYZE, JSON) that read `run_events`, depth first."""
+    found = [plan] if plan.get("Relation Name") == "run_events" else []
+    for child in plan.get("Plans", []):
+        found += _scans_of_run_events(child)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("sql", "key"), [(RUN_USAGE_SQL, "run_id"), (THREAD_USAGE_SQL, "thread_id")]
+)
+def test_j2_usage_reads_only_its_own_rows(
+    runs: RunStore, events: RunEventStore, pool: ConnectionPool, sql: str, key: str
+) -> None:
+    """J2: a usage sum reads the run's (the thread's) rows by its key, never the partial
+    index of every `model.end` ever written: its cost follows the run, not the table.
+    Checked on the plan PostgreSQL runs, with other runs' `model.end` rows present."""
+    u = {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3}
+    for _ in range(4):  # other threads' model calls, which the sum must not touch
+        otid, other = new_run(runs)
+        events.append_batch([RunEvent(other, otid, "model", "model.end", {"usage": u})] * 40)
+    tid, run_id = new_run(runs)
+    events.append_batch([RunEvent(run_id, tid, "model", "model.end", {"usage": u})] * 2)
+    own_rows = 3  # `created` and the two model calls
+    with pool.connection() as conn:
+        cur = psycopg.ClientCursor(conn)
+        cur.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + sql, {key: run_id if key == "run_id" else tid}
+        )
+        plan = cur.fetchone()
+    assert plan is not None
+    scans = _scans_of_run_events(plan["QUERY PLAN"][0]["Plan"])
+    assert scans and all(s.get("Index Name") != "run_events_model_end_at" for s in scans)
+    read = sum(s["Actual Rows"] + s.get("Rows Removed by Filter", 0) for s in scans)
+    assert read <= own_rows
+    assert events.run_usage(run_id)["total"] == {k: 2 * v for k, v in u.items()}
 
 
 def test_migration_0002_schema(pool: ConnectionPool) -> None:

@@ -7,6 +7,7 @@ and are read from the checkpoint."""
 from __future__ import annotations
 
 import functools
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -167,3 +168,62 @@ def test_issue14_values_over_the_cap_are_read_from_the_checkpoint(
             "UPDATE thread_heads SET values_json = '{\"copy\": 1}' WHERE thread_id = %s", (small,)
         )
     assert accessor.heads({small: "lead_agent"})[small].values == {"copy": 1}
+
+
+def _generic_plan(conn: psycopg.Connection[Any], sql: str, args: dict[str, str]) -> list[Any]:
+    """The nodes of `sql`'s generic plan, run (EXPLAIN ANALYZE): the plan a connection's
+    prepared statement keeps once psycopg prepares it. `args` are SQL literals by name."""
+    names: list[str] = []
+
+    def placeholder(m: re.Match[str]) -> str:
+        if m.group(1) not in names:
+            names.append(m.group(1))
+        return f"${names.index(m.group(1)) + 1}"
+
+    prepared = re.sub(r"%\((\w+)\)s", placeholder, sql)
+    conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+    conn.execute(f"PREPARE generic_plan AS {prepared}")
+    explain = "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE generic_plan ({})"
+    row = conn.execute(explain.format(", ".join(args[n] for n in names))).fetchone()
+    conn.execute("DEALLOCATE generic_plan")
+    assert row is not None
+    nodes, todo = [], [row["QUERY PLAN"][0]["Plan"]]
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        todo += node.get("Plans", [])
+    return nodes
+
+
+def _probes(nodes: list[Any], table: str) -> int:
+    """How many times the plan looked `table` up; none of its reads may be a sequential
+    scan, and none may return more than one row a look-up."""
+    reads = [n for n in nodes if n.get("Relation Name") == table]
+    assert reads and all(n["Node Type"] != "Seq Scan" for n in reads)
+    assert all(n["Actual Rows"] <= 1 for n in reads)
+    return sum(n["Actual Loops"] for n in reads)
+
+
+def test_a1_copies_are_written_and_read_by_key_not_by_scanning(
+    store: RunStore, pool: ConnectionPool
+) -> None:
+    """A1: writing a copy reads its own thread's row, and reading copies reads only the
+    threads asked for (primary-key probes), whatever plan the connection cached: the
+    generic plans, forced here as a connection's prepared statements get them, never scan
+    every thread or every copy."""
+    saver = StatePostgresSaver(pool, mode="full")
+    others = [_thread(store) for _ in range(60)]  # rows the statements must not read
+    saver.write_head_copies([(t, _head("1f0-a")) for t in others], 1 << 20)
+    tid = _thread(store)
+    write = {
+        "thread_ids": f"ARRAY['{tid}']::uuid[]",
+        "checkpoint_ids": "ARRAY['1f0-a']",
+        "values": "ARRAY['{}']",
+        "interrupts": "ARRAY['{}']",
+        "fenced": "false",
+    }
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        assert _probes(_generic_plan(conn, head_copies.WRITE_SQL, write), "threads") == 1
+    read = {"thread_ids": f"ARRAY['{others[0]}', '{tid}']"}
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        assert _probes(_generic_plan(conn, head_copies.READ_SQL, read), "thread_heads") == 2
