@@ -66,7 +66,9 @@ class CodecSettings:
     """Dictionaries one attempt may make (bounds the meta hash)."""
     dict_max_bytes: int = 4096
     """Larger payloads never become a dictionary (half of the compressor's window)."""
-    level: int = 6
+    level: int = 3
+    """zlib's level. 3 is the last of its fast levels: on the bench's 206-event run, 3.7 us an
+    event against 5.2 us at 6 (the default) for 0.7 % more bytes (6,391 against 6,348)."""
     enabled: bool = True
 
 
