@@ -9,7 +9,6 @@ retries, the journal. Short settings keep it fast: one client retry, a 2 s timeo
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -312,7 +311,11 @@ def test_stop_keeps_what_was_said_with_the_builtin_model(cluster: Cluster) -> No
         r = await c.runs.create(
             tid, "lead_agent", input=human("long"), config=knobs, stream_mode=["messages-tuple"]
         )
-        await asyncio.sleep(0.6)
+        chunks = 0  # stop once tokens are streaming, however slowly the run started
+        async for part in c.runs.join_stream(tid, r["run_id"], last_event_id="-1"):
+            chunks += part.event == "messages"
+            if chunks >= 10:
+                break
         await c.runs.cancel(tid, r["run_id"], wait=True, action="interrupt")
         msgs = (await c.threads.get_state(tid))["values"]["messages"]
         assert [m["type"] for m in msgs] == ["human", "ai"]
