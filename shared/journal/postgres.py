@@ -186,7 +186,7 @@ LIMIT %(limit)s
 # Usage reads the run's (the thread's) rows by its own key first, then picks `model.end`:
 # without the MATERIALIZED fence the planner, with no statistics yet, prefers the small
 # partial index run_events_model_end_at and reads every `model.end` row ever written, a
-# cost that grows with the table instead of with the run (J5).
+# cost that grows with the table instead of with the run (J2).
 RUN_USAGE_SQL = """
 WITH e AS MATERIALIZED (
     SELECT category, type, payload FROM run_events WHERE run_id = %(run_id)s
