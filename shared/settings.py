@@ -567,6 +567,14 @@ class Settings(BaseSettings):
             " deployment; see shared/state/modes.py for the full -> delta migration."
         ),
     )
+    held_writes_linger_s: float = Field(
+        default=0.2,
+        ge=0,
+        description=(
+            "A task's pending writes wait at most this long for the step's checkpoint, to"
+            " commit in its transaction (shared/state/held_writes.py); 0 writes them at once."
+        ),
+    )
     checkpoint_snapshot_every: int = Field(
         default=10, ge=1, description="S4: delta mode writes a full snapshot every K updates."
     )

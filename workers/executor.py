@@ -41,7 +41,8 @@ from shared.runs.result import final_result
 from shared.runs.store import Claim, ClaimOutcome, Finish
 from shared.state import head_copies
 from shared.state.accessor import ThreadHead
-from shared.state.savers import GATE_KEY, HEAD_KEY, LEASE_KEY, RUN_KEY, ReadHead
+from shared.state.held_writes import HeldWrites
+from shared.state.savers import GATE_KEY, HEAD_KEY, HELD_WRITES_KEY, LEASE_KEY, RUN_KEY, ReadHead
 from workers.runtime import WorkerRuntime
 from workers.stopped import MODEL_NODE, PartialReplies
 from workers.stream_modes import StreamTranslator, graph_modes
@@ -494,6 +495,11 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
     # once the events emitted before the write are in the stream (B5).
     config["configurable"].update(attempt.fence)
     config["configurable"][GATE_KEY] = stream_gate(attempt, sink)
+    held = None
+    if rt.settings.held_writes_linger_s > 0:  # a task's writes ride on its step's checkpoint
+        held = config["configurable"][HELD_WRITES_KEY] = HeldWrites(
+            rt.settings.held_writes_linger_s
+        )
     if rt.settings.journal_enabled:
         attempt.journal = RunJournal(
             rt.events,
@@ -547,6 +553,8 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt) -> GraphOutcome:
             await attempt.task
         finally:
             deadline.cancel()
+            if held is not None:  # what no checkpoint took: before anything reads the state
+                await held.flush()
     except asyncio.CancelledError:
         if attempt.stop_reason is None:
             raise  # the whole worker is going down

@@ -33,6 +33,7 @@ writes only (reads and unfenced writes take LangGraph's path unchanged). The tes
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
     ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
@@ -63,6 +65,7 @@ from psycopg_pool import ConnectionPool
 from shared.db import apipelined_transaction
 from shared.errors import LeaseLost
 from shared.state import head_copies
+from shared.state.held_writes import HeldWrite, HeldWrites
 from shared.state.modes import METADATA_KEY, CheckpointMode, check_readable
 from shared.state.upstream import saver_connection
 
@@ -77,6 +80,10 @@ GATE_KEY = "__threadrun_stream_gate"
 """configurable key of the attempt's stream gate (see the module docstring)."""
 
 StreamGate = Callable[[], Awaitable[None]]
+
+HELD_WRITES_KEY = "__threadrun_held_writes"
+"""configurable key of the attempt's `HeldWrites`: its pending writes go in the transaction of
+the checkpoint that follows them (shared/state/held_writes.py)."""
 
 HEAD_KEY = "__threadrun_head"
 """configurable key of a `ReadHead`: the head checkpoint the attempt already read."""
@@ -170,6 +177,11 @@ meanwhile is either wholly in the copy or not at all, and a write committed befo
 checkpoint (LangGraph saves a step's writes in the background) is left out with it."""
 
 _fence: ContextVar[tuple[str, int] | None] = ContextVar("threadrun_fence", default=None)
+_riders: ContextVar[Sequence[tuple[str, Sequence[Any]]]] = ContextVar(
+    "threadrun_riders", default=()
+)
+"""Held pending writes (statement, rows) that the fenced transaction being opened commits
+first: those of a checkpoint's parent, in the checkpoint's own transaction."""
 
 
 def fence_of(config: RunnableConfig) -> tuple[str, int] | None:
@@ -335,6 +347,9 @@ class FencedPostgresSaver(AsyncPostgresSaver):
                 raise LeaseLost(
                     f"run {fence[0]}: checkpoint write fenced (epoch {fence[1]} is not current)"
                 )
+            riders, _ = _riders.get(), _riders.set(())  # once: this transaction's only
+            for statement, rows in riders:
+                await cur.executemany(statement, rows)
             yield cur
 
     async def aput(
@@ -345,12 +360,25 @@ class FencedPostgresSaver(AsyncPostgresSaver):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """Write a checkpoint (stamped) in the same transaction as the epoch check, once its
-        events are in the stream (the gate)."""
+        events are in the stream (the gate); the pending writes held for its parent
+        checkpoint go first in that transaction."""
         await _pass_gate(config)
-        token = _fence.set(fence_of(config))
+        fence = fence_of(config)
+        conf = config["configurable"]
+        held: HeldWrites | None = conf.get(HELD_WRITES_KEY)
+        parents = []
+        if held is not None and fence is not None:
+            parents = held.take(
+                str(conf["thread_id"]),
+                str(conf.get("checkpoint_ns", "")),
+                conf.get("checkpoint_id"),
+            )
+        riders = await asyncio.to_thread(self._dump_held, parents) if parents else ()
+        token, riders_token = _fence.set(fence), _riders.set(riders)
         try:
             return await super().aput(config, checkpoint, _stamp(metadata, self.mode), new_versions)
         finally:
+            _riders.reset(riders_token)
             _fence.reset(token)
 
     async def aput_writes(
@@ -360,14 +388,43 @@ class FencedPostgresSaver(AsyncPostgresSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        """Write pending writes in the same transaction as the epoch check, once their
-        events are in the stream (the gate)."""
-        await _pass_gate(config)
-        token = _fence.set(fence_of(config))
+        """Pending writes: held for the next checkpoint's transaction when the attempt
+        holds them (`HELD_WRITES_KEY`), else written at once."""
+        held: HeldWrites | None = (config.get("configurable") or {}).get(HELD_WRITES_KEY)
+        if held is not None and fence_of(config) is not None:
+            held.hold(HeldWrite(config, list(writes), task_id, task_path), self._write_held)
+            return
+        await self._write_held(HeldWrite(config, writes, task_id, task_path))
+
+    async def _write_held(self, write: HeldWrite) -> None:
+        """Pending writes in their own transaction with the epoch check, once their events
+        are in the stream (the gate)."""
+        await _pass_gate(write.config)
+        token = _fence.set(fence_of(write.config))
         try:
-            await super().aput_writes(config, writes, task_id, task_path)
+            await super().aput_writes(write.config, write.writes, write.task_id, write.task_path)
         finally:
             _fence.reset(token)
+
+    def _dump_held(self, held: Sequence[HeldWrite]) -> list[tuple[str, Sequence[Any]]]:
+        """(statement, rows) of held writes, as LangGraph's `aput_writes` would send them."""
+        out: list[tuple[str, Sequence[Any]]] = []
+        for write in held:
+            thread_id, checkpoint_ns, checkpoint_id = write.checkpoint
+            special = all(w[0] in WRITES_IDX_MAP for w in write.writes)
+            statement = (
+                self.UPSERT_CHECKPOINT_WRITES_SQL if special else self.INSERT_CHECKPOINT_WRITES_SQL
+            )
+            rows = self._dump_writes(
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                write.task_id,
+                write.task_path,
+                write.writes,
+            )
+            out.append((statement, rows))
+        return out
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """A checkpoint this process can read, or CheckpointModeMismatch; the attempt's
