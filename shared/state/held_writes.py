@@ -20,7 +20,9 @@ What holding changes: a worker that dies within `linger_s` of a task's end, befo
 step's checkpoint, loses that task's writes, and the next attempt runs the task again from
 the last checkpoint (L5) — as it already does for a task whose background write had not
 committed yet, a window LangGraph's `durability="async"` accepts. Nothing that committed is
-lost and nothing is written twice: a held write is taken by exactly one writer.
+lost and nothing is written twice: a held write is taken by exactly one writer. A checkpoint
+whose transaction fails takes its parent's held writes with it; the failure reaches the
+graph and ends the attempt, and the next one runs those tasks again from the last checkpoint.
 """
 
 from __future__ import annotations
