@@ -20,6 +20,8 @@ import pytest
 import redis
 
 from shared import testing
+from shared.runs.model import MultitaskStrategy, RunRequest
+from shared.runs.store import ClaimOutcome, RunStore
 from shared.settings import Settings
 
 DEFAULT_DB_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -150,3 +152,20 @@ def forked_processes() -> ForkServerContext:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(FORK_SERVER_PRELOAD))
     return ctx
+
+
+def claimed_run(store: RunStore, worker: str) -> tuple[str, str, int]:
+    """A new thread of alice's with an admitted run that `worker` has claimed: (thread id,
+    run id, the attempt's epoch)."""
+    tid = store.create_thread(None, "alice", {}, "raise").thread_id
+    run_id = str(uuid.uuid4())
+    store.admit(
+        RunRequest(thread_id=tid, assistant_id="lead_agent"),
+        run_id=run_id,
+        owner="alice",
+        graph_id="lead_agent",
+        strategy=MultitaskStrategy.ENQUEUE,
+    )
+    claim = store.claim(run_id, worker)
+    assert claim.outcome is ClaimOutcome.CLAIMED and claim.run is not None
+    return tid, run_id, claim.run.owner_epoch

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,7 @@ from shared.agent.lead_agent import build_lead_agent
 from shared.db import make_async_pool, make_pool
 from shared.errors import LeaseLost
 from shared.leases import lease_value
-from shared.runs.model import MultitaskStrategy, RunRequest
-from shared.runs.store import ClaimOutcome, RunStore
+from shared.runs.store import RunStore
 from shared.settings import Settings
 from shared.state.savers import (
     FENCE_SQL,
@@ -29,21 +27,7 @@ from shared.state.savers import (
     FencedPostgresSaver,
     ReadHead,
 )
-
-
-def _claimed_run(store: RunStore, owner: str) -> tuple[str, str, int]:
-    tid = store.create_thread(None, "alice", {}, "raise").thread_id
-    run_id = str(uuid.uuid4())
-    store.admit(
-        RunRequest(thread_id=tid, assistant_id="lead_agent"),
-        run_id=run_id,
-        owner="alice",
-        graph_id="lead_agent",
-        strategy=MultitaskStrategy.ENQUEUE,
-    )
-    claim = store.claim(run_id, owner)
-    assert claim.outcome is ClaimOutcome.CLAIMED and claim.run is not None
-    return tid, run_id, claim.run.owner_epoch
+from tests.conftest import claimed_run
 
 
 def _config(tid: str, run_id: str, epoch: int, owner: str, ws: Path) -> dict[str, Any]:
@@ -67,7 +51,7 @@ def test_l2_stale_attempt_cannot_write_a_checkpoint(settings: Settings, tmp_path
     raises LeaseLost and the thread's checkpoints stay exactly as the new owner left them."""
     pool = make_pool(settings, name="test-fence-store", max_size=2)
     store = RunStore(pool)
-    tid, run_id, old_epoch = _claimed_run(store, "old")
+    tid, run_id, old_epoch = claimed_run(store, "old")
 
     async def scenario() -> None:
         apool = await make_async_pool(settings, name="test-fenced", max_size=2)
@@ -107,7 +91,7 @@ def test_l2_checkpoint_fence_has_no_window(settings: Settings, tmp_path: Path) -
     it and is then refused — it can never land just after the epoch moved on."""
     pool = make_pool(settings, name="test-fence-store2", max_size=2)
     store = RunStore(pool)
-    tid, run_id, epoch = _claimed_run(store, "old")
+    tid, run_id, epoch = claimed_run(store, "old")
     locked, release = threading.Event(), threading.Event()
 
     def reclaim_slowly() -> None:
@@ -153,7 +137,7 @@ def test_l2_a_frozen_writer_does_not_hold_the_run_row(settings: Settings) -> Non
     the thawed writer's transaction can no longer commit."""
     pool = make_pool(settings, name="test-fence-frozen", max_size=2)
     store = RunStore(pool)
-    _tid, run_id, epoch = _claimed_run(store, "frozen")
+    _tid, run_id, epoch = claimed_run(store, "frozen")
     frozen = psycopg.connect(settings.dsn)
     try:
         frozen.execute(FENCE_SQL, ("1000ms", run_id, epoch))  # BEGIN + fence, then silence
@@ -182,7 +166,7 @@ def test_r5_the_graph_starts_from_the_head_read_for_the_rollback_point(
     head takes it without a query; any later read, and a read of a given checkpoint, queries."""
     pool = make_pool(settings, name="test-read-head-store", max_size=2)
     store = RunStore(pool)
-    tid, run_id, epoch = _claimed_run(store, "w")
+    tid, run_id, epoch = claimed_run(store, "w")
 
     async def scenario() -> None:
         apool = await make_async_pool(settings, name="test-read-head", max_size=2)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import operator
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypedDict
@@ -21,11 +20,11 @@ from langgraph.types import interrupt
 from shared.db import make_async_pool, make_pool
 from shared.errors import LeaseLost
 from shared.leases import lease_value
-from shared.runs.model import MultitaskStrategy, RunRequest
-from shared.runs.store import ClaimOutcome, RunStore
+from shared.runs.store import RunStore
 from shared.settings import Settings
 from shared.state.held_writes import HeldWrites
 from shared.state.savers import HELD_WRITES_KEY, LEASE_KEY, RUN_KEY, FencedPostgresSaver
+from tests.conftest import claimed_run
 
 
 class State(TypedDict):
@@ -66,21 +65,6 @@ def store(settings: Settings) -> Iterator[RunStore]:
     pool = make_pool(settings, name="test-held-store", max_size=2)
     yield RunStore(pool)
     pool.close()
-
-
-def _claimed_run(store: RunStore) -> tuple[str, str, int]:
-    tid = store.create_thread(None, "alice", {}, "raise").thread_id
-    run_id = str(uuid.uuid4())
-    store.admit(
-        RunRequest(thread_id=tid, assistant_id="lead_agent"),
-        run_id=run_id,
-        owner="alice",
-        graph_id="lead_agent",
-        strategy=MultitaskStrategy.ENQUEUE,
-    )
-    claim = store.claim(run_id, "w1")
-    assert claim.outcome is ClaimOutcome.CLAIMED and claim.run is not None
-    return tid, run_id, claim.run.owner_epoch
 
 
 def _config(tid: str, run_id: str, epoch: int, held: HeldWrites | None) -> dict[str, Any]:
@@ -127,8 +111,8 @@ def _run(settings: Settings, scenario: Callable[[CountingSaver], Any]) -> Any:
 def test_l5_held_writes_commit_with_their_checkpoint(settings: Settings, store: RunStore) -> None:
     """L5: held, a run's pending writes are the same rows as written at once, in fewer
     transactions: each one-task step's writes go in its checkpoint's transaction."""
-    at_once_tid, at_once_run, at_once_epoch = _claimed_run(store)
-    held_tid, held_run, held_epoch = _claimed_run(store)
+    at_once_tid, at_once_run, at_once_epoch = claimed_run(store, "w1")
+    held_tid, held_run, held_epoch = claimed_run(store, "w1")
 
     async def scenario(saver: CountingSaver) -> tuple[int, int, int]:
         graph = _graph().compile(checkpointer=saver)
@@ -157,7 +141,7 @@ def test_l5_writes_no_checkpoint_follows_are_written_by_flush(
 ) -> None:
     """L5: an interrupt's writes have no checkpoint after them: `flush` writes them, and the
     thread's state shows the interrupt, as when written at once."""
-    tid, run_id, epoch = _claimed_run(store)
+    tid, run_id, epoch = claimed_run(store, "w1")
 
     async def scenario(saver: CountingSaver) -> tuple[int, Any]:
         graph = _graph(ask=True).compile(checkpointer=saver)
@@ -180,7 +164,7 @@ def test_l5_a_long_step_does_not_hold_a_finished_tasks_writes(
 ) -> None:
     """L5: b ends while c sleeps in the same step: b's writes are committed within the
     linger, long before the step's checkpoint."""
-    tid, run_id, epoch = _claimed_run(store)
+    tid, run_id, epoch = claimed_run(store, "w1")
 
     async def scenario(saver: CountingSaver) -> list[str]:
         graph = _graph(slow_s=2.0).compile(checkpointer=saver)
@@ -205,7 +189,7 @@ def test_l2_a_stale_attempt_writes_none_of_its_held_writes(
 ) -> None:
     """L2: the run re-claimed by a newer epoch, the old attempt's `flush` raises LeaseLost
     and writes nothing; the writes stay held (nothing is dropped silently)."""
-    tid, run_id, epoch = _claimed_run(store)
+    tid, run_id, epoch = claimed_run(store, "w1")
 
     async def scenario(saver: CountingSaver) -> int:
         graph = _graph(ask=True).compile(checkpointer=saver)
