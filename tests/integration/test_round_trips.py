@@ -32,7 +32,7 @@ from shared.state import head_copies
 from shared.state.accessor import ThreadHead
 from shared.state.savers import LEASE_KEY, RUN_KEY, FencedPostgresSaver
 from shared.testing.pgtrace import traced
-from tests.integration.test_fenced_saver import _claimed_run
+from tests.conftest import claimed_run
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_l2_a_fenced_checkpoint_write_is_two_round_trips(
     """L2: the fence (with BEGIN) in one round trip, the checkpoint's statements with COMMIT
     in the next; a stale epoch's write raises LeaseLost, writes nothing and leaves the
     connection idle."""
-    tid, run_id, epoch = _claimed_run(RunStore(one_conn_pool), "w1")
+    tid, run_id, epoch = claimed_run(RunStore(one_conn_pool), "w1")
 
     async def scenario() -> None:
         apool = await make_async_pool(settings, name="test-round-trips", max_size=1, min_size=1)
@@ -188,19 +188,19 @@ def test_l2_a_terminal_write_is_two_round_trips_three_with_the_head_copy(
             also=write if copy else None,
         )
 
-    tid, run_id, epoch = _claimed_run(store, "w1")
+    tid, run_id, epoch = claimed_run(store, "w1")
     finish(run_id, tid, epoch, copy=True)  # the statements are prepared: the steady state
     with one_conn_pool.connection() as conn:
         pgconn = conn.pgconn
     for copy, expected in ((False, 2), (True, 3)):
-        tid, run_id, epoch = _claimed_run(store, "w1")
+        tid, run_id, epoch = claimed_run(store, "w1")
         with traced(pgconn) as trace:
             assert not finish(run_id, tid, epoch, copy=copy).fenced
         assert trace.round_trips == expected, trace.lines
         assert '"BEGIN"' in trace.flights()[0] and '"COMMIT"' in trace.flights()[-1]
         assert store.run_status(run_id) is RunStatus.SUCCESS
         assert store.get_thread(tid, "alice").status == ThreadStatus.IDLE
-    tid, run_id, epoch = _claimed_run(store, "w1")
+    tid, run_id, epoch = claimed_run(store, "w1")
     assert store.requeue(run_id, epoch, "lease expired")
     with traced(pgconn) as trace:
         assert finish(run_id, tid, epoch, copy=True).fenced
