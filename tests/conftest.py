@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -154,10 +155,10 @@ def forked_processes() -> ForkServerContext:
     return ctx
 
 
-def claimed_run(store: RunStore, worker: str) -> tuple[str, str, int]:
-    """A new thread of alice's with an admitted run that `worker` has claimed: (thread id,
-    run id, the attempt's epoch)."""
-    tid = store.create_thread(None, "alice", {}, "raise").thread_id
+def claimed_run(store: RunStore, worker: str, thread_id: str | None = None) -> tuple[str, str, int]:
+    """An admitted run that `worker` has claimed, on alice's `thread_id` (a new thread when
+    None): (thread id, run id, the attempt's epoch)."""
+    tid = thread_id or store.create_thread(None, "alice", {}, "raise").thread_id
     run_id = str(uuid.uuid4())
     store.admit(
         RunRequest(thread_id=tid, assistant_id="lead_agent"),
@@ -169,3 +170,11 @@ def claimed_run(store: RunStore, worker: str) -> tuple[str, str, int]:
     claim = store.claim(run_id, worker)
     assert claim.outcome is ClaimOutcome.CLAIMED and claim.run is not None
     return tid, run_id, claim.run.owner_epoch
+
+
+def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of a plan (EXPLAIN ... FORMAT JSON's "Plan"), depth first."""
+    nodes = [plan]
+    for child in plan.get("Plans", []):
+        nodes += plan_nodes(child)
+    return nodes

@@ -32,7 +32,7 @@ from shared.runs.model import MultitaskStrategy, RunRequest, RunStatus, ThreadSt
 from shared.runs.store import RunStore
 from shared.settings import Settings
 from shared.workspaces import OWNERLESS, owner_root
-from tests.conftest import forked_processes
+from tests.conftest import forked_processes, plan_nodes
 from tests.event_store_conformance import EventStoreConformance, MakeStore, NewRun, ev
 
 OWNER = "journal-tests"
@@ -310,14 +310,6 @@ def test_j1_j2_lead_agent_audit_trail(runs: RunStore, pool: ConnectionPool, tmp_
     assert receipt.payload["coverage"][0]["sha256"] == digest
 
 
-def _scans_of_run_events(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    """The plan nodes (EXPLAIN ANALYZE, JSON) that read `run_events`, depth first."""
-    found = [plan] if plan.get("Relation Name") == "run_events" else []
-    for child in plan.get("Plans", []):
-        found += _scans_of_run_events(child)
-    return found
-
-
 @pytest.mark.parametrize(
     ("sql", "key"), [(RUN_USAGE_SQL, "run_id"), (THREAD_USAGE_SQL, "thread_id")]
 )
@@ -341,7 +333,8 @@ def test_j2_usage_reads_only_its_own_rows(
         )
         plan = cur.fetchone()
     assert plan is not None
-    scans = _scans_of_run_events(plan["QUERY PLAN"][0]["Plan"])
+    nodes = plan_nodes(plan["QUERY PLAN"][0]["Plan"])
+    scans = [n for n in nodes if n.get("Relation Name") == "run_events"]
     assert scans and all(s.get("Index Name") != "run_events_model_end_at" for s in scans)
     read = sum(s["Actual Rows"] + s.get("Rows Removed by Filter", 0) for s in scans)
     assert read <= own_rows

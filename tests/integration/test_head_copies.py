@@ -17,12 +17,13 @@ from langgraph.pregel import Pregel
 from psycopg_pool import ConnectionPool
 
 from shared.agent.lead_agent import build_lead_agent
-from shared.runs.model import MultitaskStrategy, RunRequest, RunStatus, ThreadStatus
+from shared.runs.model import RunStatus, ThreadStatus
 from shared.runs.store import RunStore
 from shared.settings import Settings
 from shared.state import head_copies
 from shared.state.accessor import CheckpointStateAccessor, ThreadHead
 from shared.state.savers import StatePostgresSaver
+from tests.conftest import claimed_run, plan_nodes
 
 OWNER = "alice"
 
@@ -37,20 +38,6 @@ class _Registry:
 
 def _thread(store: RunStore) -> str:
     return store.create_thread(None, OWNER, {"graph_id": "lead_agent"}, "raise").thread_id
-
-
-def _claimed_run(store: RunStore, tid: str) -> tuple[str, int]:
-    run_id = str(uuid.uuid4())
-    store.admit(
-        RunRequest(thread_id=tid, assistant_id="lead_agent"),
-        run_id=run_id,
-        owner=OWNER,
-        graph_id="lead_agent",
-        strategy=MultitaskStrategy.ENQUEUE,
-    )
-    claim = store.claim(run_id, "w1")
-    assert claim.run is not None
-    return run_id, claim.run.owner_epoch
 
 
 def _copy(pool: ConnectionPool, tid: str) -> dict[str, Any] | None:
@@ -71,7 +58,7 @@ def test_l2_issue14_only_the_current_owner_writes_the_copy(store: RunStore) -> N
     """L2, a stale owner's terminal transaction is fenced before its `also`
     runs, so its head copy is never written; the current owner's is."""
     tid = _thread(store)
-    run_id, old = _claimed_run(store, tid)
+    _, run_id, old = claimed_run(store, "w1", tid)
     assert store.requeue(run_id, old, "lease expired")
     new = store.claim(run_id, "w2").run
     assert new is not None
@@ -105,7 +92,7 @@ def test_l2_issue14_only_the_current_owner_writes_the_copy(store: RunStore) -> N
 def test_issue14_a_failing_copy_never_costs_the_terminal_status(store: RunStore) -> None:
     """A1: the copy is written under a savepoint: if it fails, the run still ends."""
     tid = _thread(store)
-    run_id, epoch = _claimed_run(store, tid)
+    _, run_id, epoch = claimed_run(store, "w1", tid)
     broken = functools.partial(
         head_copies.write_fenced, heads=[(tid, _head("1f0-x", "{not json"))], max_bytes=1 << 20
     )
@@ -132,7 +119,7 @@ def test_issue14_unfenced_copies_skip_busy_threads_and_never_go_back(
     saver.write_head_copies([(tid, _head("1f0-b"))], 1 << 20)
     saver.write_head_copies([(tid, _head("1f0-a"))], 1 << 20)  # older: ignored
     assert _copy(pool, tid)["checkpoint_id"] == "1f0-b"  # type: ignore[index]
-    _claimed_run(store, tid)  # the thread is busy now
+    claimed_run(store, "w1", tid)  # the thread is busy now
     saver.write_head_copies([(tid, _head("1f0-c"))], 1 << 20)
     assert _copy(pool, tid)["checkpoint_id"] == "1f0-b"  # type: ignore[index]
     saver.write_head_copies([(str(uuid.uuid4()), _head("1f0-d"))], 1 << 20)  # no such thread
@@ -187,12 +174,7 @@ def _generic_plan(conn: psycopg.Connection[Any], sql: str, args: dict[str, str])
     row = conn.execute(explain.format(", ".join(args[n] for n in names))).fetchone()
     conn.execute("DEALLOCATE generic_plan")
     assert row is not None
-    nodes, todo = [], [row["QUERY PLAN"][0]["Plan"]]
-    while todo:
-        node = todo.pop()
-        nodes.append(node)
-        todo += node.get("Plans", [])
-    return nodes
+    return plan_nodes(row["QUERY PLAN"][0]["Plan"])
 
 
 def _probes(nodes: list[Any], table: str) -> int:
