@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import random
 import shutil
 import signal
@@ -69,6 +70,21 @@ def gone(pid: int) -> bool:
     return stat[stat.rindex(")") + 2 :].split()[0] == "Z"
 
 
+def postgres_pids(ns: str) -> list[int]:
+    """The PostgreSQL processes (comm `postgres`, uid postgres) inside namespace `ns`."""
+    uid = pwd.getpwnam("postgres").pw_uid
+    out = []
+    for pid in netns_pids(ns):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            owner = Path(f"/proc/{pid}").stat().st_uid
+        except OSError:
+            continue
+        if comm == "postgres" and owner == uid:
+            out.append(pid)
+    return out
+
+
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, list[int], Path]]:
     """A harness booting its cluster; its tag, the pids inside its namespaces once
@@ -92,7 +108,9 @@ def harness(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, list
 
         tag = str(wait_for("the harness's owner record", owner))
         workdir = Path(json.loads((OWNER_DIR / f"{tag}.json").read_text())["workdir"])
-        wait_for("PostgreSQL in its namespace", lambda: netns_pids(f"{tag}-pg"))
+        # `ip -n <ns> ...` (the harness configuring the host) is in the namespace too, for a
+        # moment: wait for the postmaster itself, running as postgres (setpriv is done)
+        wait_for("PostgreSQL in its namespace", lambda: postgres_pids(f"{tag}-pg"))
         pids = [pid for ns in netns_names() if ns.startswith(tag) for pid in netns_pids(ns)]
         yield popen, tag, pids, workdir
     finally:
