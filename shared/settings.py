@@ -306,6 +306,14 @@ class Settings(BaseSettings):
         "long enough for a client to reconnect; later readers get a gap and reload durable "
         "state (B5). Redis holds bytes per run x runs/s x (run time + this): docs/operations.md.",
     )
+    publish_coalesce_turns: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="Event-loop turns a worker's publisher lets pass before it sends the "
+        "pending events: what the runs emit meanwhile goes in the same call (fewer Redis round "
+        "trips per run under load; a turn is immediate when nothing else is runnable).",
+    )
     stream_compress: bool = Field(
         default=True,
         description="Store event data compressed, with per-run dictionaries "

@@ -96,6 +96,7 @@ class StreamPublisher:
         self._maxlen = settings.stream_maxlen
         self._slack = trim_slack(settings.stream_maxlen)
         self._end_ttl = settings.stream_ttl_after_end_s
+        self.coalesce_turns = settings.publish_coalesce_turns
         self._codec = codec_settings(settings)
         self._source = lua.source("publish")
         self._sha: str | None = None
@@ -204,6 +205,7 @@ class PublishBatcher:
 
     def __init__(self, publisher: StreamPublisher) -> None:
         self._pub = publisher
+        self._coalesce_turns = publisher.coalesce_turns
         self._ready: dict[EventSink, None] = {}
         self._task: asyncio.Task[None] | None = None
         self.round_trips = 0
@@ -221,6 +223,11 @@ class PublishBatcher:
 
     async def _run(self) -> None:
         while self._ready:
+            # Let the loop turn a few times first: the events every graph emits meanwhile
+            # join this call instead of the next (a third fewer publish calls, Redis round
+            # trips and reader wake-ups per run at C=50; no wait when nothing else runs).
+            for _ in range(self._coalesce_turns):
+                await asyncio.sleep(0)
             sinks = list(self._ready)
             self._ready.clear()
             calls = [s._take() for s in sinks]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import psycopg
 import pytest
@@ -225,3 +226,41 @@ _ROW = {
     "created_at": None,
     "updated_at": None,
 }
+
+
+def test_b1_events_emitted_while_the_publisher_waits_its_turns_share_one_call(
+    settings: Settings, rclient: redis.Redis
+) -> None:
+    """A run emits an event per loop turn: the publisher's first call carries the event
+    that woke it plus one per turn it let pass (`publish_coalesce_turns`), and the stream
+    gets every event once, in order, either way."""
+
+    async def go(turns: int) -> list[int]:
+        conf = settings.model_copy(update={"publish_coalesce_turns": turns})
+        keys = Keys(f"{settings.redis_prefix}coalesce{uuid.uuid4().hex[:6]}:")
+        run_id = str(uuid.uuid4())
+        client = aredis.Redis.from_url(settings.redis_url)
+        try:
+            assert await LeaseManager(client, keys, ttl_s=30).acquire(run_id, 1, "w1")
+            pub = StreamPublisher(client, keys, conf)
+            sizes: list[int] = []
+            publish_many = pub.publish_many
+
+            async def recording(calls: list[publisher.PublishCall]) -> Any:
+                sizes.extend(len(c.events) for c in calls)
+                return await publish_many(calls)
+
+            pub.publish_many = recording  # type: ignore[method-assign]
+            sink = EventSink(PublishBatcher(pub), run_id, lease_value(1, "w1"), print, print)
+            for i in range(50):
+                sink.emit("messages", b'{"i": %d}' % i)
+                await asyncio.sleep(0)
+            await sink.flush()
+            got = [f[b"n"] for _, f in rclient.xrange(keys.stream(run_id))]
+            assert got == [str(n).encode() for n in range(1, 51)]  # every event, in order
+            return sizes
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(go(0))[0] == 1
+    assert asyncio.run(go(3))[0] == 4
