@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import random
 import shutil
 import signal
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.devservices import pid_alive
 from tests.chaos.net import (
     OWNER_DIR,
     Network,
@@ -71,18 +71,8 @@ def gone(pid: int) -> bool:
 
 
 def postgres_pids(ns: str) -> list[int]:
-    """The PostgreSQL processes (comm `postgres`, uid postgres) inside namespace `ns`."""
-    uid = pwd.getpwnam("postgres").pw_uid
-    out = []
-    for pid in netns_pids(ns):
-        try:
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-            owner = Path(f"/proc/{pid}").stat().st_uid
-        except OSError:
-            continue
-        if comm == "postgres" and owner == uid:
-            out.append(pid)
-    return out
+    """The PostgreSQL processes inside namespace `ns` (setpriv has exec'd the server)."""
+    return [pid for pid in netns_pids(ns) if pid_alive(pid, "postgres")]
 
 
 @pytest.fixture
@@ -109,7 +99,7 @@ def harness(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, list
         tag = str(wait_for("the harness's owner record", owner))
         workdir = Path(json.loads((OWNER_DIR / f"{tag}.json").read_text())["workdir"])
         # `ip -n <ns> ...` (the harness configuring the host) is in the namespace too, for a
-        # moment: wait for the postmaster itself, running as postgres (setpriv is done)
+        # moment: wait for the postmaster itself
         wait_for("PostgreSQL in its namespace", lambda: postgres_pids(f"{tag}-pg"))
         pids = [pid for ns in netns_names() if ns.startswith(tag) for pid in netns_pids(ns)]
         yield popen, tag, pids, workdir
