@@ -14,7 +14,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     # Imported here, not at the top: gunicorn's config imports this package in the master,
     # and LangChain (through the providers' preflight) pulls in ssl and urllib3, which a
     # gevent worker must patch before they are imported.
-    from app import auth, cors, errors, limits, thread_ids
+    from app import auth, cors, errors, limits, public_ids
     from app.api import artifacts, assistants, events, meta, openapi, runs, state, threads, ui
     from app.services import Services
     from app.streaming import ws
@@ -32,7 +32,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     errors.register(app)
     limits.init_app(app)
     cors.init_app(app, settings)
-    thread_ids.init_app(app)  # public thread ids out, in place of storage ids (A4)
+    public_ids.init_app(app)  # public thread ids out, in place of storage ids (A4)
     for bp in (
         meta.bp,
         assistants.bp,

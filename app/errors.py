@@ -21,8 +21,7 @@ from flask import Flask, Response
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
 
-from app.http import error_body, json_response
-from app.limits import LimitExceeded
+from app.responses import error_body, json_response
 from shared.errors import (
     ConfigError,
     Conflict,
@@ -39,6 +38,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "REPLIES",
+    "LimitExceeded",
     "SERVICE_ERRORS",
     "Reply",
     "error_body",
@@ -47,6 +47,34 @@ __all__ = [
     "unavailable_service",
     "validation_failed",
 ]
+
+
+class LimitExceeded(ThreadrunError):
+    """A request over one of the per-user limits (app/limits.py): 429 with Retry-After
+    (rates, counts) or 422 (sizes), naming the limit (its settings field) and the field."""
+
+    def __init__(
+        self,
+        limit: str,
+        message: str,
+        *,
+        status: int = 429,
+        retry_after: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.status = status
+        self.retry_after = retry_after
+        self.field = field
+
+    def body(self) -> dict[str, object]:
+        """The JSON error."""
+        out = error_body("limit_exceeded", str(self), self.field)
+        out["limit"] = self.limit
+        if self.retry_after is not None:
+            out["retry_after"] = self.retry_after
+        return out
 
 
 class Reply(NamedTuple):

@@ -8,6 +8,10 @@ The counters live in Redis so they hold across web processes. They are small Lua
 the WebSocket `run.create` frame must share them with the HTTP routes, and the active-run
 and connection counts are sets with expiring members, which flask-limiter's
 fixed/moving windows do not model.
+
+What a route holds is what it declares (app/http.py): the hooks here take a connection slot
+for a view marked `holds_connection` / `streams_events`; `config_sized` checks sizes on a
+raw body; run admission (rate, active-run slot) is app/admission.py's.
 """
 
 from __future__ import annotations
@@ -17,85 +21,28 @@ import math
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import gevent
 import redis
-from flask import Flask, Response, g, request
+from flask import Flask, Response, current_app, g, request
 from gevent import monkey as gevent_monkey
-from pydantic import BaseModel
 from werkzeug.exceptions import RequestTimeout
 
 from app.auth import principal
-from app.http import error_body, validate, validate_items
-from app.schemas import BatchRunCreate, RunCreate, StatelessRunCreate
+from app.errors import LimitExceeded
+from app.http import checks_raw, spec_of
 from app.services import Services
 from shared import lua, serde
-from shared.errors import ThreadrunError
 from shared.redis_keys import ACTIVE_SET_TTL_MS, LimitKeys
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
-RUN_CREATE_MODELS: dict[str, type[BaseModel]] = {
-    "runs.create": RunCreate,
-    "runs.create_stream": RunCreate,
-    "runs.create_wait": RunCreate,
-    "runs.create_stateless": StatelessRunCreate,
-    "runs.create_stateless_stream": StatelessRunCreate,
-    "runs.create_stateless_wait": StatelessRunCreate,
-}
-"""Endpoints that create one run, and the model that validates their body."""
-RUN_CREATE_ENDPOINTS = frozenset(RUN_CREATE_MODELS)
-BATCH_ENDPOINT = "runs.create_batch"
-"""Creates several runs: each counts against the rate and the active runs."""
-STREAM_ENDPOINTS = frozenset(
-    {
-        "runs.create_stream",
-        "runs.join_stream",
-        "runs.create_wait",
-        "runs.join",
-        "runs.create_stateless_stream",
-        "runs.create_stateless_wait",
-        "thread_stream.join",
-    }
-)
-"""Long-held responses that count as open connections: SSE streams, and /wait and /join,
-which hold the request open (whitespace keep-alives) until the run ends."""
-METADATA_ENDPOINTS = frozenset(
-    {"threads.create", "threads.patch", "assistants.create", "assistants.patch"}
-)
-
-
-class LimitExceeded(ThreadrunError):
-    """A request over one of the limits."""
-
-    def __init__(
-        self,
-        limit: str,
-        message: str,
-        *,
-        status: int = 429,
-        retry_after: int | None = None,
-        field: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.limit = limit
-        self.status = status
-        self.retry_after = retry_after
-        self.field = field
-
-    def body(self) -> dict[str, object]:
-        """The JSON error."""
-        out = error_body("limit_exceeded", str(self), self.field)
-        out["limit"] = self.limit
-        if self.retry_after is not None:
-            out["retry_after"] = self.retry_after
-        return out
-
+V = TypeVar("V", bound=Callable[..., Any])
 
 # --- sizes (pure) -----------------------------------------------------------------------------
 
@@ -134,6 +81,45 @@ def check_config_sizes(data: dict[str, Any], settings: Settings) -> None:
         check_metadata_size(config.get("metadata"), settings, "config.metadata")
         check_metadata_size(config.get("configurable"), settings, "config.configurable")
     check_metadata_size(data.get("context"), settings, "context")
+
+
+def _run_sizes(raw: Any) -> None:
+    if isinstance(raw, dict):
+        check_run_sizes(raw, limiter().settings)
+
+
+def _batch_sizes(raw: Any) -> None:
+    if not isinstance(raw, list):
+        return  # the view answers the malformed body (422)
+    for index, item in enumerate(raw):
+        if isinstance(item, dict):
+            try:
+                check_run_sizes(item, limiter().settings)
+            except LimitExceeded as exc:
+                exc.field = f"[{index}].{exc.field}"
+                raise
+
+
+def run_sized(view: V) -> V:
+    """The view takes a run's fields (a run, a cron): their sizes are checked on the raw
+    body before its model validates it (422 naming the limit and the field)."""
+    return checks_raw(_run_sizes)(view)
+
+
+def batch_sized(view: V) -> V:
+    """`run_sized` for a JSON array of runs: 422 naming `[i].field`."""
+    return checks_raw(_batch_sizes)(view)
+
+
+def _config_sizes(raw: Any) -> None:
+    if isinstance(raw, dict):
+        check_config_sizes(raw, limiter().settings)
+
+
+def config_sized(view: V) -> V:
+    """The view stores metadata, context or config (a thread, an assistant): their sizes
+    are checked on the raw body before its model validates it (422 naming the limit)."""
+    return checks_raw(_config_sizes)(view)
 
 
 def check_metadata_size(value: Any, settings: Settings, field_name: str = "metadata") -> None:
@@ -355,50 +341,7 @@ def heavy_read() -> Iterator[None]:
 
 def limiter() -> Limiter:
     """The Limiter of the current app."""
-    from flask import current_app
-
     return current_app.extensions["threadrun_limits"]  # type: ignore[no-any-return]
-
-
-def admit_batch_limits(user_id: str, items: list[dict[str, Any]]) -> list[RunSlot]:
-    """The limits of `admit_limits` for a batch: sizes per item (the field names the
-    item), the rate for all its runs at once, one active-run slot per run (all or none)."""
-    lim = limiter()
-    if lim.throttled() and len(items) > lim.settings.max_active_runs:
-        raise LimitExceeded(
-            "max_active_runs",
-            f"a batch of {len(items)} runs: at most {lim.settings.max_active_runs}"
-            " pending or running runs per user",
-            status=422,
-            field="body",
-        )
-    for index, item in enumerate(items):
-        try:
-            check_run_sizes(item, lim.settings)
-        except LimitExceeded as exc:
-            exc.field = f"[{index}].{exc.field}"
-            raise
-    lim.check_run_rate(user_id, len(items))
-    slots: list[RunSlot] = []
-    try:
-        for _ in items:
-            slots.append(lim.reserve_run(user_id))
-    except LimitExceeded:
-        for slot in slots:
-            slot.release()
-        raise
-    return slots
-
-
-def admit_limits(user_id: str, data: dict[str, Any]) -> RunSlot:
-    """Sizes, rate and active-run checks before admitting a run (HTTP and WebSocket).
-
-    `data` is the raw request; call after it validated as a RunCreate.
-    """
-    lim = limiter()
-    check_run_sizes(data, lim.settings)
-    lim.check_run_rate(user_id)
-    return lim.reserve_run(user_id)
 
 
 # --- the HTTP hooks ---------------------------------------------------------------------------------
@@ -458,26 +401,6 @@ def _watch_hangup(sock: socket.socket | None, slot: ConnectionSlot) -> Any:
     return gevent.spawn(watch)
 
 
-def _raw_json_object() -> dict[str, Any] | None:
-    raw = request.get_data(cache=True)
-    try:
-        data = serde.loads(raw) if raw.strip() else None
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _raw_json_array() -> list[dict[str, Any]] | None:
-    raw = request.get_data(cache=True)
-    try:
-        data = serde.loads(raw) if raw.strip() else None
-    except ValueError:
-        return None
-    if not isinstance(data, list) or not all(isinstance(i, dict) for i in data):
-        return None
-    return data
-
-
 def _read_body_in_time() -> None:
     """Read a request's body (cached for the views) within `request_body_timeout_s`, or 408:
     a client that trickles its body must not hold a connection for minutes. Under gevent a
@@ -506,58 +429,14 @@ def _read_body_in_time() -> None:
 
 
 def _before() -> None:
-    endpoint = request.endpoint
-    if request.method == "OPTIONS" or endpoint is None:
+    if request.method == "OPTIONS":
         return
-    if endpoint in METADATA_ENDPOINTS:
-        data = _raw_json_object()
-        if data is not None:
-            check_config_sizes(data, limiter().settings)
-        return
-    if endpoint in STREAM_ENDPOINTS:
+    spec = spec_of(current_app, request.endpoint)
+    if spec is not None and spec.holds_connection:
         g.limit_conn = limiter().acquire_connection(principal().user_id)
-    if endpoint in RUN_CREATE_ENDPOINTS:
-        data = _raw_json_object()
-        if data is None:
-            return  # the view answers the malformed body (400/422)
-        check_run_sizes(data, limiter().settings)
-        validate(RUN_CREATE_MODELS[endpoint], data)  # an invalid request uses no rate or slot
-        g.limit_run = admit_limits(principal().user_id, data)
-    elif endpoint == BATCH_ENDPOINT:
-        items = _raw_json_array()
-        if items is None:
-            return  # the view answers the malformed body (400/422)
-        validate_items(BatchRunCreate, items)  # 422 naming the item, before any slot
-        g.limit_batch = admit_batch_limits(principal().user_id, items)
-
-
-def _run_id_of(resp: Response) -> str | None:
-    location = resp.headers.get("Content-Location") or ""
-    parts = location.rstrip("/").split("/")
-    return parts[-1] if len(parts) >= 5 and parts[-2] == "runs" else None
-
-
-def _batch_run_ids(resp: Response) -> list[str]:
-    """The ids of the runs a batch created, in request order (none unless it succeeded)."""
-    if resp.status_code >= 300:
-        return []
-    runs = resp.get_json(silent=True)
-    return [r["run_id"] for r in runs] if isinstance(runs, list) else []
 
 
 def _after(resp: Response) -> Response:
-    batch: list[RunSlot] = g.pop("limit_batch", [])
-    for slot, batch_run_id in zip(batch, _batch_run_ids(resp) if batch else [], strict=False):
-        slot.bind(batch_run_id)
-    for slot in batch:
-        slot.release()  # no-op for a bound slot
-    run_slot: RunSlot | None = g.pop("limit_run", None)
-    if run_slot is not None:
-        run_id = _run_id_of(resp) if resp.status_code < 300 else None
-        if run_id:
-            run_slot.bind(run_id)
-        else:
-            run_slot.release()
     conn: ConnectionSlot | None = g.pop("limit_conn", None)
     if conn is not None:
         if resp.is_streamed and resp.status_code < 300:
@@ -568,12 +447,7 @@ def _after(resp: Response) -> Response:
 
 
 def _teardown(_exc: BaseException | None) -> None:
-    """Release what an exception left reserved (after_request does not run then)."""
-    for slot in g.pop("limit_batch", []):
-        slot.release()
-    run_slot: RunSlot | None = g.pop("limit_run", None)
-    if run_slot is not None:
-        run_slot.release()
+    """Release what an exception left taken (after_request does not run then)."""
     conn: ConnectionSlot | None = g.pop("limit_conn", None)
     if conn is not None:
         conn.release()

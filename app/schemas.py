@@ -7,7 +7,7 @@ import datetime
 import uuid
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from shared.assistants.manager import AssistantSpec
 from shared.assistants.model import AssistantPatch, OnConflict
@@ -362,13 +362,6 @@ class BatchRunCreate(StatelessRunCreate):
         if self.thread_id is None:
             return super().to_request(thread_id)
         return RunCreate.to_request(self, str(self.thread_id))
-
-
-class RunBatch(RootModel[list[BatchRunCreate]]):
-    """POST /runs/batch body, for the OpenAPI document (the view validates item by item,
-    so that an error names the item: `[2].assistant_id`)."""
-
-    root: list[BatchRunCreate] = Field(min_length=1)
 
 
 class RunsCancel(Strict):

@@ -3,7 +3,7 @@
 Kinds: `ValidationFailed` (a request, 4xx), `NotFound` (404), `PermissionDenied` (403),
 `Conflict` (409), `StoreError` (a store could not finish), `UpstreamFailed` (a model a request depends on,
 502) and `ConfigError` (the process cannot run as configured). Errors of other layers
-subclass the root or a kind where they are defined (`app.limits.LimitExceeded`,
+subclass the root or a kind where they are defined (`app.errors.LimitExceeded`,
 `shared.agent.graphs.GraphNotFound`, …); `app.errors.REPLIES` gives each its HTTP status
 and body. The HTTP client's errors (`threadrun.client.ThreadrunClientError`, which the CLI's
 `OpsError` joins) are a root of their own: they describe the server's answer as a client

@@ -17,7 +17,8 @@ from flask import Blueprint, Response, send_file
 from langchain_core.tools import ToolException
 
 from app.api.threads import owned_thread
-from app.http import json_response
+from app.http import returns
+from app.responses import json_response
 from app.services import current_services
 from shared import workspaces
 from shared.agent.tools import OUTPUTS, check_filename
@@ -56,6 +57,7 @@ def list_artifacts(thread_id: str) -> Response:
 
 
 @bp.get("/threads/<thread_id>/artifacts/outputs/<name>")
+@returns("*/*")  # the artifact's own bytes, whatever their type
 def download(thread_id: str, name: str) -> Response:
     """One artifact's bytes (as an attachment, never rendered inline)."""
     outputs = _outputs(owned_thread(thread_id))

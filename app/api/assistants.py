@@ -12,7 +12,9 @@ from flask import Blueprint, Response
 
 from app.api.shapes import assistant_json, assistant_version_json
 from app.auth import principal
-from app.http import json_response, parse_body, parse_query
+from app.http import answers, body, query
+from app.limits import config_sized
+from app.responses import json_response
 from app.schemas import (
     AssistantCount,
     AssistantCreate,
@@ -35,42 +37,43 @@ THREAD_PAGE = 500
 
 
 @bp.post("/assistants")
-def create() -> Response:
+@config_sized
+@body(AssistantCreate)
+def create(body: AssistantCreate) -> Response:
     """Create an assistant (`if_exists`: raise | do_nothing)."""
-    body = parse_body(AssistantCreate)
     assistant = current_services().assistants.create(principal().user_id, body.to_spec())
     return json_response(assistant_json(assistant))
 
 
 @bp.post("/assistants/search")
-def search() -> Response:
+@body(AssistantSearch, required=False)
+def search(body: AssistantSearch) -> Response:
     """Visible assistants by graph, name substring and metadata; `X-Pagination-Next` when
     there are more."""
-    q = parse_body(AssistantSearch, allow_empty=True)
     found = current_services().assistants.search(
         principal().user_id,
-        AssistantFilter(graph_id=q.graph_id, name=q.name, metadata=q.metadata),
-        limit=q.limit + 1,
-        offset=q.offset,
-        sort_by=q.sort_by or "created_at",
-        sort_order=q.sort_order or "desc",
+        AssistantFilter(graph_id=body.graph_id, name=body.name, metadata=body.metadata),
+        limit=body.limit + 1,
+        offset=body.offset,
+        sort_by=body.sort_by or "created_at",
+        sort_order=body.sort_order or "desc",
     )
-    page = [assistant_json(a) for a in found[: q.limit]]
-    if q.select:
-        page = [{k: v for k, v in a.items() if k in q.select} for a in page]
-    if len(found) > q.limit:
-        nxt = q.offset + q.limit
+    page = [assistant_json(a) for a in found[: body.limit]]
+    if body.select:
+        page = [{k: v for k, v in a.items() if k in body.select} for a in page]
+    if len(found) > body.limit:
+        nxt = body.offset + body.limit
         headers = {"X-Pagination-Total": str(nxt + 1), "X-Pagination-Next": str(nxt)}
     else:
-        headers = {"X-Pagination-Total": str(q.offset + len(page))}
+        headers = {"X-Pagination-Total": str(body.offset + len(page))}
     return json_response(page, headers=headers)
 
 
 @bp.post("/assistants/count")
-def count() -> Response:
+@body(AssistantCount, required=False)
+def count(body: AssistantCount) -> Response:
     """How many visible assistants match."""
-    q = parse_body(AssistantCount, allow_empty=True)
-    where = AssistantFilter(graph_id=q.graph_id, name=q.name, metadata=q.metadata)
+    where = AssistantFilter(graph_id=body.graph_id, name=body.name, metadata=body.metadata)
     return json_response(current_services().assistants.count(principal().user_id, where))
 
 
@@ -83,9 +86,10 @@ def get(assistant_id: str) -> Response:
 
 
 @bp.patch("/assistants/<assistant_id>")
-def patch(assistant_id: str) -> Response:
+@config_sized
+@body(AssistantUpdate, required=False)
+def patch(assistant_id: str, body: AssistantUpdate) -> Response:
     """Write a new version (metadata merged, the rest replaced where given) and make it current."""
-    body = parse_body(AssistantUpdate, allow_empty=True)
     assistant = current_services().assistants.patch(
         principal().user_id, assistant_id, body.to_patch()
     )
@@ -93,14 +97,15 @@ def patch(assistant_id: str) -> Response:
 
 
 @bp.delete("/assistants/<assistant_id>")
-def delete(assistant_id: str) -> Response:
+@answers(204, "deleted")
+@query(AssistantDeleteQuery)
+def delete(assistant_id: str, query: AssistantDeleteQuery) -> Response:
     """Delete the assistant and its versions; `delete_threads=true` also deletes the caller's
     threads whose metadata names it (their running runs are told to stop)."""
-    q = parse_query(AssistantDeleteQuery)
     svc = current_services()
     owner = principal().user_id
     deleted = svc.assistants.delete(owner, assistant_id)
-    if q.delete_threads:
+    if query.delete_threads:
         _delete_threads_of(owner, deleted)
     return Response(status=204)
 
@@ -131,23 +136,23 @@ def _delete_threads_of(owner: str, assistant_id: str) -> None:
 
 
 @bp.post("/assistants/<assistant_id>/versions")
-def versions(assistant_id: str) -> Response:
+@body(AssistantVersionsQuery, required=False)
+def versions(assistant_id: str, body: AssistantVersionsQuery) -> Response:
     """The assistant's versions, newest first (`metadata` containment, `limit`, `offset`)."""
-    q = parse_body(AssistantVersionsQuery, allow_empty=True)
     found = current_services().assistants.versions(
         principal().user_id,
         assistant_id,
-        metadata=q.metadata or {},
-        limit=q.limit,
-        offset=q.offset,
+        metadata=body.metadata or {},
+        limit=body.limit,
+        offset=body.offset,
     )
     return json_response([assistant_version_json(v) for v in found])
 
 
 @bp.post("/assistants/<assistant_id>/latest")
-def set_latest(assistant_id: str) -> Response:
+@body(AssistantLatest)
+def set_latest(assistant_id: str, body: AssistantLatest) -> Response:
     """Make an existing version the current one."""
-    body = parse_body(AssistantLatest)
     assistant = current_services().assistants.set_latest(
         principal().user_id, assistant_id, body.version
     )
@@ -155,12 +160,12 @@ def set_latest(assistant_id: str) -> Response:
 
 
 @bp.get("/assistants/<assistant_id>/graph")
-def graph(assistant_id: str) -> Response:
+@query(AssistantGraphQuery)
+def graph(assistant_id: str, query: AssistantGraphQuery) -> Response:
     """The graph's nodes and edges (`xray`: true, false or a subgraph depth)."""
-    q = parse_query(AssistantGraphQuery)
     _, compiled = current_services().assistants.compiled(principal().user_id, assistant_id)
     try:
-        return json_response(graph_schemas.drawing(compiled, q.xray))
+        return json_response(graph_schemas.drawing(compiled, query.xray))
     except NotImplementedError:
         raise ValidationFailed("the graph does not support visualization") from None
 
@@ -174,11 +179,13 @@ def schemas(assistant_id: str) -> Response:
 
 @bp.get("/assistants/<assistant_id>/subgraphs")
 @bp.get("/assistants/<assistant_id>/subgraphs/<path:namespace>")
-def subgraphs(assistant_id: str, namespace: str | None = None) -> Response:
+@query(SubgraphsQuery)
+def subgraphs(
+    assistant_id: str, namespace: str | None = None, *, query: SubgraphsQuery
+) -> Response:
     """`{namespace: schemas}` of the graph's subgraphs (`recurse` into theirs)."""
-    q = parse_query(SubgraphsQuery)
     _, compiled = current_services().assistants.compiled(principal().user_id, assistant_id)
     try:
-        return json_response(graph_schemas.subgraph_schemas(compiled, namespace, q.recurse))
+        return json_response(graph_schemas.subgraph_schemas(compiled, namespace, query.recurse))
     except NotImplementedError:
         raise ValidationFailed("the graph does not support visualization") from None

@@ -8,13 +8,16 @@ threads: another user's cron id answers exactly like a missing one.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response
 
+from app import public_ids
 from app.auth import principal
-from app.http import canonical_id, checked_thread_id, json_response, parse_body, validate
-from app.limits import LimitExceeded, check_run_sizes
+from app.errors import LimitExceeded
+from app.http import answers, body, validate
+from app.ids import canonical_id
+from app.limits import run_sized
+from app.responses import json_response
 from app.schemas import CronCount, CronCreate, CronPayload, CronSearch, CronUpdate
 from app.services import current_services
 from shared.crons.model import CronNotFound, CronPatch, CronSpec, TooManyCrons
@@ -29,17 +32,7 @@ def _checked_cron_id(cron_id: str) -> str:
     return canonical_id(cron_id, lambda m: CronNotFound(f"cron {m}"))
 
 
-def _raw_body() -> dict[str, Any]:
-    """The JSON object body, its sizes checked as a run's are (422 naming the field)."""
-    data = request.get_json(silent=True)
-    if isinstance(data, dict):
-        check_run_sizes(data, current_services().settings)
-    return data if isinstance(data, dict) else {}
-
-
-def _create(thread_id: str | None) -> Response:
-    _raw_body()
-    body = parse_body(CronCreate)
+def _create(thread_id: str | None, body: CronCreate) -> Response:
     if thread_id is not None and body.on_run_completed is not None:
         raise ValidationFailed(
             "on_run_completed: only for a cron without a thread (POST /runs/crons); the runs"
@@ -71,23 +64,28 @@ def _create(thread_id: str | None) -> Response:
     return json_response(cron.as_json())
 
 
+# A cron's body holds a run's fields: sized as a run's are (422 naming the field).
 @bp.post("/threads/<thread_id>/runs/crons")
-def create_for_thread(thread_id: str) -> Response:
+@run_sized
+@body(CronCreate)
+def create_for_thread(thread_id: str, body: CronCreate) -> Response:
     """A cron whose every firing is a run on this thread."""
-    return _create(checked_thread_id(thread_id))
+    return _create(public_ids.resolve(thread_id), body)
 
 
 @bp.post("/runs/crons")
-def create() -> Response:
+@run_sized
+@body(CronCreate)
+def create(body: CronCreate) -> Response:
     """A cron whose every firing runs on a new thread (`on_run_completed`: delete | keep)."""
-    return _create(None)
+    return _create(None, body)
 
 
 @bp.patch("/runs/crons/<cron_id>")
-def patch(cron_id: str) -> Response:
+@run_sized
+@body(CronUpdate)
+def patch(cron_id: str, body: CronUpdate) -> Response:
     """Change the schedule, timezone, end_time, enabled or the run payload."""
-    _raw_body()
-    body = parse_body(CronUpdate)
     owner = principal().user_id
     svc = current_services()
     cid = _checked_cron_id(cron_id)
@@ -122,6 +120,7 @@ def patch(cron_id: str) -> Response:
 
 
 @bp.delete("/runs/crons/<cron_id>")
+@answers(204, "deleted")
 def delete(cron_id: str) -> Response:
     """Delete the cron; it fires no more."""
     current_services().crons.delete(principal().user_id, _checked_cron_id(cron_id))
@@ -129,36 +128,36 @@ def delete(cron_id: str) -> Response:
 
 
 @bp.post("/runs/crons/search")
-def search() -> Response:
+@body(CronSearch, required=False)
+def search(body: CronSearch) -> Response:
     """The caller's crons, filtered and sorted."""
-    q = parse_body(CronSearch, allow_empty=True)
     crons = current_services().crons.search(
         principal().user_id,
-        assistant_id=q.assistant_id,
-        thread_id=checked_thread_id(str(q.thread_id)) if q.thread_id else None,
-        enabled=q.enabled,
-        metadata=q.metadata,
-        limit=q.limit,
-        offset=q.offset,
-        sort_by=q.sort_by,
-        sort_order=q.sort_order,
+        assistant_id=body.assistant_id,
+        thread_id=public_ids.resolve(str(body.thread_id)) if body.thread_id else None,
+        enabled=body.enabled,
+        metadata=body.metadata,
+        limit=body.limit,
+        offset=body.offset,
+        sort_by=body.sort_by,
+        sort_order=body.sort_order,
     )
     now = dt.datetime.now(dt.UTC)
     objects = [{**c.as_json(), "now": now} for c in crons]
-    if q.select is None:
+    if body.select is None:
         return json_response([{k: v for k, v in o.items() if k != "now"} for o in objects])
-    return json_response([{k: v for k, v in o.items() if k in q.select} for o in objects])
+    return json_response([{k: v for k, v in o.items() if k in body.select} for o in objects])
 
 
 @bp.post("/runs/crons/count")
-def count() -> Response:
+@body(CronCount, required=False)
+def count(body: CronCount) -> Response:
     """How many of the caller's crons match."""
-    q = parse_body(CronCount, allow_empty=True)
     n = current_services().crons.count(
         principal().user_id,
-        assistant_id=q.assistant_id,
-        thread_id=checked_thread_id(str(q.thread_id)) if q.thread_id else None,
-        enabled=q.enabled,
-        metadata=q.metadata,
+        assistant_id=body.assistant_id,
+        thread_id=public_ids.resolve(str(body.thread_id)) if body.thread_id else None,
+        enabled=body.enabled,
+        metadata=body.metadata,
     )
     return json_response(n)

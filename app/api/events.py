@@ -12,7 +12,9 @@ from pydantic import Field
 
 from app.api.threads import owned_thread
 from app.auth import principal
-from app.http import checked_run_id, json_response, validate
+from app.http import query
+from app.ids import checked_run_id
+from app.responses import json_response
 from app.schemas import Strict
 from app.services import current_services
 from shared.errors import NotFound, ValidationFailed
@@ -42,7 +44,8 @@ class ThreadEventsQuery(Strict):
     direction: Literal["forward", "backward"] | None = None
 
 
-def _query(model: type[Strict]) -> Any:
+def _event_args() -> dict[str, Any]:
+    """The query string, `category` repeated or comma-separated, unknown ones refused."""
     args: dict[str, Any] = {k: v for k, v in request.args.items() if v != ""}
     cats = [c for c in request.args.getlist("category") for c in c.split(",") if c]
     args.pop("category", None)
@@ -54,7 +57,7 @@ def _query(model: type[Strict]) -> Any:
                 field="category",
             )
         args["category"] = cats
-    return validate(model, args)
+    return args
 
 
 def _page(page: EventPage) -> dict[str, Any]:
@@ -67,9 +70,9 @@ def _page(page: EventPage) -> dict[str, Any]:
 
 
 @bp.get("/threads/<thread_id>/runs/<run_id>/events")
-def run_events(thread_id: str, run_id: str) -> Response:
+@query(RunEventsQuery, args=_event_args)
+def run_events(thread_id: str, run_id: str, query: RunEventsQuery) -> Response:
     """A page of one run's audit events (seq cursor, category filter)."""
-    q: RunEventsQuery = _query(RunEventsQuery)
     thread = owned_thread(thread_id)
     svc = current_services()
     rid = checked_run_id(run_id)
@@ -77,11 +80,11 @@ def run_events(thread_id: str, run_id: str) -> Response:
     try:
         page = svc.events.list_run_events(
             rid,
-            after_seq=q.after_seq,
-            before_seq=q.before_seq,
-            categories=q.category,
-            limit=q.limit,
-            direction=q.direction,
+            after_seq=query.after_seq,
+            before_seq=query.before_seq,
+            categories=query.category,
+            limit=query.limit,
+            direction=query.direction,
         )
     except ValueError as exc:
         raise ValidationFailed(str(exc), field="limit") from exc
@@ -107,17 +110,17 @@ def _thread_page(thread_id: str, q: ThreadEventsQuery, categories: list[str] | N
 
 
 @bp.get("/threads/<thread_id>/events")
-def thread_events(thread_id: str) -> Response:
+@query(ThreadEventsQuery, args=_event_args)
+def thread_events(thread_id: str, query: ThreadEventsQuery) -> Response:
     """A page of the thread's audit events, in run order then seq."""
-    q: ThreadEventsQuery = _query(ThreadEventsQuery)
-    return _thread_page(thread_id, q, q.category)
+    return _thread_page(thread_id, query, query.category)
 
 
 @bp.get("/threads/<thread_id>/messages/page")
-def message_page(thread_id: str) -> Response:
+@query(ThreadEventsQuery, args=_event_args)
+def message_page(thread_id: str, query: ThreadEventsQuery) -> Response:
     """A page of the thread's message events (the transcript as the journal recorded it)."""
-    q: ThreadEventsQuery = _query(ThreadEventsQuery)
-    return _thread_page(thread_id, q, ["message"])
+    return _thread_page(thread_id, query, ["message"])
 
 
 @bp.get("/threads/<thread_id>/token-usage")

@@ -7,10 +7,11 @@ from typing import Any
 from flask import Blueprint, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from app import thread_ids
+from app import public_ids
 from app.api.threads import owned_thread
 from app.auth import principal
-from app.http import json_response, parse_query
+from app.http import answers, query
+from app.responses import json_response
 from app.services import current_services
 from shared.agent.middleware.memory import urgent_flush_hook
 from shared.agent.middleware.summarization import (
@@ -35,20 +36,20 @@ class FactsQuery(BaseModel):
 
 
 @bp.get("/memory/facts")
-def list_facts() -> Response:
+@query(FactsQuery)
+def list_facts(query: FactsQuery) -> Response:
     """The caller's memory facts, newest first."""
-    q = parse_query(FactsQuery)
     settings = current_services().settings
-    if q.limit > settings.memory_list_max:
+    if query.limit > settings.memory_list_max:
         raise ValidationFailed(
             f"limit: at most {settings.memory_list_max}", field="limit", status=422
         )
     manager = memory_manager(settings)
     owner = principal().user_id
-    facts = manager.list_facts(owner, q.agent_name, q.limit)
+    facts = manager.list_facts(owner, query.agent_name, query.limit)
     sources = {f.source_thread_id for f in facts if f.source_thread_id}
     for storage, public in current_services().store.public_ids(owner, sources).items():
-        thread_ids.remember(storage, public)  # a source thread by its owner's id (A4)
+        public_ids.remember(storage, public)  # a source thread by its owner's id (A4)
     return json_response({"facts": [f.as_json() for f in facts]})
 
 
@@ -60,6 +61,7 @@ def delete_fact(fact_id: str) -> Response:
 
 
 @bp.post("/threads/<thread_id>/compact")
+@answers(502, "summary generation failed; the state is unchanged", json=True)
 def compact(thread_id: str) -> Response:
     """Summarize the thread now: 409 nothing_to_compact, 502 summary_failed, or the result."""
     thread = owned_thread(thread_id)

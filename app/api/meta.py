@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from app.http import json_response
+from app.responses import json_response
 from app.services import current_services
 
 bp = Blueprint("meta", __name__)

@@ -23,7 +23,8 @@ from werkzeug.exceptions import Forbidden
 
 from app.api.ui import page_response, static_response
 from app.auth import authenticate, require_ops
-from app.http import json_response, parse_body, parse_query
+from app.http import body, query, returns
+from app.responses import json_response
 from shared import logs, metrics
 from shared.db import make_pool
 from shared.errors import RunNotFound, ValidationFailed
@@ -161,21 +162,21 @@ def overview() -> Response:
 
 
 @bp.get("/ops/api/runs")
-def runs() -> Response:
+@query(OpsRunsQuery)
+def runs(query: OpsRunsQuery) -> Response:
     """Runs with owner, epoch, lease time left and attempt (inflight unless `status`)."""
     require_ops()
-    q = parse_query(OpsRunsQuery)
     c = _ops().collector
-    if q.prefix is not None:
+    if query.prefix is not None:
         try:
-            found = c.runs_by_prefix(q.prefix, limit=q.limit)
+            found = c.runs_by_prefix(query.prefix, limit=query.limit)
         except ValueError as exc:
             raise ValidationFailed(f"prefix: {exc}", field="prefix") from None
-        if q.status is not None:
-            found = [r for r in found if r["status"] == q.status]
+        if query.status is not None:
+            found = [r for r in found if r["status"] == query.status]
         return json_response({"runs": found})
     return json_response(
-        {"summary": c.runs_summary(), "runs": c.runs(status=q.status, limit=q.limit)}
+        {"summary": c.runs_summary(), "runs": c.runs(status=query.status, limit=query.limit)}
     )
 
 
@@ -188,13 +189,13 @@ def health() -> Response:
 
 
 @bp.get("/ops/api/failures")
-def failures() -> Response:
+@query(OpsFailuresQuery)
+def failures(query: OpsFailuresQuery) -> Response:
     """Runs that ended `error` or `timeout` recently, latest first, with their error."""
     require_ops()
-    q = parse_query(OpsFailuresQuery)
     c = _ops().collector
-    window_s = q.hours * 3600 if q.hours is not None else c.settings.ops_failure_window_s
-    return json_response({"window_s": window_s, "failures": c.failures(q.limit, window_s)})
+    window_s = query.hours * 3600 if query.hours is not None else c.settings.ops_failure_window_s
+    return json_response({"window_s": window_s, "failures": c.failures(query.limit, window_s)})
 
 
 @bp.get("/ops/api/runs/<run_id>")
@@ -209,35 +210,35 @@ def run(run_id: str) -> Response:
 
 
 @bp.post("/ops/api/runs/<run_id>/cancel")
-def cancel(run_id: str) -> Response:
+@body(OpsCancel, required=False)
+def cancel(run_id: str, body: OpsCancel) -> Response:
     """Cancel any user's run; audited. 409 `locked` when the run row stays locked."""
     who = require_ops()
     rid = _run_id(run_id)
-    body = parse_body(OpsCancel, allow_empty=True)
     res = _ops().actions.cancel(who.user_id, rid, body.action)
     doc = {"outcome": res.outcome, "ok": res.ok, "audit": res.audit}
     return json_response(doc, status=409 if res.outcome == "locked" else 200)
 
 
 @bp.post("/ops/api/runs/<run_id>/requeue")
-def requeue(run_id: str) -> Response:
+@body(OpsRequeue, required=False)
+def requeue(run_id: str, body: OpsRequeue) -> Response:
     """Requeue a stuck run (expired lease, or pending and never dispatched); audited.
     409 when the run is not eligible (the audit records the refusal too)."""
     who = require_ops()
     rid = _run_id(run_id)
-    body = parse_body(OpsRequeue, allow_empty=True)
     res = _ops().actions.requeue(who.user_id, rid, body.reason)
     doc = {"outcome": res.outcome, "ok": res.ok, "audit": res.audit}
     return json_response(doc, status=200 if res.ok else 409)
 
 
 @bp.get("/ops/api/audit")
-def audit() -> Response:
+@query(OpsAuditQuery)
+def audit(query: OpsAuditQuery) -> Response:
     """Ops actions, newest first."""
     require_ops()
-    q = parse_query(OpsAuditQuery)
-    rid = str(q.run_id) if q.run_id else None
-    return json_response({"audit": _ops().actions.list_audit(run_id=rid, limit=q.limit)})
+    rid = str(query.run_id) if query.run_id else None
+    return json_response({"audit": _ops().actions.list_audit(run_id=rid, limit=query.limit)})
 
 
 @bp.get("/ops/api/queues")
@@ -268,6 +269,7 @@ def streams() -> Response:
 
 
 @bp.get("/metrics")
+@returns("text/plain")  # the Prometheus exposition format
 def metrics_endpoint() -> Response:
     """Prometheus exposition: this host's counters + gauges computed now (any process agrees)."""
     if current_app.extensions["threadrun"].settings.metrics_require_ops:

@@ -11,19 +11,21 @@ from typing import Any
 
 from flask import Blueprint, Response, request, stream_with_context
 
-from app import thread_ids
+from app import public_ids
+from app.admission import admit_batch, admit_run
 from app.api.shapes import run_json
 from app.auth import principal
 from app.http import (
-    checked_run_id,
-    checked_thread_id,
-    json_response,
-    parse_body,
-    parse_query,
-    read_json_body,
-    validate,
-    validate_items,
+    answers,
+    body,
+    holds_connection,
+    non_empty_args,
+    query,
+    streams_events,
 )
+from app.ids import checked_run_id
+from app.limits import batch_sized, run_sized
+from app.responses import json_response
 from app.schemas import (
     BatchRunCreate,
     CancelManyQuery,
@@ -47,17 +49,13 @@ bp = Blueprint("runs", __name__)
 log = logging.getLogger(__name__)
 
 
-def _admit(thread_id: str) -> tuple[Run, RunCreate]:
-    body = parse_body(RunCreate)
-    wanted = thread_ids.on_thread(body.to_request(checked_thread_id(thread_id)))
-    run = current_services().runs.admit(principal().user_id, wanted)
-    return run, body
+def _admit(thread_id: str, body: RunCreate) -> Run:
+    wanted = public_ids.on_thread(body.to_request(public_ids.resolve(thread_id)))
+    return admit_run(principal().user_id, wanted)
 
 
-def _admit_stateless() -> tuple[Run, StatelessRunCreate]:
-    body = parse_body(StatelessRunCreate)
-    run = current_services().runs.admit(principal().user_id, body.to_request())
-    return run, body
+def _admit_stateless(body: StatelessRunCreate) -> Run:
+    return admit_run(principal().user_id, body.to_request())
 
 
 def _locations(run: Run, tail: str) -> dict[str, str]:
@@ -194,16 +192,21 @@ def _wait_response(run: Run, *, cancel_on_disconnect: bool) -> Response:
 
 
 @bp.post("/threads/<thread_id>/runs")
-def create(thread_id: str) -> Response:
+@run_sized
+@body(RunCreate)
+def create(thread_id: str, body: RunCreate) -> Response:
     """Create a background run."""
-    run, _ = _admit(thread_id)
+    run = _admit(thread_id, body)
     return json_response(run_json(run), headers=_locations(run, "/stream"))
 
 
 @bp.post("/threads/<thread_id>/runs/stream")
-def create_stream(thread_id: str) -> Response:
+@streams_events
+@run_sized
+@body(RunCreate)
+def create_stream(thread_id: str, body: RunCreate) -> Response:
     """Create a run and stream its events (SSE)."""
-    run, body = _admit(thread_id)
+    run = _admit(thread_id, body)
     cancel_on_disconnect = body.on_disconnect is OnDisconnect.CANCEL
     return _stream_response(
         run, BEFORE_FIRST, cancel_on_disconnect=cancel_on_disconnect, admitted=True
@@ -211,23 +214,31 @@ def create_stream(thread_id: str) -> Response:
 
 
 @bp.post("/threads/<thread_id>/runs/wait")
-def create_wait(thread_id: str) -> Response:
+@holds_connection
+@run_sized
+@body(RunCreate)
+def create_wait(thread_id: str, body: RunCreate) -> Response:
     """Create a run and wait for its final values."""
-    run, body = _admit(thread_id)
+    run = _admit(thread_id, body)
     return _wait_response(run, cancel_on_disconnect=body.on_disconnect is OnDisconnect.CANCEL)
 
 
 @bp.post("/runs")
-def create_stateless() -> Response:
+@run_sized
+@body(StatelessRunCreate)
+def create_stateless(body: StatelessRunCreate) -> Response:
     """Create a background run on a new temporary thread (`on_completion`: delete | keep)."""
-    run, _ = _admit_stateless()
+    run = _admit_stateless(body)
     return json_response(run_json(run), headers=_locations(run, "/stream"))
 
 
 @bp.post("/runs/stream")
-def create_stateless_stream() -> Response:
+@streams_events
+@run_sized
+@body(StatelessRunCreate)
+def create_stateless_stream(body: StatelessRunCreate) -> Response:
     """Create a run on a new temporary thread and stream its events (SSE)."""
-    run, body = _admit_stateless()
+    run = _admit_stateless(body)
     cancel_on_disconnect = body.on_disconnect is OnDisconnect.CANCEL
     return _stream_response(
         run, BEFORE_FIRST, cancel_on_disconnect=cancel_on_disconnect, admitted=True
@@ -235,50 +246,55 @@ def create_stateless_stream() -> Response:
 
 
 @bp.post("/runs/wait")
-def create_stateless_wait() -> Response:
+@holds_connection
+@run_sized
+@body(StatelessRunCreate)
+def create_stateless_wait(body: StatelessRunCreate) -> Response:
     """Create a run on a new temporary thread and wait for its final values."""
-    run, body = _admit_stateless()
+    run = _admit_stateless(body)
     return _wait_response(run, cancel_on_disconnect=body.on_disconnect is OnDisconnect.CANCEL)
 
 
 @bp.post("/runs/batch")
-def create_batch() -> Response:
+@batch_sized
+@body(BatchRunCreate, items=True)
+def create_batch(body: list[BatchRunCreate]) -> Response:
     """Create background runs, each on its `thread_id` or a new temporary thread, all or
     nothing; answers the runs in request order."""
-    items = validate_items(BatchRunCreate, read_json_body())
     wanted = []
-    for item in items:
+    for item in body:
         one = item.to_request()
         if item.thread_id is not None:  # the client's id: its storage id (A4)
-            tid = thread_ids.resolve(str(item.thread_id))
-            one = thread_ids.on_thread(dataclasses.replace(one, thread_id=tid))
+            tid = public_ids.resolve(str(item.thread_id))
+            one = public_ids.on_thread(dataclasses.replace(one, thread_id=tid))
         wanted.append(one)
-    runs = current_services().runs.admit_batch(principal().user_id, wanted)
+    runs = admit_batch(principal().user_id, wanted)
     return json_response([run_json(r) for r in runs])
 
 
 @bp.post("/runs/cancel")
-def cancel_many() -> Response:
+@answers(204, "the selected runs are cancelled")
+@query(CancelManyQuery)
+@body(RunsCancel)
+def cancel_many(query: CancelManyQuery, body: RunsCancel) -> Response:
     """Cancel runs of one thread by id, or every pending/running run of the caller (R5)."""
-    q = parse_query(CancelManyQuery)
-    body = parse_body(RunsCancel)
     current_services().runs.cancel_many(
         owner=principal().user_id,
-        action=q.action,
+        action=query.action,
         statuses=body.status.statuses if body.status is not None else None,
-        thread_id=thread_ids.resolve(str(body.thread_id)) if body.thread_id is not None else None,
+        thread_id=public_ids.resolve(str(body.thread_id)) if body.thread_id is not None else None,
         run_ids=[str(r) for r in body.run_ids] if body.run_ids is not None else None,
     )
     return Response(status=204)
 
 
 @bp.get("/threads/<thread_id>/runs")
-def list_runs(thread_id: str) -> Response:
+@query(RunListQuery)
+def list_runs(thread_id: str, query: RunListQuery) -> Response:
     """Runs of the thread, newest first."""
-    q = parse_query(RunListQuery)
-    tid = checked_thread_id(thread_id)
+    tid = public_ids.resolve(thread_id)
     runs = current_services().store.list_runs(
-        tid, principal().user_id, limit=q.limit, offset=q.offset, status=q.status
+        tid, principal().user_id, limit=query.limit, offset=query.offset, status=query.status
     )
     return json_response([run_json(r) for r in runs])
 
@@ -287,59 +303,62 @@ def list_runs(thread_id: str) -> Response:
 def get(thread_id: str, run_id: str) -> Response:
     """One run."""
     run = current_services().store.get_run(
-        checked_thread_id(thread_id), checked_run_id(run_id), principal().user_id
+        public_ids.resolve(thread_id), checked_run_id(run_id), principal().user_id
     )
     return json_response(run_json(run))
 
 
 @bp.delete("/threads/<thread_id>/runs/<run_id>")
+@answers(204, "deleted")
 def delete(thread_id: str, run_id: str) -> Response:
     """Delete a finished run."""
     current_services().store.delete_run(
-        checked_thread_id(thread_id), checked_run_id(run_id), principal().user_id
+        public_ids.resolve(thread_id), checked_run_id(run_id), principal().user_id
     )
     return Response(status=204)
 
 
 @bp.get("/threads/<thread_id>/runs/<run_id>/join")
+@holds_connection
 def join(thread_id: str, run_id: str) -> Response:
     """Wait for the run to end; return the thread's final values."""
     cancel = request.args.get("cancel_on_disconnect", "false").lower() in ("1", "true")
     run = current_services().store.get_run(
-        checked_thread_id(thread_id), checked_run_id(run_id), principal().user_id
+        public_ids.resolve(thread_id), checked_run_id(run_id), principal().user_id
     )
     return _wait_response(run, cancel_on_disconnect=cancel)
 
 
+def _join_args() -> dict[str, Any]:
+    # The SDK sends `stream_mode=` (empty) when it has none: empties are absent.
+    return non_empty_args(multi=("stream_mode",))
+
+
 @bp.get("/threads/<thread_id>/runs/<run_id>/stream")
-def join_stream(thread_id: str, run_id: str) -> Response:
+@streams_events
+@query(JoinStreamQuery, args=_join_args)
+def join_stream(thread_id: str, run_id: str, query: JoinStreamQuery) -> Response:
     """Join a run's stream; `Last-Event-ID` resumes exactly after that event (B4, B5)."""
-    # The SDK sends `stream_mode=` (empty) when it has none: treat empties as absent.
-    args: dict[str, Any] = {k: v for k, v in request.args.items() if v != ""}
-    modes = [m for m in request.args.getlist("stream_mode") if m]
-    args.pop("stream_mode", None)
-    if modes:
-        args["stream_mode"] = modes
-    q = validate(JoinStreamQuery, args)
     run = current_services().store.get_run(
-        checked_thread_id(thread_id), checked_run_id(run_id), principal().user_id
+        public_ids.resolve(thread_id), checked_run_id(run_id), principal().user_id
     )
-    last_event_id = request.headers.get("Last-Event-ID") or q.last_event_id
+    last_event_id = request.headers.get("Last-Event-ID") or query.last_event_id
     return _stream_response(
-        run, last_event_id, cancel_on_disconnect=q.cancel_on_disconnect, modes=q.stream_mode
+        run, last_event_id, cancel_on_disconnect=query.cancel_on_disconnect, modes=query.stream_mode
     )
 
 
 @bp.post("/threads/<thread_id>/runs/<run_id>/cancel")
-def cancel(thread_id: str, run_id: str) -> Response:
+@answers(202, "cancel accepted (wait=0)", json=True)
+@query(CancelQuery)
+def cancel(thread_id: str, run_id: str, query: CancelQuery) -> Response:
     """Cancel a run (R5); `wait=1` returns once the run has a terminal status."""
-    q = parse_query(CancelQuery)
     svc = current_services()
-    tid, rid = checked_thread_id(thread_id), checked_run_id(run_id)
+    tid, rid = public_ids.resolve(thread_id), checked_run_id(run_id)
     owner = principal().user_id
-    outcome = svc.runs.cancel(owner=owner, thread_id=tid, run_id=rid, action=q.action)
+    outcome = svc.runs.cancel(owner=owner, thread_id=tid, run_id=rid, action=query.action)
     run = svc.store.get_run(tid, rid, owner)
-    if not q.wait:
+    if not query.wait:
         return json_response({**run_json(run), "cancel": outcome.value}, status=202)
 
     def body() -> Iterator[bytes]:

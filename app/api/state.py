@@ -8,8 +8,9 @@ from flask import Blueprint, Response, request
 from langgraph.errors import InvalidUpdateError
 
 from app.api.threads import graph_id_of, owned_thread
-from app.http import json_response, parse_body
+from app.http import body, validate
 from app.limits import heavy_read
+from app.responses import json_response
 from app.schemas import CheckpointRef, HistoryRequest, StateAtCheckpoint, StateUpdate
 from app.services import current_services
 from shared.errors import Conflict, ValidationFailed
@@ -43,9 +44,9 @@ def get_state_at(thread_id: str, checkpoint_id: str) -> Response:
 
 
 @bp.post("/threads/<thread_id>/state/checkpoint")
-def post_state_at(thread_id: str) -> Response:
+@body(StateAtCheckpoint)
+def post_state_at(thread_id: str, body: StateAtCheckpoint) -> Response:
     """The state at a checkpoint given in the body."""
-    body = parse_body(StateAtCheckpoint)
     thread = owned_thread(thread_id)
     return json_response(
         current_services().state.get(thread.thread_id, _graph_id(thread), body.checkpoint.as_dict())
@@ -53,9 +54,9 @@ def post_state_at(thread_id: str) -> Response:
 
 
 @bp.post("/threads/<thread_id>/state")
-def update_state(thread_id: str) -> Response:
+@body(StateUpdate)
+def update_state(thread_id: str, body: StateUpdate) -> Response:
     """Write values into the thread's state as a new checkpoint."""
-    body = parse_body(StateUpdate)
     thread = owned_thread(thread_id)
     graph_id = _graph_id(thread)
     if graph_id is None:
@@ -107,16 +108,15 @@ def _history(thread_id: str, q: HistoryRequest) -> Response:
 
 
 @bp.post("/threads/<thread_id>/history")
-def post_history(thread_id: str) -> Response:
+@body(HistoryRequest, required=False)
+def post_history(thread_id: str, body: HistoryRequest) -> Response:
     """Past states, newest first."""
-    return _history(thread_id, parse_body(HistoryRequest, allow_empty=True))
+    return _history(thread_id, body)
 
 
 @bp.get("/threads/<thread_id>/history")
 def get_history(thread_id: str) -> Response:
-    """Past states, newest first (query-string form)."""
-    from app.http import validate
-
+    """Past states, newest first (query-string form: `limit` and `before` only)."""
     args: dict[str, Any] = {}
     if "limit" in request.args:
         args["limit"] = request.args["limit"]

@@ -15,7 +15,8 @@ from flask import Blueprint, Response
 from pydantic import AfterValidator, Field, field_validator
 
 from app.auth import principal
-from app.http import json_response, parse_body, parse_query
+from app.http import answers, body, query
+from app.responses import json_response
 from app.schemas import PG_BIGINT_MAX, Strict
 from app.services import current_services
 from shared.errors import ValidationFailed
@@ -122,9 +123,10 @@ def _require_index(field: str) -> None:
 
 
 @bp.put("/store/items")
-def put_item() -> Response:
+@answers(204, "stored")
+@body(StorePut)
+def put_item(body: StorePut) -> Response:
     """Store or replace an item in one of the caller's namespaces."""
-    body = parse_body(StorePut)
     if isinstance(body.index, list):
         _require_index("index")
     store = callers_store()
@@ -136,47 +138,50 @@ def put_item() -> Response:
 
 
 @bp.get("/store/items")
-def get_item() -> Response:
+@query(StoreGetQuery)
+def get_item(query: StoreGetQuery) -> Response:
     """One of the caller's items, or `null`."""
-    q = parse_query(StoreGetQuery)
-    item = callers_store().get(tuple(q.namespace.split(".")), q.key, refresh_ttl=q.refresh_ttl)
+    item = callers_store().get(
+        tuple(query.namespace.split(".")), query.key, refresh_ttl=query.refresh_ttl
+    )
     return json_response(None if item is None else item.dict())
 
 
 @bp.delete("/store/items")
-def delete_item() -> Response:
+@answers(204, "deleted (or there was nothing)")
+@body(StoreDelete)
+def delete_item(body: StoreDelete) -> Response:
     """Delete one of the caller's items (nothing happens if there is none)."""
-    body = parse_body(StoreDelete)
     callers_store().delete(tuple(body.namespace), body.key)
     return Response(status=204)
 
 
 @bp.post("/store/items/search")
-def search_items() -> Response:
+@body(StoreSearch, required=False)
+def search_items(body: StoreSearch) -> Response:
     """The caller's items under a namespace prefix: filter, limit/offset, `query` with an index."""
-    q = parse_body(StoreSearch, allow_empty=True)
-    if q.query is not None:
+    if body.query is not None:
         _require_index("query")
     items = callers_store().search(
-        tuple(q.namespace_prefix),
-        query=q.query,
-        filter=q.filter,
-        limit=q.limit,
-        offset=q.offset,
-        refresh_ttl=q.refresh_ttl,
+        tuple(body.namespace_prefix),
+        query=body.query,
+        filter=body.filter,
+        limit=body.limit,
+        offset=body.offset,
+        refresh_ttl=body.refresh_ttl,
     )
     return json_response({"items": [item.dict() for item in items]})
 
 
 @bp.post("/store/namespaces")
-def list_namespaces() -> Response:
+@body(StoreNamespaces, required=False)
+def list_namespaces(body: StoreNamespaces) -> Response:
     """The caller's namespaces (`prefix`, `suffix`, `max_depth`, limit/offset)."""
-    q = parse_body(StoreNamespaces, allow_empty=True)
     namespaces = callers_store().list_namespaces(
-        prefix=tuple(q.prefix) if q.prefix else None,
-        suffix=tuple(q.suffix) if q.suffix else None,
-        max_depth=q.max_depth,
-        limit=q.limit,
-        offset=q.offset,
+        prefix=tuple(body.prefix) if body.prefix else None,
+        suffix=tuple(body.suffix) if body.suffix else None,
+        max_depth=body.max_depth,
+        limit=body.limit,
+        offset=body.offset,
     )
     return json_response({"namespaces": [list(ns) for ns in namespaces]})

@@ -9,10 +9,13 @@ from typing import Any
 
 from flask import Blueprint, Response
 
-from app import thread_ids
+from app import public_ids
 from app.api.shapes import thread_json
 from app.auth import principal
-from app.http import checked_thread_id, json_response, parse_body
+from app.http import answers, body
+from app.ids import parsed_thread_id
+from app.limits import config_sized
+from app.responses import json_response
 from app.schemas import (
     ThreadCopy,
     ThreadCount,
@@ -34,8 +37,8 @@ bp = Blueprint("threads", __name__)
 def owned_thread(thread_id: str) -> Thread:
     """The caller's thread the client calls `thread_id` (its public id, A4), or 404."""
     store = current_services().store
-    thread = store.get_thread_by_public_id(thread_ids.parsed(thread_id), principal().user_id)
-    return thread_ids.remember_thread(thread)
+    thread = store.get_thread_by_public_id(parsed_thread_id(thread_id), principal().user_id)
+    return public_ids.remember_thread(thread)
 
 
 def graph_id_of(thread: Thread) -> str | None:
@@ -86,9 +89,10 @@ def delete_owned(owner: str, thread_id: str) -> None:
 
 
 @bp.post("/threads")
-def create() -> Response:
+@config_sized
+@body(ThreadCreate, required=False)
+def create(body: ThreadCreate) -> Response:
     """Create a thread (`if_exists`: raise | do_nothing)."""
-    body = parse_body(ThreadCreate, allow_empty=True)
     thread = current_services().store.create_thread(
         str(body.thread_id) if body.thread_id else None,
         principal().user_id,
@@ -105,53 +109,56 @@ def get(thread_id: str) -> Response:
 
 
 @bp.patch("/threads/<thread_id>")
-def patch(thread_id: str) -> Response:
+@config_sized
+@body(ThreadPatch)
+def patch(thread_id: str, body: ThreadPatch) -> Response:
     """Merge metadata."""
-    body = parse_body(ThreadPatch)
-    tid = checked_thread_id(thread_id)
+    tid = public_ids.resolve(thread_id)
     thread = current_services().store.patch_thread(tid, principal().user_id, body.metadata)
     return json_response(thread_objects([thread])[0])
 
 
 @bp.delete("/threads/<thread_id>")
+@answers(204, "deleted")
 def delete(thread_id: str) -> Response:
     """Delete the thread, its runs and its checkpoints; running runs are told to stop."""
-    delete_owned(principal().user_id, checked_thread_id(thread_id))
+    delete_owned(principal().user_id, public_ids.resolve(thread_id))
     return Response(status=204)
 
 
 @bp.post("/threads/search")
-def search() -> Response:
+@body(ThreadSearch, required=False)
+def search(body: ThreadSearch) -> Response:
     """Threads of the caller filtered by metadata, status and (a threadrun extension) a text
     `query` on their title."""
-    q = parse_body(ThreadSearch, allow_empty=True)
     threads = current_services().store.search_threads(
         principal().user_id,
-        metadata=q.metadata,
-        status=q.status,
-        ids=[str(i) for i in q.ids] if q.ids is not None else None,
-        limit=q.limit,
-        offset=q.offset,
-        sort_by=q.sort_by,
-        sort_order=q.sort_order,
-        query=q.query,
+        metadata=body.metadata,
+        status=body.status,
+        ids=[str(i) for i in body.ids] if body.ids is not None else None,
+        limit=body.limit,
+        offset=body.offset,
+        sort_by=body.sort_by,
+        sort_order=body.sort_order,
+        query=body.query,
     )
-    return json_response(thread_objects(threads, q.select))
+    return json_response(thread_objects(threads, body.select))
 
 
 @bp.post("/threads/count")
-def count() -> Response:
+@body(ThreadCount, required=False)
+def count(body: ThreadCount) -> Response:
     """How many threads match."""
-    q = parse_body(ThreadCount, allow_empty=True)
     return json_response(
         current_services().store.count_threads(
-            principal().user_id, metadata=q.metadata, status=q.status
+            principal().user_id, metadata=body.metadata, status=body.status
         )
     )
 
 
 @bp.post("/threads/<thread_id>/copy")
-def copy(thread_id: str) -> Response:
+@body(ThreadCopy, required=False)
+def copy(thread_id: str, body: ThreadCopy) -> Response:
     """A new thread of the caller with the thread's metadata, state and whole history.
 
     The checkpoints are copied first, in one statement (a busy thread's committed state at
@@ -159,7 +166,6 @@ def copy(thread_id: str) -> Response:
     failure in between leaves no half-made thread, only rows no thread id points to,
     which are removed on the way out.
     """
-    parse_body(ThreadCopy, allow_empty=True)
     source = owned_thread(thread_id)
     svc = current_services()
     target = str(uuid.uuid4())
@@ -174,7 +180,8 @@ def copy(thread_id: str) -> Response:
 
 
 @bp.post("/threads/prune")
-def prune() -> Response:
+@body(ThreadPrune)
+def prune(body: ThreadPrune) -> Response:
     """Delete threads, or keep only their latest checkpoint (`strategy`).
 
     Every id must be a thread of the caller, else 404 and nothing is touched (the
@@ -182,7 +189,6 @@ def prune() -> Response:
     way of `DELETE /threads/{id}`; `keep_latest` refuses a busy thread (409): its running
     run's rollback point may be an older checkpoint.
     """
-    body = parse_body(ThreadPrune)
     owner = principal().user_id
     ids = list(dict.fromkeys(str(t) for t in body.thread_ids))
     if not ids:
@@ -202,7 +208,7 @@ def prune() -> Response:
     if missing:
         raise ThreadNotFound(f"thread {min(missing)} not found")
     for t in threads:
-        thread_ids.remember_thread(t)
+        public_ids.remember_thread(t)
     storage = {t.client_id: t.thread_id for t in threads}
     ids = [storage[i] for i in ids]  # the client's ids named them; storage ids from here on
     if body.strategy is PruneStrategy.DELETE:

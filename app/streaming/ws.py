@@ -35,19 +35,22 @@ from werkzeug.exceptions import HTTPException
 from wsproto.events import CloseConnection, Event, Message
 from wsproto.frame_protocol import CloseReason
 
-from app import thread_ids
+from app import public_ids
+from app.admission import admit_run
 from app.api.shapes import run_json
 from app.auth import authenticate, principal
 from app.cors import check_ws_origin
 from app.errors import (
     SERVICE_ERRORS,
     SERVICE_RETRY_AFTER_S,
+    LimitExceeded,
     log_unavailable,
     unavailable_message,
     unavailable_service,
 )
-from app.http import checked_run_id, checked_thread_id, validate
-from app.limits import ConnectionSlot, LimitExceeded, TokenBucket, admit_limits, limiter
+from app.http import validate
+from app.ids import checked_run_id
+from app.limits import ConnectionSlot, TokenBucket, limiter
 from app.schemas import STREAM_MODES, RunCreate
 from app.services import Services, current_services
 from app.streaming import frames
@@ -362,7 +365,7 @@ class _Session:
         self.default_thread_id = default_thread_id
         # The request's storage -> public ids, filled as frames name threads; read by the
         # sending threads too (no request context there).
-        self.aliases = thread_ids.aliases()
+        self.aliases = public_ids.aliases()
         self.closed = threading.Event()
         self._send_lock = threading.Lock()
         self._subs_lock = threading.Lock()
@@ -387,7 +390,7 @@ class _Session:
                 return False
             try:
                 for frame in frames:
-                    # Public thread ids in place of storage ids (A4, app/thread_ids.py).
+                    # Public thread ids in place of storage ids (A4, app/public_ids.py).
                     self.ws.send(rewrite_text(frame, self.aliases) if self.aliases else frame)
             except Exception:  # noqa: BLE001 - ConnectionClosed, OSError, wsproto state errors
                 self.closed.set()
@@ -589,7 +592,7 @@ class _Session:
             )
         if not isinstance(tid, str):
             raise ValidationFailed("thread_id: must be a string", field="thread_id")
-        return checked_thread_id(tid)
+        return public_ids.resolve(tid)
 
     # -- frame handlers --------------------------------------------------------------------------
     def _create(self, data: dict[str, Any], request_id: Any) -> None:
@@ -599,13 +602,7 @@ class _Session:
         tid = self._thread_id(data.get("thread_id"))
         spec = validate(RunCreate, body)
         self._check_capacity()
-        slot = admit_limits(self.owner, body)
-        try:
-            run = self.svc.runs.admit(self.owner, thread_ids.on_thread(spec.to_request(tid)))
-        except BaseException:
-            slot.release()
-            raise
-        slot.bind(run.run_id)
+        run = admit_run(self.owner, public_ids.on_thread(spec.to_request(tid)), body)
         self.send_obj({"type": "run.created", "request_id": request_id, "run": run_json(run)})
         self._follow(
             _Subscription(

@@ -18,18 +18,14 @@ from typing import Any
 
 from flask import Flask, Response, g
 
-from app.http import canonical_id
-from shared.errors import ThreadNotFound
+from app.auth import principal
+from app.ids import parsed_thread_id
+from app.services import current_services
 from shared.runs.model import RunRequest, Thread
 from shared.runs.thread_ids import AliasRewriter
 
 REWRITTEN_TYPES = ("application/json", "text/event-stream")
 """Only our JSON and SSE bodies are rewritten; files (artifacts) go out as they are."""
-
-
-def parsed(thread_id: str) -> str:
-    """The canonical form of a client's thread id; not a UUID: 404 like a missing thread."""
-    return canonical_id(thread_id, lambda m: ThreadNotFound(f"thread {m}"))
 
 
 def aliases() -> dict[str, str]:
@@ -56,11 +52,9 @@ def remember_thread(thread: Thread) -> Thread:
 def resolve(thread_id: str) -> str:
     """The storage id of the caller's thread the client calls `thread_id` (a missing one:
     the id it would be stored under, so that it answers 404 and `if_not_exists=create`
-    makes it there)."""
-    from app.auth import principal
-    from app.services import current_services
-
-    public = parsed(thread_id)
+    makes it there). A thread id that is not a UUID cannot exist: 404, exactly like a
+    missing one."""
+    public = parsed_thread_id(thread_id)
     for storage, known in aliases().items():  # resolved already in this request
         if known == public:
             return storage
