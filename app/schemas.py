@@ -23,6 +23,7 @@ from shared.runs.model import (
     ThreadStatus,
 )
 from shared.runs.reserved import check_no_reserved
+from shared.vocab import STREAM_MODES, Durability
 from shared.webhooks.policy import BadWebhookUrl, parse_url
 
 # SDK fields we know but do not implement yet: refused with a clear message (A1).
@@ -41,17 +42,6 @@ STATELESS_REFUSED = {
     "if_not_exists": "a run without a thread always gets a new thread of its own",
     "checkpoint": "a run without a thread starts on a new thread, which has no checkpoint",
     "checkpoint_id": "a run without a thread starts on a new thread, which has no checkpoint",
-}
-STREAM_MODES = {
-    "events",
-    "values",
-    "updates",
-    "messages",
-    "messages-tuple",
-    "custom",
-    "debug",
-    "tasks",
-    "checkpoints",
 }
 PG_BIGINT_MAX = 2**63 - 1  # larger offsets fail in PostgreSQL (found by the fuzzer)
 
@@ -227,7 +217,7 @@ class RunCreate(Strict):
     checkpoint: CheckpointRef | None = None
     checkpoint_id: str | None = None
     checkpoint_during: bool | None = None
-    durability: Literal["sync", "async", "exit"] | None = None
+    durability: Durability | None = None
     interrupt_before: Literal["*"] | list[str] | None = None
     interrupt_after: Literal["*"] | list[str] | None = None
     after_seconds: float | None = Field(default=None, ge=0, allow_inf_nan=False)
@@ -278,7 +268,7 @@ class RunCreate(Strict):
             raise ValueError("input and command are mutually exclusive")
         return self
 
-    def effective_durability(self) -> str | None:
+    def effective_durability(self) -> Durability | None:
         """`durability`, or the deprecated `checkpoint_during` mapped onto it."""
         if self.durability:
             return self.durability

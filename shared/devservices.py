@@ -8,7 +8,7 @@ from the ``pgserver`` wheel (both in the ``embedded`` extra), each on a free por
 With Redis Sentinel configured (THREADRUN_REDIS_SENTINELS), Redis is never looked for locally nor
 embedded: the Sentinels must name a master for THREADRUN_REDIS_SENTINEL_MASTER and that master must
 answer (with the password and db of THREADRUN_REDIS_URL), else resolution fails saying so; the
-Sentinel settings are exported with the URLs (``Services.env``) so that every child uses them.
+Sentinel settings are exported with the URLs (``DevServices.env``) so that every child uses them.
 
 CLI::
 
@@ -722,7 +722,7 @@ def _probe_pg_server(url: str) -> str | None:
 
 
 @dataclass
-class Services:
+class DevServices:
     """The Redis and PostgreSQL URLs to use, and the embedded servers started to serve them."""
 
     redis_url: str
@@ -774,11 +774,11 @@ def resolve_services(
     db_name: str | None = None,
     redis_db_number: int | None = None,
     create_database: bool = True,
-) -> Services:
+) -> DevServices:
     """Find or start Redis and PostgreSQL for ``settings``; see the module docstring for the order."""
     if force_embedded is None:
         force_embedded = _truthy(os.environ.get(FORCE_EMBEDDED_ENV))
-    services = Services(redis_url="", database_url="")
+    services = DevServices(redis_url="", database_url="")
     try:
         services.redis_url, services.redis_source = _resolve_redis(
             settings, services, allow_embedded, force_embedded, daemon, redis_db_number
@@ -794,7 +794,7 @@ def resolve_services(
 
 def _resolve_redis(
     settings: Settings,
-    services: Services,
+    services: DevServices,
     allow_embedded: bool,
     force_embedded: bool,
     daemon: bool,
@@ -845,7 +845,7 @@ def _resolve_redis(
 
 def _resolve_postgres(
     settings: Settings,
-    services: Services,
+    services: DevServices,
     allow_embedded: bool,
     force_embedded: bool,
     daemon: bool,
@@ -896,7 +896,7 @@ def _create(server_url: str, name: str) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def _describe(services: Services) -> str:
+def _describe(services: DevServices) -> str:
     """One line naming the URLs (passwords hidden) and where they came from."""
     return (
         f"redis {redact(services.redis_url)} ({services.redis_source}), "

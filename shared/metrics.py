@@ -46,8 +46,8 @@ from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
-from shared.runs.model import RunStatus, Sink
 from shared.settings import Settings
+from shared.vocab import RunStatus, Sink
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.redaction import redact
-from shared.runs.model import MultitaskStrategy
+from shared.vocab import MultitaskStrategy
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,7 @@ children (SIGTERM, a grace period, SIGKILL) and the embedded services it started
 on its own stops everything with a nonzero exit code.
 
 Every child (migrations, web, workers, scheduler, Flower) gets the resolved service settings
-(``Services.env``): the URLs and, with Redis Sentinel (THREADRUN_REDIS_SENTINELS), the Sentinel
+(``DevServices.env``): the URLs and, with Redis Sentinel (THREADRUN_REDIS_SENTINELS), the Sentinel
 settings; with Sentinel no plain Redis is probed, started or embedded (shared/devservices.py).
 
 The web server's settings (worker class, workers, threads, timeouts, bind) come from

@@ -19,7 +19,7 @@ from shared.leases import lease_value
 from shared.redis_keys import REAPER_LEAD_TTL_INTERVALS
 from shared.runs import temporary
 from shared.runs.model import CancelAction, RunStatus
-from workers.executor import release_active
+from workers.finalize_steps import release_active
 from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,9 @@
 Celery's `threads` pool gives each run task a thread; the thread submits the run's
 coroutine to this loop and waits. Runs are I/O bound (model calls, Redis, Postgres),
 so one loop serves many of them, with one async Postgres pool for the checkpointer and
-one Redis client, instead of a loop and a pool per task.
+one Redis client, instead of a loop and a pool per task. The lease keeper of the
+process's runs (workers/lease_keeper.py) lives and dies with the runtime: it is started
+with the loop and stopped at close.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
 from langgraph.pregel import Pregel
@@ -35,6 +37,8 @@ from shared.state.savers import FencedPostgresSaver
 from shared.store import WorkerStore
 from shared.taskqueue import Dispatcher, make_celery
 from shared.webhooks.store import WebhookStore
+from workers.attempts import RunAttempt
+from workers.lease_keeper import LeaseKeeper
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,7 +73,6 @@ class WorkerRuntime:
             fence_idle_timeout_s=settings.fence_idle_timeout_s,
         )
         self.dispatcher = Dispatcher(make_celery(settings))
-        self.active: dict[str, Any] = {}  # run_id -> executor.RunAttempt
         self._graphs: dict[tuple[str, int], Pregel[Any, Any, Any, Any]] = {}
         self._slot = 0
         # uvloop: the loop's own overhead per event is a large share of a run's CPU
@@ -110,11 +113,20 @@ class WorkerRuntime:
         # The store graphs get at run time, scoped per run to the run's user.
         self.graph_store = await WorkerStore.open(s)
         self.batcher = PublishBatcher(self.publisher)
+        # Renews the leases of the runs this process holds, from their claim on (L1).
+        self.keeper = LeaseKeeper(self.leases, s)
+        self.keeper.start()
         # Bind every graph to every saver now: the first copy of a graph costs ~150 ms,
         # which would otherwise sit between a claim and the run's first event.
         for graph_id in self.registry.ids():
             for slot in range(len(self.savers)):
                 self.graph(graph_id, slot)
+
+    @property
+    def active(self) -> Mapping[str, RunAttempt]:
+        """The attempts running on this worker, by run id: those whose lease the keeper
+        holds, from the claim until their finalization is over."""
+        return self.keeper.held
 
     def graph(self, graph_id: str, slot: int = 0) -> Pregel[Any, Any, Any, Any]:
         """The graph bound to checkpoint saver `slot` of this process (cached)."""
@@ -147,6 +159,9 @@ class WorkerRuntime:
         """Close pools and stop the loop."""
 
         async def _close() -> None:
+            # After the shutdown waited for the held attempts (workers/tasks.py): a lease
+            # still held then expires by itself.
+            await self.keeper.stop()
             await self.redis.aclose()
             await self.graph_store.close()
             await self.apool.close()

@@ -5,7 +5,8 @@ Server offers it twice: `messages-tuple` sends those tuples as they are (event `
 and `messages` sends what a chat UI renders: `messages/metadata` the first time a message
 id appears, then `messages/partial` with the whole message accumulated so far for each
 chunk, or `messages/complete` for a message that arrived whole. Every other mode passes
-through unchanged. Events of a subgraph carry its namespace as `|ns` after the name.
+through unchanged. Which LangGraph mode feeds each requested one is the table of
+`shared/vocab.py`. Events of a subgraph carry its namespace as `|ns` after the name.
 
 The `events` mode is LangChain's `astream_events` (v2): the run is driven through it, every
 callback event is sent as an `events` event, and the graph's own stream (the root run's
@@ -20,19 +21,13 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, BaseMessageChunk, message_chunk_to_message
 
-GRAPH_MODES = {"messages-tuple": "messages", "messages": "messages"}
-"""Requested mode -> the LangGraph stream mode that feeds it."""
+from shared.vocab import graph_modes
 
+__all__ = ["EVENTS_MODE", "HIDDEN_TAG", "StreamTranslator", "graph_modes"]
 
 EVENTS_MODE = "events"
 HIDDEN_TAG = "langsmith:hidden"
 """Callback events of runs tagged so are internal (LangChain's convention): never sent."""
-
-
-def graph_modes(requested: Sequence[str]) -> list[str]:
-    """The LangGraph stream modes a run must ask for (each once, in order; at least one)."""
-    modes = [GRAPH_MODES.get(m, m) for m in requested if m != EVENTS_MODE]
-    return list(dict.fromkeys(modes)) or ["values"]
 
 
 class StreamTranslator:

@@ -8,8 +8,9 @@ import logging
 import uuid
 
 from shared.taskqueue import RUN_TASK
+from workers.attempts import StopReason
 from workers.celery_app import celery
-from workers.executor import StopReason, claim_at_once, execute_run
+from workers.executor import claim_at_once, execute_run
 from workers.reaper import reaper_loop
 from workers.runtime import close_runtime, get_runtime
 

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from shared import metrics, serde
-from shared.bridge.base import END_EVENT, MESSAGE_EVENTS, Event, Gap, Heartbeat, StreamItem
+from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat, StreamItem
+from shared.vocab import CONTROL_EVENTS, event_names
 
 KeepEvent = Callable[[Event], bool]
 """Whether a client's stream modes keep an event."""
@@ -24,22 +25,14 @@ def keep_all(_event: Event) -> bool:
 
 
 def event_filter(modes: list[str] | None) -> KeepEvent:
-    """Keep only the requested stream modes (control events always pass)."""
+    """Keep only the events of the requested stream modes (`shared/vocab.py`'s table);
+    control events always pass."""
     if not modes:
         return keep_all
-    wanted: set[str] = set()
-    for mode in modes:
-        if mode == "messages-tuple":
-            wanted.add("messages")  # LangGraph's (chunk, metadata) tuples, as they are
-        elif mode == "messages":
-            wanted.update(MESSAGE_EVENTS)  # metadata, partial and complete messages
-        else:
-            wanted.add(mode)
-    control = {"metadata", "error", END_EVENT}
+    wanted = CONTROL_EVENTS | event_names(modes)
 
     def keep(event: Event) -> bool:
-        base = event.event.split("|", 1)[0]
-        return base in control or base in wanted
+        return event.event.split("|", 1)[0] in wanted
 
     return keep
 

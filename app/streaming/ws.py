@@ -51,7 +51,7 @@ from app.errors import (
 from app.http import validate
 from app.ids import checked_run_id
 from app.limits import ConnectionSlot, TokenBucket, limiter
-from app.schemas import STREAM_MODES, RunCreate
+from app.schemas import RunCreate
 from app.services import Services, current_services
 from app.streaming import frames
 from app.streaming.frames import EndFrame, EventFrame, Frame, GapFrame, HeartbeatFrame
@@ -63,6 +63,7 @@ from shared.ops.connections import TRACKER
 from shared.redis_keys import Keys
 from shared.runs.model import CancelAction, OnDisconnect
 from shared.runs.thread_ids import rewrite_text
+from shared.vocab import STREAM_MODES
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from langgraph.channels.base import BaseChannel
 from langgraph.pregel import Pregel
 from pydantic import TypeAdapter, create_model
 
-from shared.runs.model import JSONObject
+from shared.vocab import JSONObject
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from shared.assistants.model import (
 )
 from shared.assistants.store import AssistantFilter, AssistantStore
 from shared.errors import AssistantNotFound
-from shared.runs.model import JSONObject
+from shared.vocab import JSONObject
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.errors import AssistantReadOnly, ValidationFailed
-from shared.runs.model import JSONObject, RunRequest
+from shared.runs.model import RunRequest
+from shared.vocab import JSONObject
 
 SYSTEM_METADATA: JSONObject = {"created_by": "system"}
 """The metadata of a graph's system assistant, as the LangGraph Agent Server gives it."""

@@ -26,7 +26,7 @@ from shared.assistants.model import (
 )
 from shared.db import DictPool
 from shared.errors import AssistantExists, AssistantNotFound
-from shared.runs.model import JSONObject
+from shared.vocab import JSONObject
 
 VISIBLE = "(a.owner = %(owner)s OR (a.owner IS NULL AND a.graph_id = ANY(%(graphs)s)))"
 """The assistants the caller may read: their own, and the system ones of the served graphs."""

@@ -18,8 +18,6 @@ END_EVENT = "end"
 LOST_EVENT = "threadrun.lost"
 """The marker entry a publisher writes where a failover lost events it no longer holds
 (shared/lua/publish.lua): a subscriber that reaches it gets a `Gap`, never the marker."""
-MESSAGE_EVENTS = ("messages/metadata", "messages/partial", "messages/complete")
-"""The events of the `messages` stream mode (the `messages-tuple` mode's event is `messages`)."""
 START_CURSORS = frozenset({"", "-1", "0", "-"})
 BEFORE_FIRST = "0-0"
 """A checked "from the very first event" cursor: a gap if anything was ever trimmed."""

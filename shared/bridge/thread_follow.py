@@ -55,7 +55,7 @@ from shared.bridge.base import (
 from shared.bridge.subscriber import StreamSubscriber
 from shared.errors import StreamCursorInvalid
 from shared.redis_keys import Keys
-from shared.runs.model import RunRef, RunStatus
+from shared.vocab import RunRef, RunStatus
 
 DONE = "done"
 """The entry part of a run's `run_done` event id: everything of the run was delivered."""

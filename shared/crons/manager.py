@@ -23,8 +23,8 @@ from shared.crons.model import Cron, CronPatch, CronSpec, FiringOutcome, request
 from shared.crons.store import CronStore, Fired
 from shared.errors import ValidationFailed
 from shared.runs.manager import RunManager
-from shared.runs.model import JSONObject
 from shared.runs.store import Admission
+from shared.vocab import JSONObject
 
 log = logging.getLogger(__name__)
 

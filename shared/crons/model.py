@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.errors import Conflict, NotFound
-from shared.runs.model import JSONObject, OnCompletion, RunRequest
+from shared.runs.model import RunRequest
+from shared.vocab import JSONObject, OnCompletion
 
 CRON_FIELDS = (
     "cron_id",

@@ -42,8 +42,8 @@ from shared.crons.model import (
 )
 from shared.db import DictPool
 from shared.errors import ThreadNotFound, ThreadrunError
-from shared.runs.model import JSONObject
 from shared.runs.store import Admission
+from shared.vocab import JSONObject
 
 
 def _json(value: Any) -> Jsonb | None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from shared.errors import LeaseLost
 from shared.journal.base import Category, EventStore, RunEvent
-from shared.runs.model import RunStatus
+from shared.vocab import RunStatus
 
 log = logging.getLogger(__name__)
 

@@ -1,118 +1,55 @@
-"""The vocabulary of runs and threads: statuses, strategies, and frozen `Run` / `Thread` records.
+"""The records of runs and threads: the typed `RunRequest` and the frozen `Run` / `Thread`.
 
 Every layer speaks these types: the store builds them from rows (`Run.from_row`), the
 manager admits a typed `RunRequest`, the executor and the reaper read `Run` fields, and the
-API turns them into the SDK's JSON shapes. The enums are `StrEnum`s, so a value compares
-equal to (and serialises as) the exact string stored in PostgreSQL and sent to clients.
+API turns them into the SDK's JSON shapes. Their statuses and strategies are the ground
+floor's (`shared/vocab.py`), re-exported here for the code that reads both.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-JSONObject = dict[str, Any]
-"""A JSON object from or for a client (config, metadata, kwargs, errors)."""
-
-
-class RunStatus(enum.StrEnum):
-    """A run's lifecycle status (R1); the last four are terminal."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCESS = "success"
-    ERROR = "error"
-    TIMEOUT = "timeout"
-    INTERRUPTED = "interrupted"
-
-    @property
-    def terminal(self) -> bool:
-        """Whether the run has ended (no status follows this one)."""
-        return self in TERMINAL_STATUSES
-
-    @property
-    def inflight(self) -> bool:
-        """Whether the run still occupies its thread (pending or running)."""
-        return self in INFLIGHT_STATUSES
-
-
-TERMINAL_STATUSES = frozenset(
-    {RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.TIMEOUT, RunStatus.INTERRUPTED}
+from shared.vocab import (
+    INFLIGHT_STATUSES,
+    TERMINAL_STATUSES,
+    CancelAction,
+    CancelFilter,
+    JSONObject,
+    MultitaskStrategy,
+    OnCompletion,
+    OnDisconnect,
+    PruneStrategy,
+    RunRef,
+    RunStatus,
+    Sink,
+    StreamOptions,
+    ThreadStatus,
+    stream_options,
 )
-INFLIGHT_STATUSES = frozenset({RunStatus.PENDING, RunStatus.RUNNING})
 
-
-class ThreadStatus(enum.StrEnum):
-    """A thread's status: busy while a run is inflight, else how its last run left it."""
-
-    IDLE = "idle"
-    BUSY = "busy"
-    INTERRUPTED = "interrupted"
-    ERROR = "error"
-
-
-class MultitaskStrategy(enum.StrEnum):
-    """What a new run does to a thread that already has inflight runs (R3)."""
-
-    REJECT = "reject"
-    INTERRUPT = "interrupt"
-    ROLLBACK = "rollback"
-    ENQUEUE = "enqueue"
-
-
-class CancelAction(enum.StrEnum):
-    """How a cancelled run ends (R5): keep its progress, or restore the pre-run state."""
-
-    INTERRUPT = "interrupt"
-    ROLLBACK = "rollback"
-
-
-class CancelFilter(enum.StrEnum):
-    """Which inflight runs of the caller a bulk cancel selects (`POST /runs/cancel`)."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    ALL = "all"
-
-    @property
-    def statuses(self) -> frozenset[RunStatus]:
-        """The run statuses this filter selects."""
-        if self is CancelFilter.ALL:
-            return INFLIGHT_STATUSES
-        return frozenset({RunStatus(self.value)})
-
-
-class PruneStrategy(enum.StrEnum):
-    """What `POST /threads/prune` does to each thread: delete it, or keep its latest state."""
-
-    DELETE = "delete"
-    KEEP_LATEST = "keep_latest"
-
-
-class OnDisconnect(enum.StrEnum):
-    """What a streaming or waiting client's disconnect does to its run."""
-
-    CANCEL = "cancel"
-    CONTINUE = "continue"
-
-
-class OnCompletion(enum.StrEnum):
-    """What happens to the temporary thread of a run without a thread once its runs ended."""
-
-    DELETE = "delete"
-    KEEP = "keep"
-
-
-class Sink(enum.StrEnum):
-    """A place an attempt writes to, each fenced by the owner epoch or lease (L2)."""
-
-    CHECKPOINT = "checkpoint"
-    RECEIPT = "receipt"
-    STATUS = "status"
-    STREAM = "stream"
+__all__ = [
+    "INFLIGHT_STATUSES",
+    "TERMINAL_STATUSES",
+    "CancelAction",
+    "CancelFilter",
+    "JSONObject",
+    "MultitaskStrategy",
+    "OnCompletion",
+    "OnDisconnect",
+    "PruneStrategy",
+    "Run",
+    "RunRef",
+    "RunRequest",
+    "RunStatus",
+    "Sink",
+    "StreamOptions",
+    "Thread",
+    "ThreadStatus",
+]
 
 
 def _opt_str(value: Any) -> str | None:
@@ -130,7 +67,7 @@ class RunRequest:
     config: JSONObject = field(default_factory=dict)
     context: JSONObject | None = None
     metadata: JSONObject = field(default_factory=dict)
-    kwargs: JSONObject = field(default_factory=dict)
+    kwargs: StreamOptions = field(default_factory=lambda: StreamOptions())
     on_disconnect: OnDisconnect = OnDisconnect.CONTINUE
     multitask_strategy: MultitaskStrategy | None = None  # None: the deployment's default
     create_thread: bool = False  # `if_not_exists=create`, or the thread of a stateless run
@@ -164,7 +101,7 @@ class Run:
     config: JSONObject = field(default_factory=dict)
     context: JSONObject | None = None
     metadata: JSONObject = field(default_factory=dict)
-    kwargs: JSONObject = field(default_factory=dict)
+    kwargs: StreamOptions = field(default_factory=lambda: StreamOptions())
     seq: int = 0
     dispatched_at: dt.datetime | None = None
     due_at: dt.datetime | None = None  # a delayed run starts at this time, not before
@@ -203,7 +140,7 @@ class Run:
             config=row.get("config") or {},
             context=row.get("context"),
             metadata=row.get("metadata") or {},
-            kwargs=row.get("kwargs") or {},
+            kwargs=stream_options(row.get("kwargs")),
             seq=int(row.get("seq") or 0),
             dispatched_at=row.get("dispatched_at"),
             due_at=row.get("due_at"),
@@ -265,19 +202,3 @@ class Thread:
             metadata=row.get("metadata") or {},
             public_id=str(row.get("public_id") or row["thread_id"]),
         )
-
-
-@dataclass(frozen=True, slots=True)
-class RunRef:
-    """Where a run stands in its thread's order (`seq`: admission order), as a thread
-    follower walks it (GET /threads/{id}/stream)."""
-
-    run_id: str
-    seq: int
-    status: RunStatus
-    started: bool  # claimed at least once: it may have published events
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> RunRef:
-        """The reference of a row with run_id, seq, status and started."""
-        return cls(str(row["run_id"]), int(row["seq"]), RunStatus(row["status"]), row["started"])

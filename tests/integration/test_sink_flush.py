@@ -21,7 +21,8 @@ from shared.leases import LeaseManager, lease_value
 from shared.redis_keys import Keys
 from shared.runs.model import Run
 from shared.settings import Settings
-from workers.executor import RunAttempt, stream_gate
+from workers.attempts import RunAttempt
+from workers.executor import stream_gate
 
 
 def test_b5_flush_returns_once_earlier_events_are_in_the_stream(

@@ -111,7 +111,7 @@ class Publisher:
         self.call(go())
 
     def renew_and_check(self) -> None:
-        """The lease keeper's tick (workers/executor.py keep_leases): renew, compare the
+        """The lease keeper's tick (workers/lease_keeper.py `LeaseKeeper`): renew, compare the
         stream's sequence with what the sink was answered for, check the tail if behind."""
 
         async def go() -> None:

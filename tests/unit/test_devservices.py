@@ -277,7 +277,7 @@ def test_sentinel_is_resolved_through_the_sentinels_never_local_or_embedded(
     monkeypatch: pytest.MonkeyPatch, clean_env: Path
 ) -> None:
     """With THREADRUN_REDIS_SENTINELS no plain Redis is probed or started; the Sentinel
-    settings travel with the URLs to every child (Services.env, the export lines)."""
+    settings travel with the URLs to every child (DevServices.env, the export lines)."""
     probes = Probes(monkeypatch, {LOCAL_REDIS_0, LOCAL_PG_ADMIN})
     asked: list[Settings] = []
 
@@ -328,7 +328,7 @@ def test_supervisor_children_get_the_sentinel_settings(
 ) -> None:
     """Every process the supervisor starts (migrations first, then the rest) sees the
     Sentinel settings and the resolved URLs."""
-    services = ds.Services(
+    services = ds.DevServices(
         "redis://:pw@x:6379/0",
         "postgresql://postgres@127.0.0.1:5432/threadrun",
         sentinel=ds.sentinel_env(Settings(redis_sentinels=SENTINELS)),
@@ -346,7 +346,7 @@ def test_supervisor_children_get_the_sentinel_settings(
 
 
 def test_export_lines_are_shell_safe() -> None:
-    services = ds.Services("redis://h:1/0", "postgresql://u:p w@h:2/d", "local", "local")
+    services = ds.DevServices("redis://h:1/0", "postgresql://u:p w@h:2/d", "local", "local")
     lines = services.export_lines()
     assert lines[0] == "export THREADRUN_REDIS_URL=redis://h:1/0"
     assert lines[1] == "export THREADRUN_DATABASE_URL='postgresql://u:p w@h:2/d'"
@@ -604,10 +604,10 @@ def test_http_ok_on_a_closed_port() -> None:
 MAIN_HARNESS = """
 import os, sys
 import shared.supervisor as s
-from shared.devservices import Services
+from shared.devservices import DevServices
 
 mode, marks = sys.argv[1], sys.argv[2]
-s.resolve_services = lambda settings: Services("redis://fake:1/0", "postgresql://fake:2/db", "local", "local")
+s.resolve_services = lambda settings: DevServices("redis://fake:1/0", "postgresql://fake:2/db", "local", "local")
 s.http_ok = lambda url, timeout=2.0: len(os.listdir(marks)) >= 2
 migrate = "print('migrated')" if mode != "migrate-fails" else "import sys; sys.exit(4)"
 s.migrate_spec = lambda: s.ChildSpec("migrate", [sys.executable, "-c", migrate])
