@@ -1,0 +1,115 @@
+"""The reaper's queries (R4, L5; workers/reaper.py): find pending runs whose dispatch was
+lost and running runs whose lease may have lapsed, then requeue or fail those.
+
+The reaper decides from Redis leases, which this module does not read; it only offers the
+candidates and the fenced writes (matching the epoch the reaper saw), so a worker that is
+alive after all and finishes first wins, and the reaper's write matches nothing.
+`lock_timeout_s` lets it skip a run row that a frozen owner's transaction holds instead of
+waiting behind it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.runs.queries import query
+from shared.runs.store_base import StoreBase, json_param, lock_timeout
+from shared.runs.thread_queue import settle_in
+from shared.vocab import CancelAction, JSONObject, RunStatus, ThreadStatus
+
+STALE_PENDING_HEADS_SQL = query("stale_pending_heads")
+RUNNING_RUNS_SQL = query("running_runs")
+FAIL_EXPIRED_SQL = query("fail_expired")
+REQUEUE_EXPIRED_SQL = query("requeue_expired")
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """A run the reaper ended: its new epoch (now the reaper's), the error, the next run,
+    and the user whose active runs it counted against."""
+
+    epoch: int
+    error: JSONObject
+    next_run_id: str | None
+    user_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunningRun:
+    """A running run as the reaper sees it: enough to check its lease and fence a requeue."""
+
+    run_id: str
+    thread_id: str
+    owner_epoch: int
+    attempt: int
+    cancel_action: CancelAction | None
+
+
+class ReaperQueries(StoreBase):
+    """Lost dispatches and lapsed owners."""
+
+    def stale_pending_heads(self, stale_s: float) -> list[str]:
+        """Pending runs at the head of their thread whose dispatch looks lost (R4)."""
+        with self._pool.connection() as conn:
+            return [
+                r["run_id"] for r in conn.execute(STALE_PENDING_HEADS_SQL, {"stale_s": stale_s})
+            ]
+
+    def running_runs(self, min_age_s: float) -> list[RunningRun]:
+        """Running runs not updated for `min_age_s` (lease candidates for the reaper)."""
+        with self._pool.connection() as conn:
+            rows = conn.execute(RUNNING_RUNS_SQL, {"min_age_s": min_age_s}).fetchall()
+        return [
+            RunningRun(
+                run_id=r["run_id"],
+                thread_id=r["thread_id"],
+                owner_epoch=int(r["owner_epoch"]),
+                attempt=int(r["attempt"]),
+                cancel_action=CancelAction(r["cancel_action"]) if r["cancel_action"] else None,
+            )
+            for r in rows
+        ]
+
+    def requeue(
+        self, run_id: str, epoch: int, reason: str, *, lock_timeout_s: float | None = None
+    ) -> bool:
+        """Give a running run back as pending for another attempt (R7 hand-back); fenced.
+
+        `lock_timeout_s`: give up (psycopg.errors.LockNotAvailable) rather than wait longer
+        for a run row another transaction holds (the reaper: a frozen owner's write)."""
+        with self._pool.connection() as conn, conn.transaction():
+            lock_timeout(conn, lock_timeout_s)
+            row = conn.execute(REQUEUE_EXPIRED_SQL, {"run_id": run_id, "epoch": epoch}).fetchone()
+            if row is None:
+                return False
+            self._lifecycle(
+                conn, run_id, str(row["thread_id"]), "requeued", {"reason": reason, "epoch": epoch}
+            )
+            return True
+
+    def fail_expired(
+        self,
+        run_id: str,
+        epoch: int,
+        owner: str,
+        reason: str,
+        *,
+        lock_timeout_s: float | None = None,
+    ) -> Expired | None:
+        """End a run whose owners kept dying as `error` (L5), taking ownership (epoch + 1) so
+        the caller may publish the run's `error` and `end` under a lease of its own."""
+        error: JSONObject = {"error": "MaxAttemptsExceeded", "message": reason}
+        with self._pool.connection() as conn, conn.transaction():
+            lock_timeout(conn, lock_timeout_s)
+            row = conn.execute(
+                FAIL_EXPIRED_SQL,
+                {"run_id": run_id, "epoch": epoch, "owner": owner, "error": json_param(error)},
+            ).fetchone()
+            if row is None:
+                return None
+            thread_id = str(row["thread_id"])
+            self._lifecycle(
+                conn, run_id, thread_id, RunStatus.ERROR, {"reason": reason, "epoch": epoch}
+            )
+            nxt = settle_in(conn, thread_id, ThreadStatus.ERROR)
+        return Expired(int(row["owner_epoch"]), error, nxt, row["user_id"])

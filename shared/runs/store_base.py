@@ -1,0 +1,68 @@
+"""What every part of `RunStore` (shared/runs/store.py) stands on: the pool they share and
+the small helpers their statements have in common.
+
+`RunStore` is one object composed of one class per concept (threads, admission, reads,
+claims, the reaper's queries, temporary threads); each is a `StoreBase`, so they all reach
+the same `self._pool`, and a transaction of one part (a finish) appends its lifecycle event
+the same way as any other (`_lifecycle`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
+
+from shared import serde
+from shared.db import DictPool
+from shared.journal import Category, queue_in
+from shared.runs.queries import query
+
+SET_LOCK_TIMEOUT_SQL = query("set_lock_timeout")
+
+
+def json_param(value: Any) -> Jsonb | None:
+    """`value` as a jsonb parameter (SQL NULL for None)."""
+    return None if value is None else Jsonb(value, dumps=serde.dumps_str)
+
+
+def is_uuid(value: str) -> bool:
+    """Whether `value` parses as a UUID (ids a client sent, before a `::uuid` cast)."""
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+def lock_timeout(conn: psycopg.Connection[DictRow], seconds: float | None) -> None:
+    """A transaction-local lock_timeout (no-op for None)."""
+    if seconds is not None:
+        conn.execute(SET_LOCK_TIMEOUT_SQL, (f"{int(seconds * 1000)}ms",))
+
+
+class StoreBase:
+    """The pool the parts of `RunStore` share."""
+
+    def __init__(self, pool: DictPool) -> None:
+        self._pool = pool
+
+    def close(self) -> None:
+        """Close the pool."""
+        self._pool.close()
+
+    def _lifecycle(
+        self,
+        conn: psycopg.Connection[DictRow],
+        run_id: str,
+        thread_id: str,
+        kind: str,
+        payload: dict[str, Any],
+    ) -> None:
+        """Append a `lifecycle` audit event in the caller's transaction (same seq counter as
+        the journal, so concurrent appenders never collide). Its seq is not read back, so in
+        pipeline mode it travels with the transaction's other statements."""
+        queue_in(conn, run_id, Category.LIFECYCLE, kind, payload)

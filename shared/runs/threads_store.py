@@ -1,0 +1,220 @@
+"""Threads in Postgres: create (with the client's public ids, A4), resolve, copy, read,
+patch, delete, search and count.
+
+A thread row is also the lock that orders everything on the thread (admission, cancel,
+finish: shared/runs/admission_store.py, claims.py); this module only takes it to delete
+the thread. Every query is `owner`-scoped: another user's thread is neither met nor
+revealed, it is missing (ThreadNotFound).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection
+
+import psycopg
+from psycopg.rows import DictRow
+
+from shared.errors import ThreadExists, ThreadNotFound
+from shared.runs import thread_ids
+from shared.runs.model import Thread
+from shared.runs.queries import query
+from shared.runs.store_base import StoreBase, is_uuid, json_param
+from shared.runs.thread_queue import inflight_in
+from shared.vocab import JSONObject, RunStatus, ThreadStatus
+
+INSERT_THREAD_SQL = query("insert_thread")
+RESOLVE_THREAD_SQL = query("resolve_thread")
+PUBLIC_IDS_SQL = query("public_ids")
+GET_THREAD_BY_PUBLIC_SQL = query("get_thread_by_public")
+INSERT_THREAD_COPY_SQL = query("insert_thread_copy")
+GET_THREAD_SQL = query("get_thread")
+LOCK_THREAD_SQL = query("lock_thread")
+PATCH_THREAD_SQL = query("patch_thread")
+LOCK_THREAD_CRONS_SQL = query("lock_thread_crons")
+DELETE_THREAD_SQL = query("delete_thread")
+COUNT_THREADS_SQL = query("count_threads")
+
+# Composed at run time (its ORDER BY is the caller's sort, from THREAD_SORT_COLUMNS only),
+# so it stays here beside `search_threads` rather than in queries.sql.
+SEARCH_THREADS_SQL = """
+SELECT * FROM threads
+WHERE owner = %(owner)s
+  AND metadata @> %(metadata)s
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(ids)s::uuid[] IS NULL OR public_id = ANY(%(ids)s))
+  AND (%(title_like)s::text IS NULL OR metadata->>'title' ILIKE %(title_like)s)
+ORDER BY {order}
+LIMIT %(limit)s OFFSET %(offset)s
+"""
+"""`title_like` (the text query) scans the owner's threads (`threads_owner_created`): a
+user's threads, not the table; a trigram index on the title would be the next step if one
+user kept very many."""
+THREAD_SORT_COLUMNS = {"thread_id", "status", "created_at", "updated_at"}
+
+
+def _like_literal(text: str) -> str:
+    """`text` for a LIKE pattern, matching itself: the escape (backslash) and wildcards escaped."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def get_thread_in(conn: psycopg.Connection[DictRow], thread_id: str, owner: str) -> Thread:
+    """The thread, or ThreadNotFound (also for another user's thread), on `conn`."""
+    row = conn.execute(GET_THREAD_SQL, {"thread_id": thread_id, "owner": owner}).fetchone()
+    if row is None:
+        raise ThreadNotFound(f"thread {thread_id} not found")
+    return Thread.from_row(row)
+
+
+class ThreadStore(StoreBase):
+    """Threads of their owners."""
+
+    def create_thread(
+        self, thread_id: str | None, owner: str, metadata: JSONObject, if_exists: str
+    ) -> Thread:
+        """Create a thread; `if_exists` is 'raise' or 'do_nothing' (return the existing one).
+
+        `thread_id` is the client's choice (its public id), stored under the owner's own
+        storage id (A4, shared/runs/thread_ids.py): only the owner's threads can conflict,
+        another user's thread with that id is neither met nor revealed."""
+        public = thread_id or str(uuid.uuid4())
+        tid = thread_ids.storage_id(owner, public) if thread_id else public
+        params = {"thread_id": tid, "public_id": public, "owner": owner}
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                INSERT_THREAD_SQL, {**params, "metadata": json_param(metadata)}
+            ).fetchone()
+            if row is not None:
+                return Thread.from_row(row)
+            existing = conn.execute(GET_THREAD_BY_PUBLIC_SQL, params).fetchone()
+        if existing is None or if_exists == "raise":  # None: deleted meanwhile
+            raise ThreadExists(f"thread {public} already exists")
+        return Thread.from_row(existing)
+
+    def resolve_thread_id(self, owner: str, public_id: str) -> str:
+        """The storage id of `owner`'s thread with the client's id `public_id` (A4); for
+        one it has not, the storage id such a thread would have (every lookup with it then
+        answers 404 like any missing thread, and `if_not_exists=create` makes it there)."""
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                RESOLVE_THREAD_SQL, {"owner": owner, "public_id": public_id}
+            ).fetchone()
+        return str(row["thread_id"]) if row is not None else thread_ids.storage_id(owner, public_id)
+
+    def public_ids(self, owner: str, storage_ids: Collection[str]) -> dict[str, str]:
+        """Storage id -> public id of those of `owner`'s threads whose ids differ."""
+        ids = [i for i in storage_ids if is_uuid(i)]
+        if not ids:
+            return {}
+        with self._pool.connection() as conn:
+            rows = conn.execute(PUBLIC_IDS_SQL, {"owner": owner, "ids": ids}).fetchall()
+        return {r["thread_id"]: r["public_id"] for r in rows}
+
+    def get_thread_by_public_id(self, public_id: str, owner: str) -> Thread:
+        """`owner`'s thread with the client's id `public_id`, or ThreadNotFound."""
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                GET_THREAD_BY_PUBLIC_SQL, {"owner": owner, "public_id": public_id}
+            ).fetchone()
+        if row is None:
+            raise ThreadNotFound(f"thread {public_id} not found")
+        return Thread.from_row(row)
+
+    def create_thread_copy(self, source: Thread, thread_id: str) -> Thread:
+        """A new thread of `source`'s owner with its metadata and status; the copy of a busy
+        thread is idle (runs are not copied)."""
+        status = ThreadStatus.IDLE if source.status is ThreadStatus.BUSY else source.status
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                INSERT_THREAD_COPY_SQL,
+                {
+                    "thread_id": thread_id,
+                    "owner": source.owner,
+                    "metadata": json_param(source.metadata),
+                    "status": status,
+                },
+            ).fetchone()
+        assert row is not None  # INSERT … RETURNING
+        return Thread.from_row(row)
+
+    def get_thread(self, thread_id: str, owner: str) -> Thread:
+        """The thread, or ThreadNotFound (also for another user's thread)."""
+        with self._pool.connection() as conn:
+            return get_thread_in(conn, thread_id, owner)
+
+    def patch_thread(self, thread_id: str, owner: str, metadata: JSONObject) -> Thread:
+        """Merge metadata into the thread's."""
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                PATCH_THREAD_SQL,
+                {"thread_id": thread_id, "owner": owner, "metadata": json_param(metadata)},
+            ).fetchone()
+        if row is None:
+            raise ThreadNotFound(f"thread {thread_id} not found")
+        return Thread.from_row(row)
+
+    def delete_thread(self, thread_id: str, owner: str) -> list[str]:
+        """Delete the thread and its runs; return the ids of runs that were still running.
+
+        Lock order, the same as a cron firing's: the thread's crons, then the thread (the
+        delete cascades to both)."""
+        with self._pool.connection() as conn, conn.transaction():
+            conn.execute(LOCK_THREAD_CRONS_SQL, {"thread_id": thread_id, "owner": owner})
+            thread = conn.execute(
+                LOCK_THREAD_SQL, {"thread_id": thread_id, "owner": owner}
+            ).fetchone()
+            if thread is None:
+                raise ThreadNotFound(f"thread {thread_id} not found")
+            running = [
+                v.run_id
+                for v in inflight_in(conn, thread_id, limit=None)
+                if v.status is RunStatus.RUNNING
+            ]
+            conn.execute(DELETE_THREAD_SQL, {"thread_id": thread_id, "owner": owner})
+        return running
+
+    def search_threads(
+        self,
+        owner: str,
+        *,
+        metadata: JSONObject,
+        status: ThreadStatus | None,
+        ids: list[str] | None,
+        limit: int,
+        offset: int,
+        sort_by: str,
+        sort_order: str,
+        query: str | None = None,
+    ) -> list[Thread]:
+        """Threads of `owner` matching a metadata containment filter and, with `query`, whose
+        `metadata.title` contains that text case-insensitively (taken literally)."""
+        if sort_by not in THREAD_SORT_COLUMNS:
+            raise ValueError(f"sort_by {sort_by!r}")
+        column = "public_id" if sort_by == "thread_id" else sort_by  # the ids the client sees
+        order = f"{column} {'ASC' if sort_order == 'asc' else 'DESC'}, thread_id"
+        sql = SEARCH_THREADS_SQL.format(order=order)
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                sql,
+                {
+                    "owner": owner,
+                    "metadata": json_param(metadata),
+                    "status": status,
+                    "ids": ids,
+                    "title_like": None if query is None else f"%{_like_literal(query)}%",
+                    "limit": limit,
+                    "offset": offset,
+                },
+            ).fetchall()
+        return [Thread.from_row(r) for r in rows]
+
+    def count_threads(
+        self, owner: str, *, metadata: JSONObject, status: ThreadStatus | None
+    ) -> int:
+        """How many threads match."""
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                COUNT_THREADS_SQL,
+                {"owner": owner, "metadata": json_param(metadata), "status": status},
+            ).fetchone()
+        return int(row["n"]) if row else 0
