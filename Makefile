@@ -6,7 +6,7 @@
 #   make help         every target
 #
 # Redis and PostgreSQL: THREADRUN_REDIS_URL / THREADRUN_DATABASE_URL if set, else the local
-# servers on 127.0.0.1:6379 / :5432, else embedded ones under .threadrun/ (shared/devservices.py).
+# servers on 127.0.0.1:6379 / :5432, else embedded ones under .threadrun/ (shared/tools/devservices.py).
 # With THREADRUN_REDIS_SENTINELS set, Redis is the master those Sentinels name (never local or
 # embedded), and every process gets the Sentinel settings (docs/operations.md).
 
@@ -31,7 +31,7 @@ EXTRAS ?=
 # `make test` uses its own database and Redis db so that it never touches `make run`'s data.
 TEST_DB ?= threadrun_test
 TEST_REDIS_DB ?= 1
-DEVSERVICES_ENV := $(PY) -m shared.devservices env --db-name $(TEST_DB) --redis-db $(TEST_REDIS_DB)
+DEVSERVICES_ENV := $(PY) -m shared.tools.devservices env --db-name $(TEST_DB) --redis-db $(TEST_REDIS_DB)
 
 .PHONY: chromium help venv lock install run flower test test-unit test-integration test-e2e test-chaos chaos lint fmt bench scale-bench clean migrate services-env services-stop
 
@@ -78,7 +78,7 @@ ifneq ($(strip $(EXTRAS)),)
 endif
 
 run: install ## start services, migrations, web and workers (Ctrl-C stops everything)
-	$(PY) -m shared.supervisor
+	$(PY) -m shared.tools.supervisor
 
 # Resolve the services (starting embedded daemons only if needed), run pytest, stop what we
 # started, and exit with pytest's code. pytest's 5 (no tests collected) is a failure too.
@@ -91,7 +91,7 @@ define run_pytest
 	$(PY) -m compileall -q app workers shared tests clients >/dev/null || true; \
 	$(PY) -m pytest -q $(1) $(PYTEST_ARGS) || rc=$$?; \
 	if [ -n "$${THREADRUN_DEVSERVICES_STARTED:-}" ]; then \
-	  $(PY) -m shared.devservices stop $$THREADRUN_DEVSERVICES_STARTED || true; \
+	  $(PY) -m shared.tools.devservices stop $$THREADRUN_DEVSERVICES_STARTED || true; \
 	fi; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; \
 	exit $$rc
@@ -141,35 +141,35 @@ test-chaos: install ## the short fixed-seed chaos test only (tests/chaos, root)
 	$(PY) -m pytest -q tests/chaos $(PYTEST_ARGS)
 
 scale-bench: install ## runs/s and events/s with 1, 2, 3 runs workers (bench/scale.py, ~2 min)
-	@envs="$$($(PY) -m shared.devservices env)" || exit 1; \
+	@envs="$$($(PY) -m shared.tools.devservices env)" || exit 1; \
 	eval "$$envs"; \
 	rc=0; $(PY) -m bench.scale || rc=$$?; \
 	if [ -n "$${THREADRUN_DEVSERVICES_STARTED:-}" ]; then \
-	  $(PY) -m shared.devservices stop $$THREADRUN_DEVSERVICES_STARTED || true; \
+	  $(PY) -m shared.tools.devservices stop $$THREADRUN_DEVSERVICES_STARTED || true; \
 	fi; \
 	exit $$rc
 
 flower: install ## Flower, Celery's own view, on THREADRUN_FLOWER_PORT (5555); THREADRUN_FLOWER=1 make run starts it too
-	$(PY) -m shared.supervisor --flower-only
+	$(PY) -m shared.tools.supervisor --flower-only
 
 migrate: install ## apply database migrations (idempotent)
-	@envs="$$($(PY) -m shared.devservices env)" || exit 1; \
+	@envs="$$($(PY) -m shared.tools.devservices env)" || exit 1; \
 	eval "$$envs"; \
 	rc=0; $(PY) -m shared.db.migrate || rc=$$?; \
 	if [ -n "$${THREADRUN_DEVSERVICES_STARTED:-}" ]; then \
-	  $(PY) -m shared.devservices stop $$THREADRUN_DEVSERVICES_STARTED || true; \
+	  $(PY) -m shared.tools.devservices stop $$THREADRUN_DEVSERVICES_STARTED || true; \
 	fi; \
 	exit $$rc
 
 services-env: install ## print export lines for Redis/PostgreSQL (starts embedded daemons if needed)
-	@$(PY) -m shared.devservices env
+	@$(PY) -m shared.tools.devservices env
 
 services-stop: install ## stop embedded daemons started by services-env
-	$(PY) -m shared.devservices stop
+	$(PY) -m shared.tools.devservices stop
 
 clean: ## stop embedded daemons and remove .threadrun data and caches (keeps .venv)
 	@if [ -x $(PY) ] && [ -d $(DATA_DIR)/run ]; then \
-	  THREADRUN_DATA_DIR=$(DATA_DIR) $(PY) -m shared.devservices stop || true; \
+	  THREADRUN_DATA_DIR=$(DATA_DIR) $(PY) -m shared.tools.devservices stop || true; \
 	fi
 	rm -rf $(DATA_DIR) .pytest_cache .ruff_cache .mypy_cache
 

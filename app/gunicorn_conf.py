@@ -2,7 +2,7 @@
 
     gunicorn -c python:app.gunicorn_conf 'app:create_app()'
 
-The single source of the web server's settings for `make run` (shared/supervisor.py), the e2e
+The single source of the web server's settings for `make run` (shared/tools/supervisor.py), the e2e
 clusters, the benchmarks and the deployment manifests; a `--bind` on the command line wins.
 
 Server model: `gevent` by default, `gthread` selectable (`THREADRUN_WEB_WORKER_CLASS`). A

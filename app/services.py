@@ -22,11 +22,11 @@ from shared.ops.store import OpsStore
 from shared.redis_keys import Keys
 from shared.runs.manager import RunManager
 from shared.runs.store import RunStore
+from shared.runs.taskqueue import Dispatcher, make_celery
 from shared.settings import Settings
 from shared.state.accessor import CheckpointStateAccessor
 from shared.state.modes import ensure_recorded_mode
 from shared.store import StoreConfig, UserStores, web_stores
-from shared.taskqueue import Dispatcher, make_celery
 from shared.webhooks.policy import EgressPolicy
 
 

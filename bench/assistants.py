@@ -2,7 +2,7 @@
 same row(s) on the same pool, measured interleaved in one run.
 
 Run with `.venv/bin/python -m bench.assistants [--n 1000]` (also part of `make bench`). It
-uses a private database and Redis prefix (shared.testing.Sandbox), removed at the end.
+uses a private database and Redis prefix (shared.tools.testing.Sandbox), removed at the end.
 
 Rows (p50/p99 µs per call, and the ratio to the baseline beside it), for get (one of the
 caller's assistants by id) and search (metadata filter over 50 of the caller's assistants

@@ -47,7 +47,7 @@ from psycopg.rows import dict_row
 from bench.internals import _raise_interrupt, percentile, signals_ignored
 from shared.redis_keys import Keys
 from shared.settings import Settings
-from shared.testing import Cluster, Sandbox, cluster_env, iter_sse, open_stream, wait_for
+from shared.tools.testing import Cluster, Sandbox, cluster_env, iter_sse, open_stream, wait_for
 
 LEASE_ENV = (
     "THREADRUN_LEASE_TTL_S",

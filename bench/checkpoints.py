@@ -40,7 +40,7 @@ from langgraph.pregel import Pregel
 from bench.chaos import table
 from bench.internals import Sandbox
 from shared.db import make_async_pool, make_pool
-from shared.leases import lease_value
+from shared.runs.leases import lease_value
 from shared.runs.model import MultitaskStrategy, RunRequest
 from shared.runs.store import RunStore
 from shared.settings import Settings

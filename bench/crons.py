@@ -39,9 +39,9 @@ from shared.redis_keys import Keys
 from shared.runs.manager import RunManager
 from shared.runs.model import OnCompletion, RunRequest
 from shared.runs.store import RunStore
+from shared.runs.taskqueue import Dispatcher, make_celery
 from shared.settings import Settings
-from shared.taskqueue import Dispatcher, make_celery
-from shared.testing import Sandbox
+from shared.tools.testing import Sandbox
 
 OWNER = "bench"
 

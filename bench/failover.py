@@ -2,7 +2,7 @@
 
 Run with `.venv/bin/python -m bench.failover [--repeats 3] [--lost 50] [--json PATH]`. Each
 repeat starts a private Redis HA group (a primary, a replica, three Sentinels on free ports;
-shared/testing/redis_ha.py, `down-after-milliseconds` 1000) and measures, with clients built
+shared/tools/testing/redis_ha.py, `down-after-milliseconds` 1000) and measures, with clients built
 from THREADRUN_REDIS_SENTINELS settings (shared/redis_clients.py):
 
 1. Bridge (in this process): a publisher emits an event every 5 ms while a follower reads;
@@ -44,13 +44,13 @@ from shared.bridge.base import Event, Gap, Heartbeat
 from shared.bridge.publisher import EventSink, PublishBatcher, StreamPublisher
 from shared.bridge.subscriber import StreamSubscriber
 from shared.db import make_pool
-from shared.leases import LeaseManager, lease_value
 from shared.redis_keys import Keys
+from shared.runs.leases import LeaseManager, lease_value
 from shared.runs.model import MultitaskStrategy, RunRequest
 from shared.runs.store import RunStore
 from shared.settings import Settings
-from shared.testing import Cluster, Sandbox, cluster_env, wait_for
-from shared.testing.redis_ha import DOWN_AFTER_MS, RedisHA
+from shared.tools.testing import Cluster, Sandbox, cluster_env, wait_for
+from shared.tools.testing.redis_ha import DOWN_AFTER_MS, RedisHA
 
 
 def log(msg: str) -> None:

@@ -2,7 +2,7 @@
 
 Run with `.venv/bin/python -m bench.first_token [--runs 100] [--tokens 200] [--json PATH]`
 (part of `make bench`). It starts two web processes and one runs worker (the `make run` shape)
-on a private database and Redis prefix (shared.testing's Sandbox), warms up, then creates
+on a private database and Redis prefix (shared.tools.testing's Sandbox), warms up, then creates
 `--runs` runs one after another, each on a new thread, with `POST /threads/{id}/runs/stream`
 (the built-in model, `messages-tuple` and `values`), alternating the web processes, and times
 from the request's send to the first SSE event (TTFE) and to the first `messages` event, the

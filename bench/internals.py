@@ -55,15 +55,15 @@ from shared.bridge.publisher import (
 )
 from shared.bridge.subscriber import StreamSubscriber
 from shared.db import CONN_KWARGS, AsyncDictPool, DictPool, make_async_pool, make_pool
-from shared.leases import LeaseManager, lease_value
 from shared.redis_keys import Keys
 from shared.runs.admission import AdmissionOutcome
+from shared.runs.leases import LeaseManager, lease_value
 from shared.runs.model import MultitaskStrategy, RunRequest, RunStatus, ThreadStatus
 from shared.runs.store import Admission, ClaimOutcome, RunStore
+from shared.runs.taskqueue import RUNS_QUEUE, Dispatcher, make_celery
 from shared.settings import Settings
 from shared.state.savers import GATE_KEY, FencedPostgresSaver
-from shared.taskqueue import RUNS_QUEUE, Dispatcher, make_celery
-from shared.testing import Sandbox
+from shared.tools.testing import Sandbox
 from workers.executor import GATE_YIELDS
 
 OWNER = "bench-user"

@@ -43,7 +43,7 @@ from shared.journal import RunEvent, RunEventStore, RunJournal
 from shared.runs.model import MultitaskStrategy, RunRequest
 from shared.runs.store import RunStore
 from shared.settings import Settings
-from shared.testing import Sandbox
+from shared.tools.testing import Sandbox
 
 OWNER = "bench-user"
 COLUMNS = "(run_id, seq, thread_id, category, type, payload, created_at)"

@@ -28,8 +28,8 @@ from shared.db import make_pool
 from shared.ops.collector import OpsCollector
 from shared.ops.store import OpsStore
 from shared.redis_keys import Keys
+from shared.runs.taskqueue import RUNS_QUEUE, Dispatcher, make_celery
 from shared.settings import Settings
-from shared.taskqueue import RUNS_QUEUE, Dispatcher, make_celery
 
 
 def _ms(t0: float) -> float:

@@ -2,7 +2,7 @@
 
 Run with `.venv/bin/python -m bench.scale [--workers 1,2,3] [--runs 150] [--tokens 40]
 [--json PATH]` (or `make scale-bench`). It starts two gunicorn web processes on a private
-database `threadrun_scale_<hex>` and Redis prefix `trscale:<hex>:` (shared.testing's
+database `threadrun_scale_<hex>` and Redis prefix `trscale:<hex>:` (shared.tools.testing's
 Sandbox), then for each worker count: starts that many Celery runs workers, warms
 them up, admits `--runs` background runs (one per thread, alternating between the web
 processes, from 16 client threads) and measures until the last one has ended. Then it stops
@@ -46,7 +46,7 @@ from bench.chaos import bench_cluster, log, table
 from bench.internals import _raise_interrupt, signals_ignored
 from shared.redis_keys import Keys
 from shared.settings import Settings
-from shared.testing import Cluster, Sandbox
+from shared.tools.testing import Cluster, Sandbox
 
 CLIENTS = 16
 WEBS = 2

@@ -30,7 +30,7 @@ from bench.chaos import table
 from shared.db import make_pool
 from shared.settings import Settings
 from shared.store import StoreConfig, web_stores
-from shared.testing import Sandbox
+from shared.tools.testing import Sandbox
 
 KEY = "bench-key"
 HEADERS = {"x-api-key": KEY}

@@ -42,8 +42,8 @@ from shared import serde
 from shared.bridge.base import END_EVENT, Event
 from shared.bridge.publisher import EventSink, PublishBatcher, StreamPublisher
 from shared.bridge.subscriber import StreamSubscriber
-from shared.leases import LeaseManager, lease_value
 from shared.redis_keys import Keys
+from shared.runs.leases import LeaseManager, lease_value
 from shared.settings import PROJECT_ROOT, Settings
 from workers.stream_modes import StreamTranslator, graph_modes
 

@@ -2,7 +2,7 @@
 
 Run with `.venv/bin/python -m bench.streams [--models gevent,gthread] [--threads 64]
 [--idle 5000] [--json PATH]`. For each server model it starts a private cluster with
-shared.testing (one gunicorn web process configured by app/gunicorn_conf.py with
+shared.tools.testing (one gunicorn web process configured by app/gunicorn_conf.py with
 `THREADRUN_WEB_WORKER_CLASS`, one Celery runs worker) on a database
 `threadrun_streams_<hex>` and the Redis key prefix `trstreams:<hex>:`, and at the end stops
 every process it started, drops exactly that database and deletes exactly those keys, also
@@ -59,7 +59,7 @@ from websockets.sync.client import ClientConnection, connect
 from bench.chaos import bench_cluster, log, run_body, table
 from bench.internals import _raise_interrupt, percentile, signals_ignored
 from shared.settings import Settings
-from shared.testing import Cluster, Proc, Sandbox, iter_sse, open_stream
+from shared.tools.testing import Cluster, Proc, Sandbox, iter_sse, open_stream
 
 LAT_TOKENS, LAT_DELAY_MS = 200, 10
 BLOCKER_TOKENS = 100  # x 10 ms: the measured run waits ~1 s behind it

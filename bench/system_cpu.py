@@ -2,7 +2,7 @@
 
 Run with `.venv/bin/python -m bench.system_cpu [--runs 200] [--concurrency 50] [--tokens 200]
 [--json PATH]` (part of `make bench`). It starts two web processes and one runs worker (the
-`make run` shape) on a private database `threadrun_scale_<hex>` and Redis prefix (shared.testing's
+`make run` shape) on a private database `threadrun_scale_<hex>` and Redis prefix (shared.tools.testing's
 Sandbox), warms up, then streams `--runs` runs of the built-in model (`messages-tuple` and
 `values`, one thread each) from `--concurrency` client threads, reading every SSE event, and
 measures the CPU time (user + system, /proc) spent meanwhile by:

@@ -1,6 +1,6 @@
 """What per-owner thread ids cost a request (A4, shared/runs/thread_ids.py).
 
-Through the Flask app in process (no network), on a private database (shared.testing.Sandbox)
+Through the Flask app in process (no network), on a private database (shared.tools.testing.Sandbox)
 dropped at the end: the lookup of a client's id (`RunStore.resolve_thread_id`, one indexed
 query on (owner, public_id)), then the same reads on a thread the server named (one id for
 both: nothing to rewrite) and on one whose id the client chose (its storage id rewritten into
@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from bench.chaos import table
 from bench.thread_search import _timed
 from shared.settings import Settings
-from shared.testing import Sandbox
+from shared.tools.testing import Sandbox
 
 KEY = "key-bench"
 

@@ -2,7 +2,7 @@
 
 100 threads, each with a few runs of `lead_agent` checkpointed in PostgreSQL, read back as one
 search page of 100 through the Flask app in process (no network), on a private database
-(shared.testing.Sandbox) dropped at the end. Prints the page's latency (p50 / p95 ms) served
+(shared.tools.testing.Sandbox) dropped at the end. Prints the page's latency (p50 / p95 ms) served
 from the stored head copies (`thread_heads`), the same page with every head
 computed from its checkpoint (what a thread whose values exceed
 THREADRUN_THREAD_VALUES_MAX_BYTES, or one with no current copy, costs), and beside them the
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pydantic import SecretStr
 
 from shared.settings import Settings
-from shared.testing import Sandbox
+from shared.tools.testing import Sandbox
 
 KEY = "key-bench"
 

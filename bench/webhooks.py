@@ -33,7 +33,7 @@ import orjson
 
 from bench.chaos import table
 from shared.settings import Settings
-from shared.testing import Cluster, Sandbox, cluster_env, wait_for
+from shared.tools.testing import Cluster, Sandbox, cluster_env, wait_for
 
 
 def q(xs: list[float], p: int) -> float:

@@ -12,7 +12,7 @@ the retry policy below as connection errors.
 
 Two defects of redis-py's `SentinelManagedConnection` (8.1) are corrected by the connection
 classes below (`SentinelConnection`, `AsyncSentinelConnection`), which every Sentinel client
-here uses, Celery's broker included (shared/taskqueue.py):
+here uses, Celery's broker included (shared/runs/taskqueue.py):
 - its `read_response` does not disconnect when a read is interrupted (redis-py's plain
   `Connection` does): a greenlet killed or timed out (gevent) while it waited for a reply put
   the connection back in the pool with that reply unread, and every later command on it read

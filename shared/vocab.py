@@ -137,6 +137,15 @@ class RunRef:
         return cls(str(row["run_id"]), int(row["seq"]), RunStatus(row["status"]), row["started"])
 
 
+# --- message markers ------------------------------------------------------------------------------
+
+HIDDEN_KEY = "threadrun_hidden"
+"""`additional_kwargs` key marking an injected context block (its value names the kind):
+the agent's middleware writes it, and memory extraction leaves such blocks out."""
+EXTRACT_TASK = "[threadrun:extract-memory]"
+"""The first line of a memory-extraction prompt (the built-in model recognises its task)."""
+
+
 # --- stream modes -------------------------------------------------------------------------------
 
 MESSAGE_EVENTS = ("messages/metadata", "messages/partial", "messages/complete")

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import redis
 
-from shared import testing
 from shared.runs.model import MultitaskStrategy, RunRequest
 from shared.runs.store import ClaimOutcome, RunStore
 from shared.settings import Settings
+from shared.tools import testing
 
 DEFAULT_DB_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"

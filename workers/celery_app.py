@@ -9,8 +9,8 @@ from celery import signals
 
 from shared import gc_tuning, logs, metrics, redis_clients
 from shared.agent.providers import preflight
+from shared.runs.taskqueue import drop_stale_bindings, make_celery
 from shared.settings import Settings
-from shared.taskqueue import drop_stale_bindings, make_celery
 
 celery = make_celery(Settings())
 celery.conf.include = ["workers.tasks", "workers.memory_tasks", "workers.webhook_tasks"]
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 @signals.worker_init.connect
 def _on_init(**_: object) -> None:
     """Multi-process metrics for this worker (shared/metrics.py); stray queue bindings of an
-    older release dropped before consuming (shared/taskqueue.py)."""
+    older release dropped before consuming (shared/runs/taskqueue.py)."""
     settings = Settings()
     # A worker started by itself (compose, k8s) refuses to start, like `make run` does,
     # when a configured provider's package or key is missing: never a silent pending run.

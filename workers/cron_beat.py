@@ -50,8 +50,8 @@ from shared.db import make_pool
 from shared.redis_keys import Keys
 from shared.runs.manager import RunManager
 from shared.runs.store import RunStore
+from shared.runs.taskqueue import Dispatcher, make_celery
 from shared.settings import Settings
-from shared.taskqueue import Dispatcher, make_celery
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 A claimed run's lease (L1: `{epoch}|{owner}` with a TTL) lives only as long as it is
 renewed; once it lapses the reaper re-queues the run for a newer epoch (L4). So every
 attempt is held here from its claim until its finalization is over, and one task renews
-all of them in one round trip per tick (compare-and-extend, shared/leases.py) instead
+all of them in one round trip per tick (compare-and-extend, shared/runs/leases.py) instead
 of one timer per run. The same round trip brings back the cancel request stored beside
 each lease (R5) and how far the run's stream has the attempt's events (B5). The keeper
 reports a lost lease to its attempt (`StopReason.LEASE_LOST`), which stops at its next
@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from shared.leases import LeaseManager, RenewOutcome
+from shared.runs.leases import LeaseManager, RenewOutcome
 from shared.settings import Settings
 from workers.attempts import RunAttempt, StopReason
 

@@ -20,8 +20,8 @@ from langchain_core.language_models import BaseChatModel
 
 from shared.agent.model import make_model
 from shared.memory.services import memory_manager
+from shared.runs.taskqueue import MEMORY_QUEUE, MEMORY_TASK
 from shared.settings import Settings
-from shared.taskqueue import MEMORY_QUEUE, MEMORY_TASK
 from workers.celery_app import celery
 
 log = logging.getLogger(__name__)

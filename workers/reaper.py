@@ -15,9 +15,9 @@ import psycopg
 from shared import lua, metrics, serde
 from shared.bridge.base import END_EVENT
 from shared.bridge.publisher import PublishCall
-from shared.leases import lease_value
 from shared.redis_keys import REAPER_LEAD_TTL_INTERVALS
 from shared.runs import temporary
+from shared.runs.leases import lease_value
 from shared.runs.model import CancelAction, RunStatus
 from workers.finalize_steps import release_active
 from workers.runtime import WorkerRuntime

@@ -27,15 +27,15 @@ from shared.agent.graphs import GraphRegistry
 from shared.bridge.publisher import PublishBatcher, StreamPublisher
 from shared.db import make_async_pool, make_pool
 from shared.journal import RunEventStore
-from shared.leases import LeaseManager
 from shared.redis_keys import Keys
+from shared.runs.leases import LeaseManager
 from shared.runs.store import RunStore
+from shared.runs.taskqueue import Dispatcher, make_celery
 from shared.settings import Settings
 from shared.state.accessor import CheckpointStateAccessor
 from shared.state.modes import ensure_recorded_mode
 from shared.state.savers import FencedPostgresSaver
 from shared.store import WorkerStore
-from shared.taskqueue import Dispatcher, make_celery
 from shared.webhooks.store import WebhookStore
 from workers.attempts import RunAttempt
 from workers.lease_keeper import LeaseKeeper

@@ -7,7 +7,7 @@ import concurrent.futures
 import logging
 import uuid
 
-from shared.taskqueue import RUN_TASK
+from shared.runs.taskqueue import RUN_TASK
 from workers.attempts import StopReason
 from workers.celery_app import celery
 from workers.executor import claim_at_once, execute_run

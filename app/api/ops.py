@@ -36,7 +36,7 @@ from shared.redis_keys import Keys
 from shared.runs.manager import RunManager
 from shared.runs.model import CancelAction, RunStatus
 from shared.runs.store import RunStore
-from shared.taskqueue import Dispatcher, make_celery
+from shared.runs.taskqueue import Dispatcher, make_celery
 
 bp = Blueprint("ops", __name__)
 _STATIC_FILES = frozenset({"ops.js", "ops.css"})

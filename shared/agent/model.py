@@ -77,6 +77,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
 from shared.settings import Settings
+from shared.vocab import EXTRACT_TASK, HIDDEN_KEY
 
 MODEL_NAME = "threadrun-builtin"
 ARTIFACT_TOOL = "write_artifact"
@@ -86,10 +87,7 @@ MAX_TOKEN_DELAY_MS = 2_000.0
 `run_timeout_s` ends a run long before); they are test and demo knobs, not a way to hold
 a worker slot for days."""
 DEFAULT_ARTIFACT_NAME = "report.md"
-HIDDEN_KEY = "threadrun_hidden"
-"""`additional_kwargs` key marking an injected context block (its value names the kind)."""
 SUMMARY_TASK = "[threadrun:summarize]"
-EXTRACT_TASK = "[threadrun:extract-memory]"
 SUMMARY_MAX_LINES = 10
 SUMMARY_LINE_WORDS = 16
 

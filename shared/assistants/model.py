@@ -5,12 +5,11 @@ An assistant is a versioned configuration of a graph of the config. Every versio
 the assistant row carries the current one. The rules here are plain functions with no IO
 (STYLE 3): how a create or patch request becomes a version (`synced`, `AssistantPatch`),
 who may change an assistant (`check_writable`), and how a version's config and context lie
-under a run's own values (`merged_config`, `merged_context`, `Assistant.apply_to`).
+under a run's own values (`merged_config`, `merged_context`; `RunRequest.on_assistant` applies them).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import enum
 from collections.abc import Mapping
@@ -18,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.errors import AssistantReadOnly, ValidationFailed
-from shared.runs.model import RunRequest
 from shared.vocab import JSONObject
 
 SYSTEM_METADATA: JSONObject = {"created_by": "system"}
@@ -100,15 +98,6 @@ class Assistant:
     def system(self) -> bool:
         """Whether this is a graph's system assistant (no owner)."""
         return self.owner is None
-
-    def apply_to(self, request: RunRequest) -> RunRequest:
-        """The run request on this assistant: its id, its config and context under the run's."""
-        return dataclasses.replace(
-            request,
-            assistant_id=self.assistant_id,
-            config=merged_config(self.config, request.config),
-            context=merged_context(self.context, request.context),
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,7 +70,7 @@ def pipelined_transaction(conn: Connection[Any]) -> Iterator[Pipeline]:
     Not psycopg's ``conn.transaction()`` inside ``conn.pipeline()``: in pipeline mode that
     wraps itself in nested pipeline blocks which sync at its start and at its end, so BEGIN
     and COMMIT each cost a round trip of their own, plus an empty sync (counted on the wire,
-    `shared.testing.pgtrace`: an admission took eight round trips, a fenced checkpoint write
+    `shared.tools.testing.pgtrace`: an admission took eight round trips, a fenced checkpoint write
     five; tests/integration/test_round_trips.py).
 
     The block's statements must not open ``conn.transaction()`` themselves (psycopg does not

@@ -56,7 +56,6 @@ from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
 
-from shared.agent.providers import describe_model_error
 from shared.journal.base import Category, EventStore, RunEvent, check_category
 from shared.journal.usage import (
     DEFAULT_TAG,
@@ -67,6 +66,7 @@ from shared.journal.usage import (
     empty_usage,
     usage_summary,
 )
+from shared.model_errors import describe_model_error
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from typing import Any, Literal, Protocol
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
-from shared.agent.model import HIDDEN_KEY
 from shared.errors import NotFound, StoreError
+from shared.vocab import HIDDEN_KEY
 
 CATEGORIES = ("preference", "fact", "instruction", "correction")
 """Fact categories an extractor may use; anything else is stored as `fact`."""

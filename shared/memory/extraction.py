@@ -9,9 +9,9 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage, SystemMessage
 
-from shared.agent.model import EXTRACT_TASK
 from shared.errors import UpstreamFailed
 from shared.memory.base import CATEGORIES, Fact, MemoryUpdate, NewFact
+from shared.vocab import EXTRACT_TASK
 
 EXTRACT_PROMPT = f"""{EXTRACT_TASK}
 Extract durable facts about the user from the conversation below: stated preferences,

@@ -35,8 +35,8 @@ from shared.redis_keys import Keys
 from shared.runs.admission import CancelOutcome
 from shared.runs.manager import RunManager
 from shared.runs.model import Run
+from shared.runs.taskqueue import Dispatcher
 from shared.settings import Settings
-from shared.taskqueue import Dispatcher
 from shared.vocab import CancelAction, RunStatus
 
 log = logging.getLogger(__name__)

@@ -31,8 +31,8 @@ from shared.ops.actions import REQUEUE_WHY, requeue_verdict
 from shared.ops.connections import read_connections
 from shared.ops.store import OpsStore
 from shared.redis_keys import Keys, MemoryKeys
+from shared.runs.taskqueue import MEMORY_QUEUE, RUNS_QUEUE, WEBHOOKS_QUEUE
 from shared.settings import Settings
-from shared.taskqueue import MEMORY_QUEUE, RUNS_QUEUE, WEBHOOKS_QUEUE
 from shared.vocab import RunStatus
 
 log = logging.getLogger(__name__)

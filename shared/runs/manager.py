@@ -39,7 +39,7 @@ from shared.runs.model import (
     RunStatus,
 )
 from shared.runs.store import Admission, AdmitItem, RunStore
-from shared.taskqueue import Dispatcher
+from shared.runs.taskqueue import Dispatcher
 from shared.webhooks.policy import BadWebhookUrl, EgressPolicy, admission_refusal, parse_url
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class RunManager:
         if self._assistants is None:
             raise RuntimeError("this RunManager was built without assistants")
         assistant = self._assistants.resolve(owner, request.assistant_id)
-        return assistant.apply_to(request), assistant.graph_id
+        return request.on_assistant(assistant), assistant.graph_id
 
     def admit(self, owner: str, request: RunRequest) -> Run:
         """Create a run atomically (R2), then dispatch it after commit (R4)."""

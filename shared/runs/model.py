@@ -8,11 +8,13 @@ floor's (`shared/vocab.py`), re-exported here for the code that reads both.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.assistants.model import Assistant, merged_config, merged_context
 from shared.vocab import (
     INFLIGHT_STATUSES,
     TERMINAL_STATUSES,
@@ -81,6 +83,16 @@ class RunRequest:
         return self.on_completion is not None
 
     after_seconds: float = 0.0  # a delayed run: not started before this many seconds
+
+    def on_assistant(self, assistant: Assistant) -> RunRequest:
+        """This request on `assistant`: its id, and its config and context under the
+        request's own (`merged_config`, `merged_context`)."""
+        return dataclasses.replace(
+            self,
+            assistant_id=assistant.assistant_id,
+            config=merged_config(assistant.config, self.config),
+            context=merged_context(assistant.context, self.context),
+        )
 
 
 @dataclass(frozen=True, slots=True)

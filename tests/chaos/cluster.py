@@ -3,7 +3,7 @@
 Redis primary and replica (`replicaof`), three Sentinels, a PostgreSQL cluster of our own
 (initdb into the run's directory with the Debian binaries, run as user `postgres`), gunicorn
 web hosts and Celery worker hosts configured like a deployment (THREADRUN_* only; see
-shared/testing/cluster.py, whose `Proc`, `cluster_env` and `worker_argv` are reused). Every
+shared/tools/testing/cluster.py, whose `Proc`, `cluster_env` and `worker_argv` are reused). Every
 process is started through `ip netns exec` (which execs it: the pid we hold is the server's)
 and stopped by that pid.
 """
@@ -28,9 +28,9 @@ import psycopg
 import redis
 from pydantic import SecretStr
 
-from shared.devservices import parent_death_signal
 from shared.settings import Settings
-from shared.testing.cluster import PROJECT, Proc, cluster_env, worker_argv
+from shared.tools.devservices import parent_death_signal
+from shared.tools.testing.cluster import PROJECT, Proc, cluster_env, worker_argv
 from tests.chaos.net import Host, Network
 
 REDIS_PORT = 6379

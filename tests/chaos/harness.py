@@ -30,7 +30,7 @@ from typing import Any
 
 import psycopg
 
-from shared.testing.cluster import Proc
+from shared.tools.testing.cluster import Proc
 from tests.chaos.checker import Report, check, read_jsonl, summary
 from tests.chaos.cluster import ChaosCluster
 from tests.chaos.nemesis import FAILOVER, KINDS, Fault, Nemesis, schedule

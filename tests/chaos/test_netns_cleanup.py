@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.devservices import pid_alive
+from shared.tools.devservices import pid_alive
 from tests.chaos.net import (
     OWNER_DIR,
     Network,

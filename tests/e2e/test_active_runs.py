@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from shared.redis_keys import LimitKeys
-from shared.testing import Cluster, wait_for
+from shared.tools.testing import Cluster, wait_for
 from tests.e2e.conftest import ClusterFactory, human
 
 pytestmark = pytest.mark.e2e

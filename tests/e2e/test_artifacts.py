@@ -10,7 +10,7 @@ import httpx
 import psycopg
 import pytest
 
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from shared.workspaces import thread_workspace
 from tests.e2e.conftest import ALICE, BOB
 

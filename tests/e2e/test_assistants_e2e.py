@@ -12,7 +12,7 @@ from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError, NotFoundError, PermissionDeniedError
 
 from shared.agent.graphs import assistant_id_for
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from tests.e2e.conftest import ALICE, BOB, human
 from tests.e2e.conftest import run_sdk as run
 

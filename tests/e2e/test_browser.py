@@ -28,7 +28,7 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from tests.e2e.conftest import ALICE, ClusterFactory
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from tests.e2e.conftest import ClusterFactory
 
 pytestmark = pytest.mark.e2e

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from tests.e2e.conftest import ALICE, BOB, ClusterFactory
 from tests.e2e.test_browser import Page, browser  # noqa: F401 - the fixture
 

@@ -12,7 +12,7 @@ import httpx
 import psycopg
 import pytest
 
-from shared.testing import Cluster, iter_sse, open_stream
+from shared.tools.testing import Cluster, iter_sse, open_stream
 from tests.e2e.conftest import ALICE, ClusterFactory
 
 pytestmark = pytest.mark.e2e

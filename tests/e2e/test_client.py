@@ -22,7 +22,7 @@ import redis
 
 from shared.redis_keys import Keys
 from shared.settings import Settings
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from tests.conftest import private_settings
 from tests.e2e.conftest import ALICE, e2e_cluster
 from threadrun.client import (

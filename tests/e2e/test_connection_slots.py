@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from tests.e2e.conftest import ClusterFactory, human
 
 pytestmark = pytest.mark.e2e

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from langgraph_sdk.client import LangGraphClient
 
-from shared.testing import Cluster, wait_for
+from shared.tools.testing import Cluster, wait_for
 from tests.e2e.conftest import ALICE, BOB, FAST_LEASES, ClusterFactory, human
 from tests.e2e.conftest import run_sdk as run
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from shared.runs.model import TERMINAL_STATUSES
-from shared.testing import Cluster, wait_for
+from shared.tools.testing import Cluster, wait_for
 from tests.e2e.conftest import FAST_LEASES, ClusterFactory, run_sdk
 
 pytestmark = pytest.mark.e2e

@@ -32,11 +32,11 @@ import pytest
 from psycopg.rows import dict_row
 from pydantic import SecretStr
 
-from shared import testing
 from shared.db.migrate import migrate
 from shared.runs.model import TERMINAL_STATUSES
 from shared.settings import Settings
-from shared.testing import Cluster, SseEvent, iter_sse, open_stream, read_stream
+from shared.tools import testing
+from shared.tools.testing import Cluster, SseEvent, iter_sse, open_stream, read_stream
 from tests.conftest import create_database, drop_database
 from tests.e2e.conftest import ALICE, FAST_LEASES, e2e_cluster
 from tests.e2e.faults import PrivatePostgres, PrivateRedis, private_servers
@@ -81,7 +81,7 @@ def running_cluster(
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str, c: Cluster | None = None) -> Any:
-    """`shared.testing.wait_for` through a service restart, with the cluster's logs on timeout."""
+    """`shared.tools.testing.wait_for` through a service restart, with the cluster's logs on timeout."""
     detail = c.tails if c is not None else None
     return testing.wait_for(check, timeout, what=what, retry_on=SERVICE_ERRORS, detail=detail)
 

@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from simple_websocket import ConnectionClosed
 
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from tests.e2e.conftest import ClusterFactory
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from shared.redis_keys import LimitKeys
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from tests.e2e.conftest import ClusterFactory, human
 
 pytestmark = pytest.mark.e2e

@@ -24,7 +24,7 @@ from flask import Flask
 from pydantic import SecretStr
 
 from app import create_app
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from tests.e2e.conftest import ALICE, API_KEYS, BOB
 
 pytestmark = pytest.mark.e2e

@@ -18,7 +18,7 @@ import pytest
 import simple_websocket
 from simple_websocket import ConnectionClosed
 
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from tests.e2e.conftest import ClusterFactory
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from shared.agent.middleware.durable_context import context_block
-from shared.testing import Cluster, wait_for
+from shared.tools.testing import Cluster, wait_for
 from shared.workspaces import thread_workspace
 from tests.e2e.conftest import ALICE, BOB, ClusterFactory
 

@@ -24,9 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from shared.db import make_pool
 from shared.runs.model import TERMINAL_STATUSES
 from shared.runs.store import RunStore
+from shared.runs.taskqueue import RUN_TASK
 from shared.settings import Settings
-from shared.taskqueue import RUN_TASK
-from shared.testing import Cluster, free_port, settings_env, wait_for
+from shared.tools.testing import Cluster, free_port, settings_env, wait_for
 from tests.e2e.conftest import ALICE, API_KEYS, FAST_LEASES, ClusterFactory
 
 pytestmark = pytest.mark.e2e
@@ -397,7 +397,7 @@ def test_flower_sees_our_workers_with_auth(ops_cluster: Cluster) -> None:
     """Flower starts against our Celery app with basic auth and lists the worker's queues;
     it turns on the task events of a worker started without them (the default) and then
     sees the runs' tasks."""
-    from shared.supervisor import flower_env, flower_spec
+    from shared.tools.supervisor import flower_env, flower_spec
 
     port = free_port()
     flower = Settings(flower_port=port, flower_basic_auth=FLOWER_AUTH)  # type: ignore[arg-type]

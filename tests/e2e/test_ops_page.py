@@ -26,7 +26,7 @@ import redis
 from shared.db import make_pool
 from shared.redis_keys import Keys
 from shared.runs.store import RunStore
-from shared.testing import Cluster, wait_for
+from shared.tools.testing import Cluster, wait_for
 from tests.e2e.conftest import ALICE, API_KEYS, FAST_LEASES, ClusterFactory
 from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, OUTPUT
 from tests.e2e.test_ops import OPS, client, new_run, wait_status

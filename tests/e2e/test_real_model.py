@@ -16,7 +16,7 @@ import httpx
 import pytest
 from langgraph_sdk.client import LangGraphClient
 
-from shared.testing import Cluster, wait_for
+from shared.tools.testing import Cluster, wait_for
 from tests.e2e.conftest import ALICE, ClusterFactory, human, run_sdk
 from tests.fixtures.openai_server import OpenAIServer, Reply, ToolCall
 

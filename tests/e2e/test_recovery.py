@@ -20,7 +20,7 @@ from shared.db import make_pool
 from shared.redis_keys import Keys
 from shared.runs.model import TERMINAL_STATUSES, MultitaskStrategy, RunRequest
 from shared.runs.store import RunStore
-from shared.testing import Cluster, read_stream, wait_for
+from shared.tools.testing import Cluster, read_stream, wait_for
 from tests.e2e.conftest import ALICE, FAST_LEASES, ClusterFactory
 
 pytestmark = pytest.mark.e2e
@@ -217,7 +217,7 @@ def test_l2_lease_forgotten_by_redis_while_the_owner_lives_has_one_outcome(
 
 def test_l3_duplicate_delivery_runs_once(fast: Cluster, store: RunStore) -> None:
     """L3: the same run task delivered twice more (to any worker) starts one executor."""
-    from shared.taskqueue import Dispatcher, make_celery
+    from shared.runs.taskqueue import Dispatcher, make_celery
 
     dispatcher = Dispatcher(make_celery(fast.settings))
     with api(fast) as client:

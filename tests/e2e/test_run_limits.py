@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from shared.testing import Cluster, wait_for
-from shared.testing.sse import read_stream
+from shared.tools.testing import Cluster, wait_for
+from shared.tools.testing.sse import read_stream
 from tests.e2e.conftest import ClusterFactory, human
 
 pytestmark = pytest.mark.e2e

@@ -18,7 +18,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from shared.runs.model import TERMINAL_STATUSES
-from shared.testing import Cluster, read_stream
+from shared.tools.testing import Cluster, read_stream
 from tests.e2e.conftest import ALICE, ClusterFactory
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from langgraph_sdk.client import LangGraphClient
 
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from shared.workspaces import thread_workspace
 from tests.e2e.conftest import ALICE, BOB, human
 from tests.e2e.conftest import run_sdk as run

@@ -26,7 +26,7 @@ from langgraph_sdk._sync.store import SyncStoreClient
 from langgraph_sdk._sync.threads import SyncThreadsClient
 from langgraph_sdk.client import SyncLangGraphClient
 
-from shared.testing import Cluster, wait_for
+from shared.tools.testing import Cluster, wait_for
 from tests.e2e.conftest import ALICE, human
 
 pytestmark = pytest.mark.e2e

@@ -1,6 +1,6 @@
 """B5, L2 against real processes on Redis Sentinel: a gunicorn (gevent) web process and a
 Celery worker on a Redis HA group (a primary, a replica and three Sentinels, with passwords;
-shared/testing/redis_ha.py), configured only through THREADRUN_REDIS_SENTINELS.
+shared/tools/testing/redis_ha.py), configured only through THREADRUN_REDIS_SENTINELS.
 
 A chaos run's failover left a web process reading replies that belonged to other commands
 (`cannot unpack non-iterable int object` in the rate limiter, "Wrong number of response
@@ -33,9 +33,9 @@ import pytest
 
 from shared import serde
 from shared.redis_keys import Keys, LimitKeys
-from shared.testing import Cluster, wait_for
-from shared.testing.redis_ha import DOWN_AFTER_MS, RedisHA
-from shared.testing.sse import iter_sse, read_stream
+from shared.tools.testing import Cluster, wait_for
+from shared.tools.testing.redis_ha import DOWN_AFTER_MS, RedisHA
+from shared.tools.testing.sse import iter_sse, read_stream
 from tests.e2e.conftest import ALICE, FAST_LEASES, ClusterFactory, human
 
 pytestmark = [

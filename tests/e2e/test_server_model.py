@@ -18,7 +18,7 @@ import pytest
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, CloseConnection, Event, Request, TextMessage
 
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from tests.e2e.conftest import ALICE
 from tests.e2e.test_ws import WS, api, human, knobs, new_thread, status, tokens
 

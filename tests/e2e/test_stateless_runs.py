@@ -23,7 +23,7 @@ from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.schema import RunCreateMetadata
 
 from shared.redis_keys import Keys
-from shared.testing import Cluster, wait_for
+from shared.tools.testing import Cluster, wait_for
 from tests.e2e.conftest import ALICE, BOB, FAST_LEASES, ClusterFactory, human
 from tests.e2e.conftest import run_sdk as run
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from langgraph_sdk.client import LangGraphClient
 
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from tests.e2e.conftest import ALICE, BOB, ClusterFactory
 from tests.e2e.conftest import run_sdk as run
 

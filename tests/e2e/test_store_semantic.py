@@ -16,9 +16,9 @@ import pytest
 from langgraph_sdk.client import LangGraphClient
 from pydantic import SecretStr
 
-from shared import devservices as ds
 from shared.settings import Settings
-from shared.testing import Cluster, Sandbox
+from shared.tools import devservices as ds
+from shared.tools.testing import Cluster, Sandbox
 from tests.e2e.conftest import ALICE, BOB, e2e_cluster
 from tests.e2e.store_graph import DIMS
 from tests.e2e.test_store_e2e import GRAPH_FILE, run, store_config

@@ -30,8 +30,8 @@ import redis
 
 from shared.bridge.base import LOST_EVENT
 from shared.redis_keys import Keys
-from shared.testing import Cluster, SseEvent, read_stream, wait_for
-from shared.testing.cluster import worker_argv
+from shared.tools.testing import Cluster, SseEvent, read_stream, wait_for
+from shared.tools.testing.cluster import worker_argv
 from tests.e2e.conftest import ALICE, FAST_LEASES, ClusterFactory
 from tests.e2e.faults import CuttableProxy, redis_behind_proxy
 

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.testing import Cluster
-from shared.testing.sse import iter_sse, read_stream
+from shared.tools.testing import Cluster
+from shared.tools.testing.sse import iter_sse, read_stream
 from tests.e2e.conftest import ALICE, ClusterFactory, human
 
 pytestmark = pytest.mark.e2e

@@ -25,8 +25,8 @@ from shared.db import make_pool
 from shared.redis_keys import Keys
 from shared.runs.model import TERMINAL_STATUSES
 from shared.runs.store import RunStore
-from shared.testing import Cluster, read_stream, wait_for
-from shared.testing.cluster import worker_argv
+from shared.tools.testing import Cluster, read_stream, wait_for
+from shared.tools.testing.cluster import worker_argv
 from tests.e2e.conftest import ALICE, FAST_LEASES, ClusterFactory
 from tests.e2e.faults import CuttableProxy, redis_behind_proxy
 

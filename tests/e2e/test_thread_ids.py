@@ -17,7 +17,7 @@ import simple_websocket
 from langgraph_sdk.client import LangGraphClient
 
 from shared.runs.thread_ids import storage_id
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from tests.e2e.conftest import ALICE, BOB, run_sdk
 
 pytestmark = pytest.mark.e2e

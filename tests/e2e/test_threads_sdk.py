@@ -18,7 +18,7 @@ from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
 from langgraph_sdk.schema import Command
 
-from shared.testing import Cluster, wait_for
+from shared.tools.testing import Cluster, wait_for
 from tests.e2e.conftest import ALICE, BOB
 from tests.graphs.approval import QUESTION
 

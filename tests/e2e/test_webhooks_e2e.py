@@ -25,7 +25,7 @@ import pytest
 from langgraph_sdk.client import LangGraphClient
 
 from shared.runs.thread_ids import storage_id
-from shared.testing import Cluster, wait_for
+from shared.tools.testing import Cluster, wait_for
 from tests.e2e.conftest import ALICE, FAST_LEASES, ClusterFactory, human
 from tests.e2e.conftest import run_sdk as run
 from threadrun import webhooks

@@ -24,7 +24,7 @@ import simple_websocket
 from simple_websocket import ConnectionClosed
 
 from shared.agent.graphs import assistant_id_for
-from shared.testing import Cluster
+from shared.tools.testing import Cluster
 from tests.e2e.conftest import ALICE, BOB, ClusterFactory
 
 pytestmark = pytest.mark.e2e

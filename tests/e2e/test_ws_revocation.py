@@ -18,7 +18,7 @@ import simple_websocket
 
 from shared.auth.keys import ApiKeyStore
 from shared.db import make_pool
-from shared.testing import Cluster, wait_for
+from shared.tools.testing import Cluster, wait_for
 from tests.e2e.conftest import ClusterFactory, human
 
 pytestmark = pytest.mark.e2e

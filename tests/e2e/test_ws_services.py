@@ -17,7 +17,7 @@ import redis
 
 from app.errors import SERVICE_RETRY_AFTER_S
 from shared.redis_keys import Keys
-from shared.testing import Cluster, wait_for
+from shared.tools.testing import Cluster, wait_for
 from tests.e2e.conftest import ClusterFactory
 from tests.e2e.faults import CuttableProxy, redis_behind_proxy
 from tests.e2e.test_ws import WS, Frame, create_frame, new_thread

@@ -337,7 +337,7 @@ def test_resolve_merges_nothing_for_a_plain_system_run(manager: AssistantManager
     from shared.runs.model import RunRequest
 
     request = RunRequest(thread_id="t", assistant_id="lead_agent", config={"tags": ["x"]})
-    applied = manager.resolve(ALICE, "lead_agent").apply_to(request)
+    applied = request.on_assistant(manager.resolve(ALICE, "lead_agent"))
     assert applied.config == {"tags": ["x"]} and applied.context is None
     assert applied.assistant_id == assistant_id_for("lead_agent")
 

@@ -23,10 +23,10 @@ from shared.bridge.hub import SubscriptionHub
 from shared.bridge.publisher import PublishCall, StreamPublisher, trim_slack
 from shared.bridge.subscriber import StreamSubscriber
 from shared.errors import LeaseLost, StreamCursorInvalid
-from shared.leases import LeaseManager, lease_value
 from shared.redis_keys import Keys
+from shared.runs.leases import LeaseManager, lease_value
 from shared.settings import Settings
-from shared.testing.polling import wait_for
+from shared.tools.testing.polling import wait_for
 
 
 @dataclass

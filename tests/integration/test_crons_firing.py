@@ -37,9 +37,9 @@ from shared.redis_keys import Keys
 from shared.runs.manager import RunManager
 from shared.runs.model import MultitaskStrategy, OnCompletion, RunRequest
 from shared.runs.store import RunStore
+from shared.runs.taskqueue import Dispatcher, make_celery
 from shared.settings import PROJECT_ROOT, Settings
-from shared.taskqueue import Dispatcher, make_celery
-from shared.testing import settings_env
+from shared.tools.testing import settings_env
 
 OWNER = "cron-owner"
 

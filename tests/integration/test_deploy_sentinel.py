@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from shared.devservices import free_port, parent_death_signal
-from shared.testing.redis_ha import redis_server
+from shared.tools.devservices import free_port, parent_death_signal
+from shared.tools.testing.redis_ha import redis_server
 from tests.unit.test_deploy import compose, sentinel_script
 
 pytestmark = pytest.mark.skipif(

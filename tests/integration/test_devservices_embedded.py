@@ -16,8 +16,8 @@ import psycopg
 import pytest
 import redis
 
-from shared import devservices as ds
 from shared.settings import PROJECT_ROOT, Settings
+from shared.tools import devservices as ds
 
 SERVICE_VARS = ("THREADRUN_REDIS_URL", "THREADRUN_DATABASE_URL", ds.FORCE_EMBEDDED_ENV)
 
@@ -106,7 +106,7 @@ def cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS}
     env.update(THREADRUN_DATA_DIR=str(data_dir), **{ds.FORCE_EMBEDDED_ENV: "1"})
     return subprocess.run(
-        [sys.executable, "-m", "shared.devservices", *args],
+        [sys.executable, "-m", "shared.tools.devservices", *args],
         cwd=PROJECT_ROOT,
         env=env,
         capture_output=True,

@@ -16,7 +16,7 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from shared.agent.lead_agent import build_lead_agent
 from shared.db import make_async_pool, make_pool
 from shared.errors import LeaseLost
-from shared.leases import lease_value
+from shared.runs.leases import lease_value
 from shared.runs.store import RunStore
 from shared.settings import Settings
 from shared.state.savers import (

@@ -19,7 +19,7 @@ from langgraph.types import interrupt
 
 from shared.db import make_async_pool, make_pool
 from shared.errors import LeaseLost
-from shared.leases import lease_value
+from shared.runs.leases import lease_value
 from shared.runs.store import RunStore
 from shared.settings import Settings
 from shared.state.held_writes import HeldWrites

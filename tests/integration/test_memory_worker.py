@@ -12,7 +12,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from shared.memory.manager import MemoryManager
 from shared.memory.services import build_manager
 from shared.settings import Settings
-from shared.testing import Cluster, Proc, cluster_env, wait_for
+from shared.tools.testing import Cluster, Proc, cluster_env, wait_for
 from tests.conftest import private_settings
 
 TOKEN_DELAY_MS = 150  # an extraction reply streams ~10 tokens: ~1.5 s per batch

@@ -1,5 +1,5 @@
 """Redis high availability with real processes: a primary, a replica and three Sentinels on
-free ports (shared/testing/redis_ha.py), clients built from settings
+free ports (shared/tools/testing/redis_ha.py), clients built from settings
 (THREADRUN_REDIS_SENTINELS) by shared/redis_clients.py. The primary is SIGKILLed; after the
 promotion, leases, publishing, reading and Celery dispatch work against the new master, and a
 tail the promoted replica never received is repaired and reported as a gap (B5, L1).
@@ -24,11 +24,11 @@ from shared import redis_clients
 from shared.bridge.base import Event, Gap, Heartbeat, StreamItem
 from shared.bridge.publisher import EventSink, PublishBatcher, StreamPublisher
 from shared.bridge.subscriber import StreamSubscriber
-from shared.leases import LeaseManager, RenewOutcome, lease_value
 from shared.redis_keys import Keys
+from shared.runs.leases import LeaseManager, RenewOutcome, lease_value
+from shared.runs.taskqueue import RUNS_QUEUE, Dispatcher, make_celery
 from shared.settings import Settings
-from shared.taskqueue import RUNS_QUEUE, Dispatcher, make_celery
-from shared.testing.redis_ha import RedisHA, redis_server
+from shared.tools.testing.redis_ha import RedisHA, redis_server
 
 pytestmark = pytest.mark.skipif(
     not any(

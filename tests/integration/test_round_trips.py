@@ -1,5 +1,5 @@
 """Round trips to PostgreSQL on a run's first-token path, counted on the wire (libpq's
-protocol trace, shared/testing/pgtrace.py), and what a failure in the middle of those
+protocol trace, shared/tools/testing/pgtrace.py), and what a failure in the middle of those
 pipelined transactions leaves: nothing written, the connection idle.
 
 An admission (R2) is one transaction of two round trips (BEGIN with the thread lock and the
@@ -24,14 +24,14 @@ from psycopg_pool import ConnectionPool
 
 from shared.db import make_async_pool, make_pool, pipelined_transaction
 from shared.errors import LeaseLost
-from shared.leases import lease_value
+from shared.runs.leases import lease_value
 from shared.runs.model import MultitaskStrategy, RunRequest, RunStatus, ThreadStatus
 from shared.runs.store import Finish, RunStore
 from shared.settings import Settings
 from shared.state import head_copies
 from shared.state.accessor import ThreadHead
 from shared.state.savers import LEASE_KEY, RUN_KEY, FencedPostgresSaver
-from shared.testing.pgtrace import traced
+from shared.tools.testing.pgtrace import traced
 from tests.conftest import claimed_run
 
 

@@ -16,11 +16,11 @@ from shared.bridge import publisher
 from shared.bridge.base import LOST_EVENT
 from shared.bridge.publisher import EventSink, PublishBatcher, StreamPublisher
 from shared.bridge.subscriber import StreamSubscriber
-from shared.devservices import free_port
-from shared.leases import LeaseManager, lease_value
 from shared.redis_keys import Keys
+from shared.runs.leases import LeaseManager, lease_value
 from shared.runs.model import Run
 from shared.settings import Settings
+from shared.tools.devservices import free_port
 from workers.attempts import RunAttempt
 from workers.executor import stream_gate
 

@@ -25,8 +25,8 @@ from shared.bridge.codec import DICT_FIELD
 from shared.bridge.hub import SubscriptionHub
 from shared.bridge.publisher import EventSink, PublishBatcher, StreamPublisher
 from shared.bridge.subscriber import StreamSubscriber
-from shared.leases import LeaseManager, lease_value
 from shared.redis_keys import Keys
+from shared.runs.leases import LeaseManager, lease_value
 from shared.settings import Settings
 from tests.unit.test_stream_codec import bench_shaped_run
 

@@ -25,8 +25,8 @@ from shared.bridge.base import Event, Gap, Heartbeat, StreamItem
 from shared.bridge.publisher import EventSink, PublishBatcher, StreamPublisher
 from shared.bridge.subscriber import StreamSubscriber
 from shared.errors import LeaseLost
-from shared.leases import LeaseManager, RenewOutcome, lease_value
 from shared.redis_keys import Keys
+from shared.runs.leases import LeaseManager, RenewOutcome, lease_value
 from shared.settings import Settings
 
 

@@ -1,5 +1,5 @@
-"""`make run` (shared/supervisor.py) with Redis Sentinel: a private HA group (a primary, a
-replica, three Sentinels: shared/testing/redis_ha.py); the supervisor finds the master
+"""`make run` (shared/tools/supervisor.py) with Redis Sentinel: a private HA group (a primary, a
+replica, three Sentinels: shared/tools/testing/redis_ha.py); the supervisor finds the master
 through the Sentinels, starts no Redis of its own and hands the Sentinel settings to every
 process it starts. The children are stand-ins that report their environment.
 """
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from shared import devservices as ds
-from shared import supervisor as sv
 from shared.settings import Settings
-from shared.testing.redis_ha import RedisHA
+from shared.tools import devservices as ds
+from shared.tools import supervisor as sv
+from shared.tools.testing.redis_ha import RedisHA
 
 pytestmark = pytest.mark.skipif(
     shutil.which("redis-server") is None, reason="needs a redis-server binary on PATH"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import redis
 
+from shared.runs.taskqueue import drop_stale_bindings, make_celery
 from shared.settings import Settings
-from shared.taskqueue import drop_stale_bindings, make_celery
 
 
 def test_r4_stale_bindings_of_an_older_release_are_dropped(

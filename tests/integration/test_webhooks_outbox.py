@@ -25,10 +25,10 @@ from shared.runs.model import (
 )
 from shared.runs.store import AdmitItem, RunStore
 from shared.runs.temporary import delete_if_finished
+from shared.runs.webhook_delivery import WebhookService
 from shared.webhooks.policy import EgressPolicy
 from shared.webhooks.retry import AttemptOutcome, Backoff
 from shared.webhooks.sender import AttemptResult, Sender
-from shared.webhooks.service import WebhookService
 from shared.webhooks.store import DeliveryState, WebhookStore
 from threadrun import webhooks as client_webhooks
 

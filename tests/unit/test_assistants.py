@@ -113,7 +113,7 @@ def test_apply_to_names_the_assistant_and_merges() -> None:
     request = RunRequest(
         thread_id="t", assistant_id="lead_agent", config={"configurable": {"x": 1}}
     )
-    applied = assistant().apply_to(request)
+    applied = request.on_assistant(assistant())
     assert applied.assistant_id == "a1" and applied.thread_id == "t"
     assert applied.config == {"configurable": {"tokens": 3, "x": 1}, "tags": ["a"]}
     assert applied.context == {"tokens": 3}

@@ -17,8 +17,8 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from shared.auth.keys import ApiKeyStore, CachedKeyResolver, hash_key
-from shared.cli_keys import key_store
 from shared.settings import Settings
+from shared.tools.cli_keys import key_store
 from threadrun.cli import main as cli_main
 
 ENV_KEY = "env-secret-key-for-alice"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from shared.testing.cluster import Proc
+from shared.tools.testing.cluster import Proc
 from tests.chaos import harness
 from tests.chaos.checker import Anomaly, Report, read_jsonl, stuck_clients, summary
 from tests.chaos.harness import Config, Result, finish_workload, replay_command
@@ -244,7 +244,7 @@ def test_l4_a_process_the_nemesis_thread_starts_outlives_that_thread(tmp_path: P
     """The parent-death signal follows the forking *thread*: a replacement worker started
     from the nemesis thread must not die when that thread ends (it did: a single-worker run
     then never recovered from a worker_kill). The control shows the kernel's behaviour."""
-    from shared.devservices import parent_death_signal
+    from shared.tools.devservices import parent_death_signal
     from tests.chaos.cluster import ChaosCluster
 
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]

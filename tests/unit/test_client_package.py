@@ -25,8 +25,8 @@ import pytest
 from setuptools import build_meta
 
 import threadrun.cli
-from shared.cli_keys import add_keys
-from shared.cli_migrate import add_migrate, cmd_migrate
+from shared.tools.cli_keys import add_keys
+from shared.tools.cli_migrate import add_migrate, cmd_migrate
 from threadrun.cli import PLUGIN_GROUP, build_parser, installed_subcommands
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,8 +99,8 @@ def test_server_depends_on_the_client_and_registers_its_subcommands() -> None:
     assert f"threadrun=={client['version']}" in server["dependencies"]
     assert "scripts" not in server
     assert server["entry-points"][PLUGIN_GROUP] == {
-        "keys": "shared.cli_keys:add_keys",
-        "migrate": "shared.cli_migrate:add_migrate",
+        "keys": "shared.tools.cli_keys:add_keys",
+        "migrate": "shared.tools.cli_migrate:add_migrate",
     }
 
 

@@ -1,4 +1,4 @@
-"""Unit tests of shared.devservices (URL handling, resolution order) and shared.supervisor."""
+"""Unit tests of shared.tools.devservices (URL handling, resolution order) and shared.tools.supervisor."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from shared import devservices as ds
-from shared import supervisor as sv
 from shared.settings import PROJECT_ROOT, Settings
-from shared.testing import wait_for
+from shared.tools import devservices as ds
+from shared.tools import supervisor as sv
+from shared.tools.testing import wait_for
 
 PY = sys.executable
 
@@ -603,8 +603,8 @@ def test_http_ok_on_a_closed_port() -> None:
 
 MAIN_HARNESS = """
 import os, sys
-import shared.supervisor as s
-from shared.devservices import DevServices
+import shared.tools.supervisor as s
+from shared.tools.devservices import DevServices
 
 mode, marks = sys.argv[1], sys.argv[2]
 s.resolve_services = lambda settings: DevServices("redis://fake:1/0", "postgresql://fake:2/db", "local", "local")

@@ -25,7 +25,6 @@ from app.limits import LimitExceeded
 from shared.agent.graphs import GraphConfigError, GraphNotFound
 from shared.agent.middleware.summarization import NothingToCompact, SummaryFailed
 from shared.auth.tokens import InvalidToken
-from shared.devservices import DevServicesError, free_port
 from shared.errors import (
     AssistantNotFound,
     ConfigError,
@@ -41,6 +40,7 @@ from shared.memory.extraction import ExtractionFailed
 from shared.settings import Settings
 from shared.state.modes import CheckpointModeMismatch, CheckpointModeRecordMismatch
 from shared.state.reducers import InvalidStateUpdate
+from shared.tools.devservices import DevServicesError, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_BASES = {

@@ -27,10 +27,10 @@ from redis.connection import parse_url as parse_redis_url
 
 from shared.agent.middleware.summarization import summary_prompt
 from shared.agent.model import BuiltinChatModel, builtin_summary, said_sentences
-from shared.devservices import redact
 from shared.journal.payload import drop_nul
 from shared.memory.extraction import ExtractionFailed, parse_facts, unfence
 from shared.settings import Settings
+from shared.tools.devservices import redact
 
 # --- linear parsers of user text ------------------------------------------------------
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
-from shared.agent.model import EXTRACT_TASK, BuiltinChatModel, plan_reply
+from shared.agent.model import BuiltinChatModel, plan_reply
 from shared.memory.base import (
     MemoryUpdate,
     Signal,
@@ -18,6 +18,7 @@ from shared.memory.base import (
     render_memory,
 )
 from shared.memory.extraction import ExtractionFailed, extract_facts, parse_facts
+from shared.vocab import EXTRACT_TASK
 
 
 def update(msgs: list[tuple[str, str]], **kw: object) -> MemoryUpdate:

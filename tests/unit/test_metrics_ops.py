@@ -75,8 +75,8 @@ def test_tracker_counts_connections_and_subscribers() -> None:
 def test_task_events_follow_the_setting() -> None:
     """Task events (worker and sent) always on by setting; off by default (Flower turns the
     workers' on while it runs: tests/e2e/test_ops.py)."""
+    from shared.runs.taskqueue import make_celery
     from shared.settings import Settings
-    from shared.taskqueue import make_celery
 
     on = make_celery(Settings(redis_prefix="t:", task_events=True))
     assert on.conf.worker_send_task_events and on.conf.task_send_sent_event
@@ -95,7 +95,7 @@ def test_flower_spec_keeps_the_password_out_of_argv() -> None:
     from pydantic import SecretStr
 
     from shared.settings import Settings
-    from shared.supervisor import flower_env, flower_spec
+    from shared.tools.supervisor import flower_env, flower_spec
 
     s = Settings(flower_port=5601, flower_basic_auth=SecretStr("ops:pw"))
     spec = flower_spec(s)

@@ -131,7 +131,7 @@ def test_make_run_stops_before_starting_anything(
 ) -> None:
     """`make run` (the supervisor) prints what to set and exits 1 before it looks for
     services or starts a child."""
-    from shared import supervisor
+    from shared.tools import supervisor
 
     def never(*_: object) -> None:
         raise AssertionError("services were resolved")

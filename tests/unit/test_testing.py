@@ -1,4 +1,4 @@
-"""shared.testing, the tooling of tests and benchmarks: sandbox names, SSE reading, polling."""
+"""shared.tools.testing, the tooling of tests and benchmarks: sandbox names, SSE reading, polling."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from shared.settings import Settings
-from shared.testing import (
+from shared.tools.testing import (
     UNLIMITED_USERS,
     Sandbox,
     WaitTimeout,

@@ -1,6 +1,6 @@
 """The process supervisor behind ``make run``: services, migrations, then web and workers.
 
-``python -m shared.supervisor`` resolves Redis and PostgreSQL (``shared.devservices``), runs
+``python -m shared.tools.supervisor`` resolves Redis and PostgreSQL (``shared.tools.devservices``), runs
 ``python -m shared.db.migrate``, starts gunicorn and the two Celery workers as child processes with
 prefixed output, prints one line once ``GET /ok`` answers 200, and on Ctrl-C / SIGTERM stops the
 children (SIGTERM, a grace period, SIGKILL) and the embedded services it started. A child that dies
@@ -8,7 +8,7 @@ on its own stops everything with a nonzero exit code.
 
 Every child (migrations, web, workers, scheduler, Flower) gets the resolved service settings
 (``DevServices.env``): the URLs and, with Redis Sentinel (THREADRUN_REDIS_SENTINELS), the Sentinel
-settings; with Sentinel no plain Redis is probed, started or embedded (shared/devservices.py).
+settings; with Sentinel no plain Redis is probed, started or embedded (shared/tools/devservices.py).
 
 The web server's settings (worker class, workers, threads, timeouts, bind) come from
 app/gunicorn_conf.py, which reads ``Settings`` (THREADRUN_WEB_*). Environment read here besides
@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
-from shared.devservices import DevServicesError, parent_death_signal, redact, resolve_services
 from shared.settings import Settings
+from shared.tools.devservices import DevServicesError, parent_death_signal, redact, resolve_services
 
 DEFAULT_GRACE_S = 10.0
 
@@ -374,7 +374,7 @@ def child_env(services_env: Mapping[str, str]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m shared.supervisor``."""
+    """Entry point of ``python -m shared.tools.supervisor``."""
     flags = set(sys.argv[1:] if argv is None else argv)
     settings = Settings()
     env = os.environ

@@ -14,8 +14,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import SecretStr
 
-from shared.devservices import MAINTENANCE_DB
 from shared.settings import Settings
+from shared.tools.devservices import MAINTENANCE_DB
 
 DELETE_BATCH = 500
 

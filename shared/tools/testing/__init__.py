@@ -3,8 +3,8 @@
 polling. tests/ and bench/ both use it; nothing at runtime imports it.
 """
 
-from shared.devservices import free_port
-from shared.testing.cluster import (
+from shared.tools.devservices import free_port
+from shared.tools.testing.cluster import (
     UNLIMITED_USERS,
     Cluster,
     Proc,
@@ -12,15 +12,15 @@ from shared.testing.cluster import (
     settings_env,
     worker_argv,
 )
-from shared.testing.polling import WaitTimeout, wait_for
-from shared.testing.sandbox import (
+from shared.tools.testing.polling import WaitTimeout, wait_for
+from shared.tools.testing.sandbox import (
     Sandbox,
     create_database,
     delete_prefix,
     drop_database,
     server_dsn,
 )
-from shared.testing.sse import START, SseEvent, iter_sse, open_stream, read_stream
+from shared.tools.testing.sse import START, SseEvent, iter_sse, open_stream, read_stream
 
 __all__ = [
     "START",

@@ -23,7 +23,7 @@ from typing import Any
 import redis
 from pydantic import SecretStr
 
-from shared.devservices import free_port, parent_death_signal, pid_alive, stop_pid
+from shared.tools.devservices import free_port, parent_death_signal, pid_alive, stop_pid
 
 MASTER = "threadrun"
 DOWN_AFTER_MS = 1000

@@ -12,9 +12,9 @@ Sentinel settings are exported with the URLs (``DevServices.env``) so that every
 
 CLI::
 
-    python -m shared.devservices env [--db-name NAME] [--redis-db N] [--no-embedded]
-    python -m shared.devservices stop [redis] [postgres]
-    python -m shared.devservices status
+    python -m shared.tools.devservices env [--db-name NAME] [--redis-db N] [--no-embedded]
+    python -m shared.tools.devservices stop [redis] [postgres]
+    python -m shared.tools.devservices status
 
 ``env`` prints ``export`` lines (embedded servers it starts keep running as daemons, recorded in
 ``<data_dir>/run/*.json``); ``stop`` stops such daemons.
@@ -905,9 +905,9 @@ def _describe(services: DevServices) -> str:
 
 
 def main(argv: list[str] | None = None, out: IO[str] | None = None) -> int:
-    """Entry point of ``python -m shared.devservices``."""
+    """Entry point of ``python -m shared.tools.devservices``."""
     out = out or sys.stdout
-    parser = argparse.ArgumentParser(prog="python -m shared.devservices", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m shared.tools.devservices", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     env = sub.add_parser("env", help="print export lines; start embedded daemons if needed")
     env.add_argument("--db-name", help="application database (default: from the URL, 'threadrun')")

@@ -21,11 +21,11 @@ from typing import Any
 
 import httpx
 
-from shared.devservices import free_port
 from shared.settings import Settings
-from shared.supervisor import SCHEDULER_ARGS
+from shared.tools.devservices import free_port
+from shared.tools.supervisor import SCHEDULER_ARGS
 
-PROJECT = Path(__file__).resolve().parents[2]
+PROJECT = Path(__file__).resolve().parents[3]
 """The checkout whose code the processes run."""
 
 START_TIMEOUT_S = 60.0

@@ -2,7 +2,7 @@
 
 Talks to PostgreSQL directly (THREADRUN_DATABASE_URL, like the server), so it ships with the
 server and reaches the client's `threadrun` command through the `threadrun.cli` entry-point
-group (pyproject.toml), like `threadrun keys` (shared/cli_keys.py).
+group (pyproject.toml), like `threadrun keys` (shared/tools/cli_keys.py).
 """
 
 from __future__ import annotations
