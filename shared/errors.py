@@ -5,7 +5,7 @@ Kinds: `ValidationFailed` (a request, 4xx), `NotFound` (404), `PermissionDenied`
 502) and `ConfigError` (the process cannot run as configured). Errors of other layers
 subclass the root or a kind where they are defined (`app.errors.LimitExceeded`,
 `shared.agent.graphs.GraphNotFound`, …); `app.errors.REPLIES` gives each its HTTP status
-and body. The HTTP client's errors (`threadrun.client.ThreadrunClientError`, which the CLI's
+and body. The HTTP client's errors (`threadrun.errors.ThreadrunClientError`, which the CLI's
 `OpsError` joins) are a root of their own: they describe the server's answer as a client
 program sees it (`code` is None when the answer had no JSON body), not our errors.
 """

@@ -7,7 +7,9 @@
         for item in client.stream_run(tid, "lead_agent", input={"messages": [...]}):
             ...
 
-`threadrun.client` has the recovery machinery (SPEC B4/B5/B9); the `threadrun` command is
+`threadrun.client` has the client and the stream driver (and re-exports the names of
+`threadrun.results`, `threadrun.errors`, `threadrun.recovery` and `threadrun.transports`,
+where the recovery machinery of SPEC B4/B5/B9 lives); the `threadrun` command is
 `threadrun.cli`; `threadrun.webhooks.verify` checks a webhook delivery's signature. This
 package imports nothing of the server.
 """

@@ -10,42 +10,145 @@
                                            # state reloaded (GET /threads/{id}/state)
             case RunEnded(): ...           # the run's terminal status ("interrupted" = cancelled)
 
-Recovery, as SPEC B4/B5/B9 describe it:
+A dropped connection is resumed after the last event id delivered, a replay gap is
+recovered by reloading the thread's durable state, and too many gaps in a row raise
+`StreamReplayGapError` while the run itself keeps going: `threadrun.recovery` spells the
+rules out (SPEC B4/B5/B9).
 
-- a dropped connection (transport error, read timeout, or a stream that closes without
-  `end`) is resumed with the last event id seen, with bounded retries and back-off; the
-  server replays exactly the events after it (B4), and the client also refuses any id
-  that is not after the last one delivered, so no event is delivered twice;
-- a `gap` (events after the cursor were trimmed, B5) drops the transient view (the
-  partial assistant text), reloads the run's status and the thread's durable state,
-  yields `StateReloaded`, then rejoins after `latest_available_event_id` — or, when the
-  stream is gone (null bounds), ends with `RunEnded` if the run is terminal, else waits
-  and rejoins from the start of what is retained;
-- after `max_consecutive_gaps` gaps with no event delivered in between, it raises
-  `StreamReplayGapError`: the live view is lost, the run itself keeps going.
-
-The decisions (what to do on an event, a drop, a gap, the end) live in `RunRecovery`,
-which does no IO; `RunStream` drives it over a `StreamTransport` (SSE or WebSocket here,
-an in-memory fake in the unit tests).
+This module holds the two classes that do IO for the caller: `ThreadrunClient` (plain
+requests, and the streams it opens) and `RunStream`, the driver of one stream. The
+decisions (what to do on an event, a drop, a gap, the end) live in `RunRecovery`
+(`threadrun.recovery`), which does no IO; `RunStream` carries them out over a
+`StreamTransport` (`threadrun.transports`: SSE or WebSocket, an in-memory fake in the unit
+tests). What callers receive is in `threadrun.results`, what they catch in
+`threadrun.errors`. Those modules' names are re-exported here, so imports from
+`threadrun.client` keep working.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import re
 import time
-import uuid
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 import httpx
 import orjson
 
-TERMINAL_STATUSES = frozenset({"success", "error", "timeout", "interrupted"})
-START_CURSOR = "-1"
-"""`Last-Event-ID` meaning "from the start of what is retained" (B4)."""
+from threadrun.errors import (
+    ConnectionDropped,
+    ServerUnreachableError,
+    StreamDisconnectedError,
+    StreamReplayGapError,
+    ThreadrunAPIError,
+    ThreadrunClientError,
+)
+from threadrun.recovery import (
+    START_CURSOR,
+    TERMINAL_STATUSES,
+    Deliver,
+    DropDecision,
+    EventDecision,
+    Finish,
+    GapDecision,
+    GiveUp,
+    PartialText,
+    Reconnect,
+    RecoveryPolicy,
+    Rejoin,
+    Reload,
+    ReloadDecision,
+    RunRecovery,
+    Skip,
+    backoff_delay,
+    event_id_key,
+    is_after,
+    later_id,
+    message_delta,
+)
+from threadrun.results import (
+    ClientItem,
+    GapInfo,
+    Reconnecting,
+    RunEnded,
+    StateReloaded,
+    StreamEvent,
+)
+from threadrun.transports import (
+    SseTransport,
+    StreamTransport,
+    Subscription,
+    WireEnd,
+    WireGap,
+    WireHeartbeat,
+    WireItem,
+    WsTransport,
+    _api_error,
+    _retryable_status,
+    parse_sse,
+    ws_url,
+)
+from threadrun.transports import _WsSubscription as _WsSubscription  # the unit tests use it
+
+__all__ = [
+    # this module
+    "DEFAULT_STREAM_MODE",
+    "DEFAULT_URL",
+    "ConnectionInfo",
+    "FaultHook",
+    "RunStream",
+    "ThreadrunClient",
+    "default_url",
+    # threadrun.results
+    "ClientItem",
+    "GapInfo",
+    "Reconnecting",
+    "RunEnded",
+    "StateReloaded",
+    "StreamEvent",
+    # threadrun.errors
+    "ConnectionDropped",
+    "ServerUnreachableError",
+    "StreamDisconnectedError",
+    "StreamReplayGapError",
+    "ThreadrunAPIError",
+    "ThreadrunClientError",
+    # threadrun.recovery
+    "START_CURSOR",
+    "TERMINAL_STATUSES",
+    "Deliver",
+    "DropDecision",
+    "EventDecision",
+    "Finish",
+    "GapDecision",
+    "GiveUp",
+    "PartialText",
+    "Reconnect",
+    "RecoveryPolicy",
+    "Rejoin",
+    "Reload",
+    "ReloadDecision",
+    "RunRecovery",
+    "Skip",
+    "backoff_delay",
+    "event_id_key",
+    "is_after",
+    "later_id",
+    "message_delta",
+    # threadrun.transports
+    "SseTransport",
+    "StreamTransport",
+    "Subscription",
+    "WireEnd",
+    "WireGap",
+    "WireHeartbeat",
+    "WireItem",
+    "WsTransport",
+    "parse_sse",
+    "ws_url",
+]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -68,426 +171,6 @@ def default_url(env: Mapping[str, str] | None = None) -> str:
 DEFAULT_STREAM_MODE: tuple[str, ...] = ("messages-tuple", "values")
 
 
-# --- what a caller receives -------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class StreamEvent:
-    """One live event of the run; `data` is decoded JSON."""
-
-    id: str
-    event: str
-    data: Any
-
-
-@dataclass(frozen=True, slots=True)
-class GapInfo:
-    """The body of a `gap` control event (B5)."""
-
-    run_id: str | None
-    requested_event_id: str | None
-    earliest_available_event_id: str | None
-    latest_available_event_id: str | None
-    code: str = "stream_replay_gap"
-
-    @classmethod
-    def from_payload(cls, payload: Any) -> GapInfo:
-        """Parse the gap payload (tolerant: a malformed one is a gap with null bounds)."""
-        p: Mapping[str, Any] = payload if isinstance(payload, Mapping) else {}
-
-        def opt(key: str) -> str | None:
-            value = p.get(key)
-            return str(value) if value not in (None, "") else None
-
-        return cls(
-            run_id=opt("run_id"),
-            requested_event_id=opt("requested_event_id"),
-            earliest_available_event_id=opt("earliest_available_event_id"),
-            latest_available_event_id=opt("latest_available_event_id"),
-            code=str(p.get("code") or "stream_replay_gap"),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class StateReloaded:
-    """The live view was incomplete: transient state dropped, durable state reloaded (B9)."""
-
-    state: dict[str, Any]
-    gap: GapInfo
-
-
-@dataclass(frozen=True, slots=True)
-class RunEnded:
-    """The run reached a terminal status (`interrupted` = cancelled)."""
-
-    run_id: str
-    status: str
-
-
-@dataclass(frozen=True, slots=True)
-class Reconnecting:
-    """The connection dropped; the client resumes after `last_event_id` in `delay` seconds."""
-
-    run_id: str
-    attempt: int
-    delay: float
-    last_event_id: str | None
-    reason: str
-
-
-ClientItem = StreamEvent | StateReloaded | RunEnded | Reconnecting
-
-
-# --- errors ------------------------------------------------------------------------------------
-class ThreadrunClientError(Exception):
-    """Root of the errors this client raises."""
-
-
-class ThreadrunAPIError(ThreadrunClientError):
-    """The server refused a request (4xx, or a WebSocket `error` frame)."""
-
-    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-
-
-class ServerUnreachableError(ThreadrunClientError):
-    """No answer from the server at all (refused, unknown host, timed out)."""
-
-    def __init__(self, url: str, reason: str) -> None:
-        super().__init__(
-            f"cannot reach the threadrun server at {url} ({reason}). Is it running? `make run`"
-            " starts one and prints its URL; --url or THREADRUN_URL point elsewhere."
-        )
-        self.url = url
-
-
-class StreamDisconnectedError(ThreadrunClientError):
-    """The stream could not be resumed within the retry budget. The run keeps going."""
-
-    def __init__(self, message: str, *, run_id: str | None, last_event_id: str | None) -> None:
-        super().__init__(message)
-        self.run_id = run_id
-        self.last_event_id = last_event_id
-
-
-class StreamReplayGapError(ThreadrunClientError):
-    """Too many consecutive replay gaps: the live view is lost, but the run keeps going (B9)."""
-
-    def __init__(self, run_id: str | None, gaps: Sequence[GapInfo]) -> None:
-        self.run_id = run_id
-        self.gaps = tuple(gaps)
-        last = self.gaps[-1] if self.gaps else None
-        super().__init__(
-            f"run {run_id}: the live stream had {len(self.gaps)} replay gaps in a row "
-            f"(events after {last.requested_event_id if last else None} were trimmed before "
-            "they could be read); the live view is incomplete but the run itself keeps going: "
-            "reload the thread state (GET /threads/{id}/state) or join the run again later"
-        )
-
-
-class ConnectionDropped(Exception):
-    """A transport lost its connection (or never got one); the stream can be resumed."""
-
-
-# --- pure recovery logic (no IO) ------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class RecoveryPolicy:
-    """Bounds of reconnection and gap recovery."""
-
-    max_retries: int = 5
-    """Consecutive failed connection attempts before `StreamDisconnectedError`."""
-    backoff_initial_s: float = 0.25
-    backoff_factor: float = 2.0
-    backoff_max_s: float = 5.0
-    jitter: float = 0.1
-    """Up to this fraction of the delay is added at random (spreads reconnect storms)."""
-    max_consecutive_gaps: int = 3
-    lost_stream_wait_s: float = 1.0
-    """Wait before rejoining a live run whose stream is gone (gap with null bounds)."""
-    read_timeout_s: float = 20.0
-    """Silence (no event, no heartbeat) after which a connection counts as dropped (B6)."""
-    connect_timeout_s: float = 10.0
-
-
-def backoff_delay(policy: RecoveryPolicy, attempt: int, rand: float = 0.0) -> float:
-    """Delay before reconnect attempt `attempt` (1-based); `rand` in [0, 1) scales the jitter."""
-    base = policy.backoff_initial_s * policy.backoff_factor ** max(0, attempt - 1)
-    base = min(base, policy.backoff_max_s)
-    return base * (1.0 + policy.jitter * rand)
-
-
-_REDIS_ID = re.compile(r"^(\d+)-(\d+)$")
-
-
-def event_id_key(event_id: str) -> tuple[int, int] | None:
-    """The order key of an event id, if it has the `<ms>-<seq>` shape our server uses."""
-    m = _REDIS_ID.match(event_id)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def is_after(event_id: str, last: str | None) -> bool:
-    """Whether `event_id` comes after `last` (ids of unknown shape: only equality is known)."""
-    if last is None:
-        return True
-    a, b = event_id_key(event_id), event_id_key(last)
-    if a is None or b is None:
-        return event_id != last
-    return a > b
-
-
-def later_id(a: str | None, b: str | None) -> str | None:
-    """The later of two cursors (None = nothing seen)."""
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return b if is_after(b, a) else a
-
-
-def message_delta(event: StreamEvent) -> tuple[str | None, str] | None:
-    """(message id, text) of an assistant token in a `messages` event of the top graph."""
-    if event.event != "messages" or not isinstance(event.data, list) or not event.data:
-        return None
-    chunk = event.data[0]
-    if not isinstance(chunk, dict) or chunk.get("type") not in ("AIMessageChunk", "ai"):
-        return None
-    content = chunk.get("content")
-    if isinstance(content, list):
-        content = "".join(
-            str(b.get("text", ""))
-            for b in content
-            if isinstance(b, dict) and b.get("type") == "text"
-        )
-    if not isinstance(content, str) or not content:
-        return None
-    mid = chunk.get("id")
-    return (str(mid) if mid is not None else None, content)
-
-
-@dataclass
-class PartialText:
-    """Transient view: the assistant message being streamed, built from `messages` events."""
-
-    message_id: str | None = None
-    text: str = ""
-
-    def apply(self, event: StreamEvent) -> str:
-        """Fold one event in; returns the new text (empty if the event carries none)."""
-        delta = message_delta(event)
-        if delta is None:
-            return ""
-        mid, piece = delta
-        if mid != self.message_id:
-            self.message_id, self.text = mid, ""
-        self.text += piece
-        return piece
-
-    def reset(self) -> None:
-        """Forget it (after a gap the buffer may miss tokens)."""
-        self.message_id, self.text = None, ""
-
-
-@dataclass(frozen=True, slots=True)
-class Deliver:
-    """Hand the event to the caller."""
-
-    event: StreamEvent
-
-
-@dataclass(frozen=True, slots=True)
-class Skip:
-    """Not after the last delivered id: a duplicate, drop it."""
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    """The run ended; `reload_first`: the view is stale, reload durable state before `RunEnded`."""
-
-    status: str
-    reload_first: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Reconnect:
-    """Resume after `cursor` once `delay` has passed."""
-
-    cursor: str
-    delay: float
-    attempt: int
-
-
-@dataclass(frozen=True, slots=True)
-class Reload:
-    """Reload the run's status and the thread's durable state, then call `after_reload`."""
-
-    gap: GapInfo
-
-
-@dataclass(frozen=True, slots=True)
-class Rejoin:
-    """Subscribe again after `cursor` once `delay` has passed (after a gap)."""
-
-    cursor: str
-    delay: float
-
-
-@dataclass(frozen=True, slots=True)
-class GiveUp:
-    """Stop and raise `error`."""
-
-    error: ThreadrunClientError
-
-
-EventDecision = Deliver | Skip | Finish
-DropDecision = Reconnect | GiveUp
-GapDecision = Reload | GiveUp
-ReloadDecision = Finish | Rejoin
-
-
-@dataclass
-class RunRecovery:
-    """What to do on an event, a drop, a gap, the end — for one run's stream. No IO.
-
-    Invariants: delivered event ids strictly increase; the transient view is reset on
-    every gap; `consecutive_gaps` counts gaps since the last delivered event; `failures`
-    counts connection attempts since the last event or gap received.
-    """
-
-    policy: RecoveryPolicy = field(default_factory=RecoveryPolicy)
-    run_id: str | None = None
-    last_event_id: str | None = None
-    consecutive_gaps: int = 0
-    failures: int = 0
-    stale_view: bool = False
-    last_gap: GapInfo | None = None
-    finished: bool = False
-    view: PartialText = field(default_factory=PartialText)
-    values: Any = None
-    _gaps: list[GapInfo] = field(default_factory=list)
-
-    @property
-    def cursor(self) -> str:
-        """The `Last-Event-ID` to resume with."""
-        return self.last_event_id or START_CURSOR
-
-    def on_event(self, event: StreamEvent) -> EventDecision:
-        """A live event arrived."""
-        if event.id:
-            if not is_after(event.id, self.last_event_id) and event.event != "end":
-                return Skip()  # (`end` again, e.g. a join with the end's own id, still ends)
-            self.last_event_id = later_id(self.last_event_id, event.id)
-        self.failures = 0
-        self.consecutive_gaps = 0
-        self._gaps.clear()
-        if event.event == "end":
-            status = event.data.get("status") if isinstance(event.data, dict) else None
-            return self.on_end(str(status or "unknown"))
-        self.view.apply(event)
-        if event.event == "values":
-            self.values = event.data
-            self.stale_view = False
-        return Deliver(event)
-
-    def on_end(self, status: str, event_id: str | None = None) -> Finish:
-        """The stream ended with the run's status (`event_id`: the `end` event's id)."""
-        if event_id:
-            self.last_event_id = later_id(self.last_event_id, event_id)
-        self.finished = True
-        if self.stale_view:  # the final reload replaces the transient view too
-            self.view.reset()
-        return Finish(status, reload_first=self.stale_view)
-
-    def on_drop(self, rand: float = 0.0) -> DropDecision:
-        """The connection dropped (or could not be opened); `rand` in [0, 1) for jitter."""
-        self.failures += 1
-        if self.failures > self.policy.max_retries:
-            return GiveUp(
-                StreamDisconnectedError(
-                    f"run {self.run_id}: the stream dropped and {self.policy.max_retries} "
-                    f"reconnects failed (last event {self.last_event_id}); the run itself "
-                    "keeps going: join it again later",
-                    run_id=self.run_id,
-                    last_event_id=self.last_event_id,
-                )
-            )
-        return Reconnect(
-            self.cursor, backoff_delay(self.policy, self.failures, rand), attempt=self.failures
-        )
-
-    def on_gap(self, gap: GapInfo) -> GapDecision:
-        """The server could not replay after our cursor (B5): drop the transient view."""
-        self.view.reset()
-        self.stale_view = True
-        self.last_gap = gap
-        self.failures = 0
-        self.consecutive_gaps += 1
-        self._gaps.append(gap)
-        if self.consecutive_gaps >= self.policy.max_consecutive_gaps:
-            return GiveUp(StreamReplayGapError(self.run_id, self._gaps))
-        return Reload(gap)
-
-    def after_reload(
-        self, gap: GapInfo, run_status: str, state: Mapping[str, Any]
-    ) -> ReloadDecision:
-        """Durable state reloaded (status read first, then state): end, or rejoin (B9)."""
-        self.values = state.get("values")
-        if run_status in TERMINAL_STATUSES:
-            # The status was committed before the state was read: the state is final.
-            self.stale_view = False
-            self.finished = True
-            return Finish(run_status, reload_first=False)
-        if gap.latest_available_event_id is None:
-            # The stream is gone while the run lives: wait for it and take what is retained;
-            # ids not after the last delivered one are still refused.
-            return Rejoin(START_CURSOR, self.policy.lost_stream_wait_s)
-        self.last_event_id = later_id(self.last_event_id, gap.latest_available_event_id)
-        return Rejoin(self.cursor, 0.0)
-
-
-# --- transports ---------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class WireGap:
-    """A `gap` control item from the server."""
-
-    gap: GapInfo
-
-
-@dataclass(frozen=True, slots=True)
-class WireEnd:
-    """An end-of-run control item (WebSocket `end` frame)."""
-
-    status: str
-    event_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class WireHeartbeat:
-    """Nothing happened for a heartbeat interval (B6)."""
-
-
-WireItem = StreamEvent | WireGap | WireEnd | WireHeartbeat
-
-
-class Subscription(Protocol):
-    """One subscription to a run's stream; `run_id` is known once the run was created."""
-
-    run_id: str | None
-
-    def __iter__(self) -> Iterator[WireItem]: ...
-
-    def close(self) -> None: ...
-
-
-class StreamTransport(Protocol):
-    """Opens subscriptions; raises `ConnectionDropped` (resumable) or `ThreadrunAPIError`."""
-
-    def open_create(self, thread_id: str, payload: dict[str, Any]) -> Subscription: ...
-
-    def open_join(self, thread_id: str, run_id: str, cursor: str) -> Subscription: ...
-
-    def close(self) -> None: ...
-
-
 @dataclass(frozen=True, slots=True)
 class ConnectionInfo:
     """What a fault hook sees before each read: which connection, why, how far along."""
@@ -500,293 +183,6 @@ class ConnectionInfo:
 
 FaultHook = Callable[[ConnectionInfo], bool]
 """Test hook: return True to close the underlying connection now (simulated network drop)."""
-
-
-def _content_location_run_id(headers: httpx.Headers) -> str | None:
-    loc = headers.get("content-location") or ""
-    m = re.search(r"/runs/([0-9a-fA-F-]{36})", loc)
-    return m.group(1) if m else None
-
-
-def _decode_json(text: str) -> Any:
-    if not text:
-        return None
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return text
-
-
-def parse_sse(lines: Iterable[str]) -> Iterator[WireItem]:
-    """SSE lines -> events, gaps and heartbeats (comment lines)."""
-    event_id: str | None = None
-    name: str | None = None
-    data: list[str] = []
-    for line in lines:
-        if line == "":
-            if name is not None or data:
-                payload = _decode_json("\n".join(data))
-                if name == "gap":
-                    yield WireGap(GapInfo.from_payload(payload))
-                else:
-                    yield StreamEvent(event_id or "", name or "message", payload)
-            event_id, name, data = None, None, []
-            continue
-        if line.startswith(":"):
-            yield WireHeartbeat()
-            continue
-        key, _, value = line.partition(":")
-        if value.startswith(" "):
-            value = value[1:]
-        if key == "id":
-            event_id = value
-        elif key == "event":
-            name = value
-        elif key == "data":
-            data.append(value)
-
-
-def _api_error(status: int, body: bytes) -> ThreadrunAPIError:
-    decoded = _decode_json(body.decode(errors="replace"))
-    if isinstance(decoded, dict):
-        message = str(decoded.get("message") or decoded.get("detail") or decoded)
-        code = decoded.get("error")
-        return ThreadrunAPIError(
-            f"HTTP {status}: {message}", status=status, code=str(code) if code else None
-        )
-    return ThreadrunAPIError(f"HTTP {status}: {body[:500].decode(errors='replace')}", status=status)
-
-
-def _retryable_status(status: int) -> bool:
-    return status in (408, 425, 429) or status >= 500
-
-
-class _SseSubscription:
-    """One streaming HTTP response."""
-
-    def __init__(
-        self,
-        http: httpx.Client,
-        method: str,
-        url: str,
-        *,
-        timeout: httpx.Timeout,
-        json: dict[str, Any] | None = None,
-        headers: dict[str, str] | None = None,
-        run_id: str | None = None,
-    ) -> None:
-        self.run_id = run_id
-        self._timeout = timeout
-        self._gen = self._items(http, method, url, json, headers)
-
-    def __iter__(self) -> Iterator[WireItem]:
-        return self._gen
-
-    def _items(
-        self,
-        http: httpx.Client,
-        method: str,
-        url: str,
-        json: dict[str, Any] | None,
-        headers: dict[str, str] | None,
-    ) -> Generator[WireItem, None, None]:
-        try:
-            with http.stream(
-                method, url, json=json, headers=headers, timeout=self._timeout
-            ) as resp:
-                if resp.status_code >= 400:
-                    body = resp.read()
-                    if _retryable_status(resp.status_code):
-                        raise ConnectionDropped(f"HTTP {resp.status_code}")
-                    raise _api_error(resp.status_code, body)
-                self.run_id = self.run_id or _content_location_run_id(resp.headers)
-                yield from parse_sse(resp.iter_lines())
-        except httpx.TransportError as exc:
-            raise ConnectionDropped(f"{type(exc).__name__}: {exc}") from exc
-        except httpx.StreamError as exc:  # closed under us
-            raise ConnectionDropped(f"{type(exc).__name__}: {exc}") from exc
-
-    def close(self) -> None:
-        self._gen.close()
-
-
-class SseTransport:
-    """POST …/runs/stream to create, GET …/runs/{id}/stream with `Last-Event-ID` to resume."""
-
-    def __init__(self, http: httpx.Client, policy: RecoveryPolicy) -> None:
-        self._http = http
-        self._timeout = httpx.Timeout(
-            policy.connect_timeout_s, read=policy.read_timeout_s, connect=policy.connect_timeout_s
-        )
-
-    def open_create(self, thread_id: str, payload: dict[str, Any]) -> Subscription:
-        return _SseSubscription(
-            self._http,
-            "POST",
-            f"/threads/{thread_id}/runs/stream",
-            timeout=self._timeout,
-            json=payload,
-        )
-
-    def open_join(self, thread_id: str, run_id: str, cursor: str) -> Subscription:
-        return _SseSubscription(
-            self._http,
-            "GET",
-            f"/threads/{thread_id}/runs/{run_id}/stream",
-            timeout=self._timeout,
-            headers={"Last-Event-ID": cursor},
-            run_id=run_id,
-        )
-
-    def close(self) -> None:
-        pass
-
-
-def ws_url(base_url: str) -> str:
-    """The `/ws` endpoint next to an http(s) base URL."""
-    base = base_url.rstrip("/")
-    if base.startswith("https://"):
-        base = "wss://" + base[len("https://") :]
-    elif base.startswith("http://"):
-        base = "ws://" + base[len("http://") :]
-    return base + "/ws"
-
-
-_WS_RETRYABLE_CODES = frozenset(
-    {"internal_error", "unavailable", "overloaded", "store_error", "already_subscribed"}
-)
-_WS_STATUS = {
-    "not_found": 404,
-    "invalid_request": 422,
-    "invalid_last_event_id": 400,
-    "thread_busy": 409,
-    "thread_exists": 409,
-    "conflict": 409,
-    "unauthorized": 401,
-}
-
-
-class _WsSubscription:
-    """One `run.create` / `run.join` on its own socket (closed with the subscription)."""
-
-    def __init__(self, transport: WsTransport, frame: dict[str, Any], run_id: str | None) -> None:
-        self.run_id = run_id
-        self._transport = transport
-        self._frame = frame
-        self._gen = self._items()
-
-    def __iter__(self) -> Iterator[WireItem]:
-        return self._gen
-
-    def _items(self) -> Generator[WireItem, None, None]:
-        from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
-
-        t = self._transport
-        try:
-            with t.connect() as ws:
-                ws.send(orjson.dumps(self._frame).decode())
-                while True:
-                    try:
-                        raw = ws.recv(timeout=t.read_timeout_s)
-                    except TimeoutError as exc:
-                        raise ConnectionDropped(f"no frame for {t.read_timeout_s} s") from exc
-                    msg = _decode_json(raw if isinstance(raw, str) else raw.decode())
-                    if not isinstance(msg, dict):
-                        continue
-                    item = self._handle(msg)
-                    if item is None:
-                        continue
-                    yield item
-                    if isinstance(item, WireGap | WireEnd):
-                        return  # the server ended this subscription
-        except (ConnectionClosed, OSError) as exc:  # TimeoutError of the handshake included
-            raise ConnectionDropped(f"{type(exc).__name__}: {exc}") from exc
-        except InvalidHandshake as exc:
-            response = getattr(exc, "response", None)
-            status = getattr(response, "status_code", None)
-            if isinstance(status, int) and not _retryable_status(status):
-                raise _api_error(status, getattr(response, "body", b"") or b"") from exc
-            raise ConnectionDropped(f"{type(exc).__name__}: {exc}") from exc
-        except InvalidURI as exc:
-            raise ThreadrunAPIError(f"bad WebSocket URL: {exc}") from exc
-
-    def _handle(self, msg: dict[str, Any]) -> WireItem | None:
-        kind = msg.get("type")
-        rid = msg.get("run_id")
-        if kind == "run.created":
-            if msg.get("request_id") == self._frame.get("request_id"):
-                run = msg.get("run") or {}
-                self.run_id = str(run.get("run_id") or rid or "") or None
-            return None
-        if kind == "error":
-            if msg.get("request_id") not in (None, self._frame.get("request_id")):
-                return None  # about another request (not ours)
-            code = str(msg.get("code") or "error")
-            text = str(msg.get("message") or code)
-            if code in _WS_RETRYABLE_CODES:
-                raise ConnectionDropped(f"server error {code}: {text}")
-            raise ThreadrunAPIError(f"{code}: {text}", status=_WS_STATUS.get(code), code=code)
-        if rid is not None and self.run_id is not None and str(rid) != self.run_id:
-            return None  # another run's frame (not ours)
-        if kind == "event":
-            data = msg.get("data")
-            return StreamEvent(str(msg.get("id") or ""), str(msg.get("event")), data)
-        if kind == "gap":
-            return WireGap(GapInfo.from_payload(msg))
-        if kind == "heartbeat":
-            return WireHeartbeat()
-        if kind == "end":
-            eid = msg.get("id")
-            return WireEnd(str(msg.get("status") or "unknown"), str(eid) if eid else None)
-        return None  # pong, acknowledgements, future frame types
-
-    def close(self) -> None:
-        self._gen.close()  # leaves the `with`: the socket is closed
-
-
-class WsTransport:
-    """The `/ws` endpoint (A2): a socket per subscription (a rejoin after a gap or a drop
-    opens a new one, so no server-side state of the old one can interfere)."""
-
-    def __init__(self, base_url: str, api_key: str | None, policy: RecoveryPolicy) -> None:
-        self.url = ws_url(base_url)
-        self._headers = {"x-api-key": api_key} if api_key else {}
-        self.read_timeout_s = policy.read_timeout_s
-        self._open_timeout = policy.connect_timeout_s
-
-    def connect(self) -> Any:
-        """A new socket (websockets' sync client; use it as a context manager)."""
-        from websockets.sync.client import connect
-
-        return connect(
-            self.url,
-            additional_headers=self._headers,
-            open_timeout=self._open_timeout,
-            close_timeout=2,
-            max_size=None,
-        )
-
-    def open_create(self, thread_id: str, payload: dict[str, Any]) -> Subscription:
-        frame = {
-            "type": "run.create",
-            "thread_id": thread_id,
-            "request_id": uuid.uuid4().hex,
-            **payload,
-        }
-        return _WsSubscription(self, frame, None)
-
-    def open_join(self, thread_id: str, run_id: str, cursor: str) -> Subscription:
-        frame = {
-            "type": "run.join",
-            "thread_id": thread_id,
-            "run_id": run_id,
-            "last_event_id": cursor,
-            "request_id": uuid.uuid4().hex,
-        }
-        return _WsSubscription(self, frame, run_id)
-
-    def close(self) -> None:
-        pass
 
 
 # --- the driver ---------------------------------------------------------------------------------
