@@ -34,10 +34,10 @@ from langgraph.pregel import Pregel
 from langgraph.types import Command
 
 from shared import logs, metrics, serde
-from shared.model_errors import describe_model_error
 from shared.bridge.publisher import EventSink
 from shared.errors import EventsUnpublished, LeaseLost
 from shared.journal import RunJournal
+from shared.model_errors import describe_model_error
 from shared.runs.leases import lease_value
 from shared.runs.model import JSONObject, Run, RunStatus, Sink, ThreadStatus
 from shared.runs.reserved import without_reserved

@@ -26,13 +26,13 @@ from shared.db import make_pool
 from shared.runs.model import Run
 from shared.runs.store import RunStore
 from shared.runs.taskqueue import WEBHOOK_TASK, WEBHOOKS_QUEUE, Dispatcher
+from shared.runs.webhook_delivery import WebhookService
 from shared.settings import Settings
 from shared.state.accessor import CheckpointStateAccessor
 from shared.state.modes import ensure_recorded_mode
 from shared.webhooks.policy import EgressPolicy
 from shared.webhooks.retry import Backoff
 from shared.webhooks.sender import Sender
-from shared.runs.webhook_delivery import WebhookService
 from shared.webhooks.store import WebhookStore
 from workers.celery_app import celery
 

@@ -29,11 +29,8 @@ from typing import Any
 
 from flask import Blueprint, Flask, g, request
 from flask_sock import Sock
-from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 from simple_websocket import ConnectionClosed, Server
 from werkzeug.exceptions import HTTPException
-from wsproto.events import CloseConnection, Event, Message
-from wsproto.frame_protocol import CloseReason
 
 from app import public_ids
 from app.admission import admit_run
@@ -54,7 +51,17 @@ from app.limits import ConnectionSlot, TokenBucket, limiter
 from app.schemas import RunCreate
 from app.services import Services, current_services
 from app.streaming import frames
-from app.streaming.frames import EndFrame, EventFrame, Frame, GapFrame, HeartbeatFrame
+from app.streaming.frames import EndFrame, HeartbeatFrame
+from app.streaming.ws_frames import (
+    CancelFrame,
+    FrameError,
+    JoinFrame,
+    checked_modes,
+    dump,
+    encode,
+    request_id_of,
+)
+from app.streaming.ws_socket import ExplainTooBig, WholeFrames
 from shared import serde
 from shared.bridge.base import BEFORE_FIRST, END_EVENT
 from shared.bridge.subscriber import StreamSubscriber
@@ -63,7 +70,6 @@ from shared.ops.connections import TRACKER
 from shared.redis_keys import Keys
 from shared.runs.model import CancelAction, OnDisconnect
 from shared.runs.thread_ids import rewrite_text
-from shared.vocab import STREAM_MODES
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +90,6 @@ MAX_POLL_S = 1.0  # a subscription thread notices a closed socket within this
 RECEIVE_POLL_S = 5.0
 CLOSE_WAIT_S = 2.0  # how long the peer gets to answer our close frame
 PING_INTERVAL_S = 25  # protocol-level pings detect dead peers (a leaked handler otherwise)
-MAX_REQUEST_ID = 256
 
 
 def init_app(app: Flask) -> None:
@@ -132,68 +137,11 @@ def ws_thread(ws: Server, thread_id: str) -> None:
     _serve(ws, thread_id)
 
 
-class _WholeFrames:
-    """The upgraded socket, written one whole frame at a time.
-
-    simple-websocket writes with `sock.send()`, ignores a short write, and writes from two
-    threads (our frames; pings from its reader). Once a slow reader's buffers are full a
-    gevent socket's send() writes only what fits, cutting a frame, and two writers could
-    interleave the parts of a large one. `sendall` under one lock prevents both.
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self._lock = threading.Lock()
-
-    def send(self, data: bytes, flags: int = 0) -> int:
-        with self._lock:
-            self._sock.sendall(data, flags)
-        return len(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
-
-
-class _ExplainTooBig:
-    """The socket's wsproto connection, with a reason before a "message too big" close.
-
-    simple-websocket answers a frame above `max_message_size` with a bare close 1009
-    "Message is too big" from its reader thread. A browser's WebSocket API hides close
-    reasons behind a generic "the connection closed", so a user who pasted a 300 KB text saw
-    no reason at all. Here that close becomes an `error` frame naming the limit
-    (`limit_exceeded`, `ws_max_frame_bytes`, like SSE/HTTP name theirs) followed by the
-    same 1009 close with a reason that names the size.
-    """
-
-    def __init__(self, conn: Any, max_bytes: int) -> None:
-        self._conn = conn
-        self._max_bytes = max_bytes
-
-    def send(self, event: Event) -> bytes:
-        if isinstance(event, CloseConnection) and event.code == CloseReason.MESSAGE_TOO_BIG:
-            error = {
-                "type": "error",
-                "code": "limit_exceeded",
-                "limit": "ws_max_frame_bytes",
-                "max_bytes": self._max_bytes,
-                "message": f"a frame is larger than {self._max_bytes} bytes "
-                "(ws_max_frame_bytes); the socket closes",
-                "request_id": None,
-            }
-            reason = f"frame larger than {self._max_bytes} bytes (ws_max_frame_bytes)"
-            out: bytes = self._conn.send(Message(data=serde.dumps_str(error)))
-            return out + bytes(self._conn.send(CloseConnection(event.code, reason)))
-        return bytes(self._conn.send(event))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-
 def _serve(ws: Server, default_thread_id: str | None) -> None:
     # Nothing may escape: after the upgrade an exception would become an HTTP 500 written
     # onto the WebSocket.
-    ws.sock = _WholeFrames(ws.sock)
-    ws.ws = _ExplainTooBig(ws.ws, current_services().settings.ws_max_frame_bytes)
+    ws.sock = WholeFrames(ws.sock)
+    ws.ws = ExplainTooBig(ws.ws, current_services().settings.ws_max_frame_bytes)
     session = None
     ticket = TRACKER.open("ws")  # the ops view's open connections
     try:
@@ -227,96 +175,6 @@ def _release(ws: Server) -> None:
         with contextlib.suppress(OSError):
             ws.sock.shutdown(socket.SHUT_RDWR)
         reader.join(timeout=1)
-
-
-# --- frames -----------------------------------------------------------------------------------
-
-RequestId = StrictStr | StrictInt | None
-
-
-class _Frame(BaseModel):
-    """Fields every client frame may carry besides its own."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    type: str
-    request_id: RequestId = None
-    thread_id: str | None = None
-
-
-class JoinFrame(_Frame):
-    """`run.join`: follow a run from after `last_event_id` (B4)."""
-
-    run_id: str
-    last_event_id: StrictStr | StrictInt | None = None
-    stream_mode: list[str] | str | None = None
-    cancel_on_disconnect: bool = False
-
-
-class CancelFrame(_Frame):
-    """`run.cancel` (R5): interrupt keeps the run's progress, rollback undoes it."""
-
-    run_id: str
-    action: CancelAction = CancelAction.INTERRUPT
-
-
-class _FrameError(ThreadrunError):
-    """A protocol-level refusal that has no place in shared.errors."""
-
-    def __init__(self, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.field = field
-
-
-def _request_id(data: dict[str, Any]) -> Any:
-    rid = data.get("request_id")
-    ok = rid is None or (isinstance(rid, int) and not isinstance(rid, bool))
-    ok = ok or (isinstance(rid, str) and len(rid) <= MAX_REQUEST_ID)
-    if not ok:
-        raise ValidationFailed(
-            f"request_id must be a string of at most {MAX_REQUEST_ID} characters or an integer",
-            field="request_id",
-        )
-    return rid
-
-
-def _modes(value: list[str] | str | None) -> list[str] | None:
-    if value is None:
-        return None
-    modes = [value] if isinstance(value, str) else value
-    for mode in modes:
-        if mode not in STREAM_MODES:
-            raise ValidationFailed(
-                f"stream_mode: unsupported stream mode {mode!r}; supported: "
-                + ", ".join(sorted(STREAM_MODES)),
-                field="stream_mode",
-            )
-    return modes or None
-
-
-def _dump(obj: Any) -> str:
-    return serde.dumps_str(obj)
-
-
-def encode(frame: Frame, run_id: str) -> str:
-    """One WebSocket text frame of the run `run_id`."""
-    if isinstance(frame, EventFrame):
-        item = frame.event
-        # `item.data` is JSON the publisher encoded: splice it in instead of parse + re-encode.
-        return (
-            f'{{"type":"event","run_id":{_dump(run_id)},"id":{_dump(item.id)},'
-            f'"event":{_dump(item.event)},"data":{item.data or "null"}}}'
-        )
-    if isinstance(frame, EndFrame):
-        return _dump(
-            {"type": "end", "run_id": run_id, "id": frame.event.id, "status": frame.status}
-        )
-    if isinstance(frame, GapFrame):
-        return _dump({"type": "gap", **frame.gap.payload()})
-    if isinstance(frame, HeartbeatFrame):
-        return _dump({"type": "heartbeat", "run_id": run_id})
-    raise TypeError(f"not a frame: {frame!r}")
 
 
 def _poll_subscriber(svc: Services) -> tuple[StreamSubscriber, float]:
@@ -399,7 +257,7 @@ class _Session:
         return True
 
     def send_obj(self, obj: dict[str, Any]) -> bool:
-        return self.send([_dump(obj)])
+        return self.send([dump(obj)])
 
     def error(
         self,
@@ -545,13 +403,13 @@ class _Session:
         try:
             if not isinstance(data, dict):
                 raise ValidationFailed("a frame must be a JSON object", field="frame")
-            request_id = _request_id(data)
+            request_id = request_id_of(data)
             kind = data.get("type")
             if not isinstance(kind, str) or not kind:
                 raise ValidationFailed("type: a frame needs a string `type`", field="type")
             handler = self._handlers.get(kind)
             if handler is None:
-                raise _FrameError(
+                raise FrameError(
                     "unknown_type",
                     f"unknown frame type {kind[:64]!r}; expected one of: "
                     + ", ".join(self._handlers),
@@ -562,7 +420,7 @@ class _Session:
             self.error(exc.code, str(exc), request_id, field="last_event_id")
         except ValidationFailed as exc:
             self.error(exc.code, str(exc), request_id, field=exc.field)
-        except _FrameError as exc:
+        except FrameError as exc:
             self.error(exc.code, str(exc), request_id, field=exc.field)
         except LimitExceeded as exc:
             self.send_obj(
@@ -638,7 +496,7 @@ class _Session:
                 cursor=cursor,
                 request_id=request_id,
                 cancel_on_disconnect=frame.cancel_on_disconnect,
-                modes=_modes(frame.stream_mode),
+                modes=checked_modes(frame.stream_mode),
             )
         )
 
@@ -665,14 +523,14 @@ class _Session:
         self.send_obj(pong)
 
     # -- subscriptions ---------------------------------------------------------------------------
-    def _refusal(self, run_id: str | None) -> _FrameError | None:
+    def _refusal(self, run_id: str | None) -> FrameError | None:
         """Why this socket cannot follow one more run (call with the subs lock held)."""
         if run_id is not None and run_id in self._subs:
-            return _FrameError(
+            return FrameError(
                 "already_subscribed", f"this socket already follows run {run_id}", "run_id"
             )
         if len(self._subs) >= MAX_SUBSCRIPTIONS:
-            return _FrameError(
+            return FrameError(
                 "too_many_subscriptions", f"a socket follows at most {MAX_SUBSCRIPTIONS} runs"
             )
         return None

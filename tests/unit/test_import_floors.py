@@ -80,6 +80,8 @@ APP_FLOORS: dict[str, int] = {
     "app.admission": 4,
     "app.streaming.frames": 4,
     "app.streaming.sse": 5,
+    "app.streaming.ws_frames": 5,
+    "app.streaming.ws_socket": 0,
     "app.api": 6,
     "app.streaming.ws": 7,
     "app": 8,  # the factory wires everything
