@@ -5,7 +5,7 @@ A view says what it reads and what it does with decorators under its `@bp.<metho
 
     @bp.post("/threads/<thread_id>/runs/stream")
     @streams_events                # an open connection (the limiter counts it), SSE answer
-    @creates_run                   # run sizes checked on the raw body (app/admission.py)
+    @run_sized                     # run sizes checked on the raw body (app/limits.py)
     @body(RunCreate)               # parsed once, injected as `body=`
     def create_stream(thread_id: str, body: RunCreate) -> Response: ...
 

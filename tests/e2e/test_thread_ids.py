@@ -2,7 +2,7 @@
 whoever else has a thread with that id: Bob choosing Alice's id gets a thread of his own
 (200, not a 409 that would tell hers exists or let him squat the id she will choose), runs
 on it, reads it and deletes it under that id, and never sees the id it is stored under
-(shared/runs/thread_ids.py, app/thread_ids.py)."""
+(shared/runs/thread_ids.py, app/public_ids.py)."""
 
 from __future__ import annotations
 
