@@ -254,6 +254,14 @@ def test_b5_l2_sentinel_failover_under_load_never_desyncs_redis_replies(
                 lambda: ha.node(ha.primary).zcard(slots) == 0,
                 30,
                 what="every hung-up stream's connection slot to be freed",
+                detail=lambda: (
+                    f"still taken: {ha.node(ha.primary).zrange(slots, 0, -1, withscores=True)}\n"
+                    + "\n".join(
+                        line
+                        for line in web_log(c).splitlines()
+                        if "slot" in line or "Error" in line
+                    )[-4000:]
+                ),
             )
 
             # New runs stream on the new master.
