@@ -30,7 +30,7 @@ def admit_run(owner: str, wanted: RunRequest, raw: dict[str, Any] | None = None)
         check_run_sizes(raw, lim.settings)
     lim.check_run_rate(owner)
     slot = lim.reserve_run(owner)
-    return _bound(slot, lambda: current_services().runs.admit(owner, wanted)).pop()
+    return _bound([slot], lambda: [current_services().runs.admit(owner, wanted)])[0]
 
 
 def admit_batch(owner: str, wanted: Sequence[RunRequest]) -> list[Run]:
@@ -57,16 +57,14 @@ def admit_batch(owner: str, wanted: Sequence[RunRequest]) -> list[Run]:
     return _bound(slots, lambda: current_services().runs.admit_batch(owner, list(wanted)))
 
 
-def _bound(slots: RunSlot | list[RunSlot], admit: Callable[[], Run | list[Run]]) -> list[Run]:
+def _bound(slots: list[RunSlot], admit: Callable[[], list[Run]]) -> list[Run]:
     """Run `admit`; bind each slot to its run, or free them all when it fails."""
-    held = slots if isinstance(slots, list) else [slots]
     try:
-        out = admit()
+        runs = admit()
     except BaseException:
-        for slot in held:
+        for slot in slots:
             slot.release()
         raise
-    runs = out if isinstance(out, list) else [out]
-    for slot, run in zip(held, runs, strict=True):
+    for slot, run in zip(slots, runs, strict=True):
         slot.bind(run.run_id)
     return runs

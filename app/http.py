@@ -177,18 +177,15 @@ def require_json_content_type() -> None:
 def _parsed_body(spec: ViewSpec) -> Any:
     model = spec.body
     assert model is not None
+    sent, data = _json_body()
     if spec.body_items:
-        data = read_json_body()
         for check in spec.raw_checks:
             check(data)
         return validate_items(model, data)
-    require_json_content_type()
-    raw = request.get_data(cache=True)
-    if not raw.strip():
+    if not sent:
         if not spec.body_required:
             return model()
         raise ValidationFailed("request body must be a JSON object", field="body", status=422)
-    data = _loads(raw)
     if not isinstance(data, dict):
         raise ValidationFailed("request body must be a JSON object", field="body")
     for check in spec.raw_checks:
@@ -196,21 +193,19 @@ def _parsed_body(spec: ViewSpec) -> Any:
     return validate(model, data)
 
 
-def _loads(raw: bytes) -> Any:
+def _json_body() -> tuple[bool, Any]:
+    """(whether the request has a body, its JSON); 400 when it is not JSON, 415 when it is
+    declared as something else."""
+    require_json_content_type()
+    raw = request.get_data(cache=True)
+    if not raw.strip():
+        return False, None
     try:
-        return serde.loads(raw)
+        return True, serde.loads(raw)
     except ValueError as exc:
         raise ValidationFailed(
             f"request body is not valid JSON: {exc}", field="body", status=400
         ) from exc
-
-
-def read_json_body() -> Any:
-    """The request's JSON body (None when empty); 400 when it is not JSON, 415 when it is
-    declared as something else."""
-    require_json_content_type()
-    raw = request.get_data(cache=True)
-    return _loads(raw) if raw.strip() else None
 
 
 def validate_items(model: type[M], data: Any) -> list[M]:

@@ -184,7 +184,9 @@ STREAM_MODES: dict[str, StreamMode] = {
 """Every stream mode a run may request, by name."""
 
 DEFAULT_STREAM_MODES = ("values",)
-CONTROL_EVENTS = frozenset({"metadata", "error", "end"})
+END_EVENT = "end"
+"""The last event of every run's stream (its status in `data`)."""
+CONTROL_EVENTS = frozenset({"metadata", "error", END_EVENT})
 """Events every stream sends whatever its modes: the run's metadata, its error, its end."""
 
 

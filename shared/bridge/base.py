@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shared.errors import StreamCursorInvalid
+from shared.vocab import END_EVENT as END_EVENT  # re-exported: the bridge's users name it here
 
 if TYPE_CHECKING:
     from shared.bridge.publisher import PublishCall, PublishResult
 
-END_EVENT = "end"
 LOST_EVENT = "threadrun.lost"
 """The marker entry a publisher writes where a failover lost events it no longer holds
 (shared/lua/publish.lua): a subscriber that reaches it gets a `Gap`, never the marker."""

@@ -137,13 +137,6 @@ class AdmissionStore(StoreBase):
         """The admission of one run inside the caller's transaction."""
         return self._queue_admission(conn, owner, item)()
 
-    def _decide(
-        self, strategy: MultitaskStrategy, inflight: list[Inflight], *, delayed: bool
-    ) -> AdmissionDecision:
-        """`admission.decide`, the one call between the reads and the writes of an admission
-        (`RunStore` overrides it to look `decide` up in shared/runs/store.py)."""
-        return decide(strategy, inflight, delayed=delayed)
-
     def _queue_admission(
         self, conn: psycopg.Connection[DictRow], owner: str, item: AdmitItem
     ) -> Callable[[], Admission]:
@@ -172,7 +165,7 @@ class AdmissionStore(StoreBase):
             if locked.fetchone() is None:
                 raise ThreadNotFound(f"thread {thread_id} not found")
             inflight = as_inflight(inflight_rows)
-        decision = self._decide(strategy, inflight, delayed=request.after_seconds > 0)
+        decision = decide(strategy, inflight, delayed=request.after_seconds > 0)
         if not decision.creates:
             return lambda: Admission(decision, None, [], [])
         cancel_running: list[str] = []

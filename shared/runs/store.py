@@ -18,14 +18,12 @@ of each part are re-exported here, so their import paths do not follow the split
 
 from __future__ import annotations
 
-from shared.runs.admission import AdmissionDecision, Inflight, decide
 from shared.runs.admission_store import Admission, AdmissionStore, AdmitItem
 from shared.runs.claims import Claim, ClaimOutcome, ClaimStore, Finish
 from shared.runs.reaper_queries import Expired, ReaperQueries, RunningRun
 from shared.runs.run_reads import RunReads
 from shared.runs.temporary_store import TemporaryThreadStore
 from shared.runs.threads_store import ThreadStore
-from shared.vocab import MultitaskStrategy
 
 __all__ = [
     "Admission",
@@ -43,11 +41,3 @@ class RunStore(
     ThreadStore, AdmissionStore, RunReads, ClaimStore, ReaperQueries, TemporaryThreadStore
 ):
     """Threads and runs in Postgres."""
-
-    def _decide(
-        self, strategy: MultitaskStrategy, inflight: list[Inflight], *, delayed: bool
-    ) -> AdmissionDecision:
-        # `decide` as this module's global, looked up at each admission: the seam that
-        # tests/integration/test_runs_store.py patches (`shared.runs.store.decide`) to commit
-        # a claim between an admission's reads and its writes.
-        return decide(strategy, inflight, delayed=delayed)

@@ -12,7 +12,7 @@ from psycopg_pool import ConnectionPool
 from shared.db import make_pool
 from shared.db.migrate import migrate, migrations
 from shared.errors import Conflict, RunNotFound, ThreadExists, ThreadNotFound
-from shared.runs import store as store_module
+from shared.runs import admission_store
 from shared.runs.admission import AdmissionOutcome, CancelOutcome
 from shared.runs.model import (
     CancelAction,
@@ -484,14 +484,14 @@ def test_r3_r5_interrupt_of_a_run_claimed_meanwhile_asks_its_owner(
     `interrupted` while it ran on to `success` with the cancel lost (found by a chaos run)."""
     tid = new_thread(store)
     head = admitted(store, tid)
-    real_decide = store_module.decide
+    real_decide = admission_store.decide
 
     def decide_after_a_claim(*args: Any, **kwargs: Any) -> Any:
         decision = real_decide(*args, **kwargs)
         claimed(store, head, "w")  # another connection: commits while the admission waits
         return decision
 
-    monkeypatch.setattr(store_module, "decide", decide_after_a_claim)
+    monkeypatch.setattr(admission_store, "decide", decide_after_a_claim)
     adm = admit(store, tid, "interrupt")
     monkeypatch.undo()
     assert adm.run is not None
