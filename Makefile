@@ -118,13 +118,15 @@ fmt: install ## ruff format and ruff check --fix
 	$(PY) -m ruff format $(LINT_PATHS)
 	$(PY) -m ruff check --fix $(LINT_PATHS)
 
-bench: install ## the internals, checkpoint-mode, memory, store, assistants, cron, webhook, stream-memory, system CPU-per-run and first-token benchmarks (bench/internals.py, checkpoints.py, memory.py, store.py, assistants.py, crons.py, webhooks.py, stream_memory.py, system_cpu.py, first_token.py)
+bench: install ## the internals, checkpoint-mode, memory, store, project-auth, assistants, cron, webhook, stream-memory, system CPU-per-run and first-token benchmarks (bench/internals.py, checkpoints.py, memory.py, store.py, authz.py, assistants.py, crons.py, sweep.py, webhooks.py, stream_memory.py, system_cpu.py, first_token.py)
 	$(PY) -m bench.internals
 	$(PY) -m bench.checkpoints
 	$(PY) -m bench.memory
 	$(PY) -m bench.store
+	$(PY) -m bench.authz
 	$(PY) -m bench.assistants
 	$(PY) -m bench.crons
+	$(PY) -m bench.sweep
 	$(PY) -m bench.webhooks
 	$(PY) -m bench.stream_memory
 	$(PY) -m bench.system_cpu

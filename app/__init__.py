@@ -19,8 +19,12 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.services import Services
     from app.streaming import ws
     from shared.agent.providers import require_models
+    from shared.project import activate
 
     settings = settings or Settings()
+    # The project file (shared/project.py) first: a key it cannot honour stops the start,
+    # and its `env` is in place before any graph or provider is imported.
+    project = activate(settings.config)
     # Like the workers: a provider model whose package or key is missing stops the start
     # with what to install or set, instead of runs that can never succeed.
     require_models(settings)
@@ -61,5 +65,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.api import thread_stream
 
     app.register_blueprint(thread_stream.bp)  # GET /threads/{id}/stream: follow a thread
+    from app import project_http
+
+    # Last: `http.disable_*` removes registered rules; `http.app` and `http.mount_prefix`
+    # wrap the whole WSGI app (app/project_http/).
+    project_http.init_app(app, project)
     logging.getLogger(__name__).info("threadrun web ready")
     return app

@@ -1,6 +1,7 @@
 """Admitting runs at the web edge: the one path every HTTP view and the WebSocket take.
 
-    sizes (raw request) -> runs per minute -> an active-run slot -> RunManager.admit -> bind
+    sizes (raw request) -> the project's `threads.create_run` -> runs per minute
+        -> an active-run slot -> RunManager.admit -> bind
 
 An invalid request uses no rate and no slot (its model validated it first); a refused or
 failed admission frees its slot; an admitted run holds its slot until it ends (the
@@ -8,17 +9,33 @@ worker's finalize, a cancel of a pending run or the reaper take it out of the se
 counters are app/limits.py's; the durable admission is shared/runs/manager.py's. An HTTP
 view that admits runs declares `@run_sized` (or `@batch_sized`) so that the sizes are
 checked on the body as sent.
+
+Under the project's auth (shared/authz/) the run's `configurable` carries the caller as
+the LangGraph Agent Server passes it (`langgraph_auth_user`, `langgraph_auth_user_id`,
+`langgraph_auth_permissions`), whatever the client sent under those names; the request
+headers `http.configurable_headers` admits are copied there too. The limits count per
+identity (`Principal.subject`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from flask import request
+
+from app import authz
+from app.auth import principal
 from app.errors import LimitExceeded
 from app.limits import RunSlot, check_run_sizes, limiter
 from app.services import current_services
+from shared.errors import AssistantNotFound, ThreadNotFound
+from shared.project import load_project
 from shared.runs.model import Run, RunRequest
+
+AUTH_KEYS = ("langgraph_auth_user", "langgraph_auth_user_id", "langgraph_auth_permissions")
+"""What only the server may put in a run's `configurable`."""
 
 
 def admit_run(owner: str, wanted: RunRequest, raw: dict[str, Any] | None = None) -> Run:
@@ -28,8 +45,10 @@ def admit_run(owner: str, wanted: RunRequest, raw: dict[str, Any] | None = None)
     lim = limiter()
     if raw is not None:
         check_run_sizes(raw, lim.settings)
-    lim.check_run_rate(owner)
-    slot = lim.reserve_run(owner)
+    wanted = prepared(owner, wanted)
+    subject = principal().subject
+    lim.check_run_rate(subject)
+    slot = lim.reserve_run(subject)
     return _bound([slot], lambda: [current_services().runs.admit(owner, wanted)])[0]
 
 
@@ -45,16 +64,103 @@ def admit_batch(owner: str, wanted: Sequence[RunRequest]) -> list[Run]:
             status=422,
             field="body",
         )
-    lim.check_run_rate(owner, len(wanted))
+    wanted = [prepared(owner, w) for w in wanted]
+    subject = principal().subject
+    lim.check_run_rate(subject, len(wanted))
     slots: list[RunSlot] = []
     try:
         for _ in wanted:
-            slots.append(lim.reserve_run(owner))
+            slots.append(lim.reserve_run(subject))
     except LimitExceeded:
         for slot in slots:
             slot.release()
         raise
     return _bound(slots, lambda: current_services().runs.admit_batch(owner, list(wanted)))
+
+
+def prepared(owner: str, wanted: RunRequest) -> RunRequest:
+    """The request as it is admitted: `threads.create_run` decided on it (the handler may
+    edit its metadata; an existing thread must pass its filter), the caller and the
+    admitted request headers in its `configurable`."""
+    wanted = with_caller(wanted)
+    if principal().auth_user is None:
+        return wanted
+    return dataclasses.replace(wanted, metadata=_create_run_decided(owner, wanted))
+
+
+def with_caller(wanted: RunRequest) -> RunRequest:
+    """`wanted` with the caller (under the project's auth) and the request headers
+    `http.configurable_headers` admits in its `configurable` (also a cron's stored
+    request, so that each firing runs as the user who made the cron)."""
+    configurable = {
+        k: v for k, v in (wanted.config.get("configurable") or {}).items() if k not in AUTH_KEYS
+    }
+    rules = load_project(current_services().settings.config).http.configurable_headers
+    if rules is not None:
+        configurable.update(rules.pick(request.headers.items()))
+    who = principal()
+    if who.auth_user is not None:
+        configurable["langgraph_auth_user"] = who.auth_user.dict()
+        configurable["langgraph_auth_user_id"] = who.auth_user.identity
+        configurable["langgraph_auth_permissions"] = who.auth_user.permissions
+    config = dict(wanted.config)
+    if configurable or "configurable" in config:
+        config["configurable"] = configurable
+    return dataclasses.replace(wanted, config=config)
+
+
+def _create_run_decided(owner: str, wanted: RunRequest) -> dict[str, Any]:
+    """`threads.create_run` on the request; the run's metadata as the handler left it."""
+    value: dict[str, Any] = {
+        "thread_id": None if wanted.stateless else wanted.public_thread_id or wanted.thread_id,
+        "assistant_id": wanted.assistant_id,
+        "run_id": None,
+        "status": "pending",
+        "metadata": dict(wanted.metadata),
+        "prevent_insert_if_inflight": True,
+        "multitask_strategy": wanted.multitask_strategy.value
+        if wanted.multitask_strategy is not None
+        else None,
+        "if_not_exists": "create" if wanted.create_thread else "reject",
+        "after_seconds": wanted.after_seconds,
+        "kwargs": {
+            "input": wanted.input,
+            "command": wanted.command,
+            "config": wanted.config,
+            "context": wanted.context,
+            **wanted.kwargs,
+        },
+    }
+    decision = authz.authorize("threads", "create_run", value)
+    _check_assistant(owner, wanted.assistant_id)
+    if decision is not None and decision.containment is not None and not wanted.stateless:
+        try:
+            thread = current_services().store.get_thread(wanted.thread_id, owner)
+        except ThreadNotFound:
+            thread = None  # made by this run (if_not_exists=create), or a 404 from admit
+        if thread is not None:
+            authz.require_visible(
+                decision,
+                thread.metadata,
+                ThreadNotFound(f"thread {value['thread_id']} not found"),
+            )
+    metadata = value.get("metadata")
+    return dict(metadata) if isinstance(metadata, dict) else {}
+
+
+def _check_assistant(owner: str, assistant_id: str) -> None:
+    """As the official server does on run creation: a run on an assistant that is not a
+    graph's system assistant needs `assistants.read` on it (its filter hides it: 404)."""
+    try:
+        assistant = current_services().assistants.get(owner, assistant_id)
+    except AssistantNotFound:
+        return  # RunManager.admit answers the 404 itself
+    if assistant.system:
+        return
+    decision = authz.authorize("assistants", "read", {"assistant_id": assistant.assistant_id})
+    authz.require_visible(
+        decision, assistant.metadata, AssistantNotFound(f"assistant {assistant_id} not found")
+    )
 
 
 def _bound(slots: list[RunSlot], admit: Callable[[], list[Run]]) -> list[Run]:

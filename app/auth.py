@@ -6,6 +6,14 @@ looked up through a cache of `api_key_cache_ttl_s`, so a revoke takes effect wit
 TTL). With none of the three configured the server is in local single-user mode (user
 `local_user`, role ops), which is refused at start when it binds a non-loopback address.
 Presented credentials are never logged.
+
+With the project's own auth (`auth.path` in langgraph.json, shared/authz/), its
+`@auth.authenticate` says who calls the API instead, and every user of the project shares
+one storage tenant (`PROJECT_TENANT`), as on the LangGraph Agent Server: what a user may
+see is what the project's handlers allow, not a per-user partition. Per-user limits still
+count per identity (`Principal.subject`). A project Auth without `@auth.authenticate` keeps
+threadrun's credentials for the identity and adds its handlers. The ops API and page always
+take threadrun's own credentials (the ops role is not the project's to grant).
 """
 
 from __future__ import annotations
@@ -20,26 +28,39 @@ from werkzeug.exceptions import Forbidden, Unauthorized
 
 from shared.auth.keys import ApiKeyStore, CachedKeyResolver, is_managed_key
 from shared.auth.tokens import InvalidToken, JwtVerifier, looks_like_jwt
+from shared.authz.decide import Authorizer, RequestParts, run_sync
+from shared.authz.loader import load_authorizer
+from shared.authz.users import AuthUser
 from shared.db import make_pool
+from shared.project import load_project
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
 AUTH_POOL_MAX = 4  # key lookups are cached; a few connections per web process suffice
 LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
+PROJECT_TENANT = "langgraph-project"
+"""The storage owner of every resource under the project's own auth (`auth.path`)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
     """Who is calling: a user id and a role (`user`, or `ops` for the operations API)."""
 
-    user_id: str
+    user_id: str  # the storage owner of what this caller makes and reads
     role: str = "user"
     local: bool = False  # the one user of local single-user mode (no credentials at all)
+    auth_user: AuthUser | None = None  # set under the project's own auth (shared/authz/)
 
     @property
     def is_ops(self) -> bool:
         return self.role == "ops"
+
+    @property
+    def subject(self) -> str:
+        """Whom the per-user limits count: the identity (the storage owner unless the
+        project's auth puts every user in one tenant)."""
+        return self.auth_user.identity if self.auth_user is not None else self.user_id
 
 
 @dataclass
@@ -49,13 +70,15 @@ class Authenticator:
     settings: Settings
     keys: CachedKeyResolver
     verifier: JwtVerifier | None
+    project_auth: Authorizer | None = None
 
     @classmethod
     def build(cls, settings: Settings) -> Authenticator:
-        """Open the key store's pool and load the JWT keys."""
+        """Open the key store's pool, load the JWT keys and the project's Auth object."""
         pool = make_pool(settings, name="auth", max_size=AUTH_POOL_MAX)
         resolver = CachedKeyResolver(ApiKeyStore(pool), settings.api_key_cache_ttl_s)
-        return cls(settings, resolver, JwtVerifier.from_settings(settings))
+        project_auth = load_authorizer(load_project(settings.config))
+        return cls(settings, resolver, JwtVerifier.from_settings(settings), project_auth)
 
     def open_mode(self) -> bool:
         """Local single-user mode: no env keys, no JWT, no active stored key, and a loopback
@@ -70,7 +93,20 @@ class Authenticator:
         )
 
     def identify(self, presented: str | None) -> Principal:
-        """The caller for `presented`, or 401."""
+        """The caller of the API: the project's `@auth.authenticate` when it has one, else
+        threadrun's credentials (`presented`), under the project's handlers if any."""
+        project = self.project_auth
+        if project is None:
+            return self.identify_builtin(presented)
+        if project.authenticates:
+            user = run_sync(project.authenticate(request_parts()))
+        else:
+            who = self.identify_builtin(presented)
+            user = AuthUser({"identity": who.user_id, "permissions": [who.role]})
+        return Principal(PROJECT_TENANT, "user", auth_user=user)
+
+    def identify_builtin(self, presented: str | None) -> Principal:
+        """The caller for `presented` (threadrun's own credentials), or 401."""
         if self.open_mode():
             # Local single-user mode: the one user also operates the system.
             return Principal(self.settings.local_user, "ops", local=True)
@@ -110,8 +146,28 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def request_parts() -> RequestParts:
+    """This request as the project's `@auth.authenticate` sees it."""
+    websocket = request.headers.get("Upgrade", "").lower() == "websocket"
+    port = request.environ.get("SERVER_PORT")
+    return RequestParts(
+        method=request.method,
+        path=request.path,
+        headers=list(request.headers.items()),
+        query_string=request.query_string,
+        path_params=dict(request.view_args or {}),
+        scheme=request.scheme,
+        server=(request.host.split(":")[0], int(port)) if port else None,
+        client=(request.remote_addr, 0) if request.remote_addr else None,
+        websocket=websocket,
+    )
+
+
 def refuse_public_open_mode(settings: Settings, auth: Authenticator) -> None:
-    """A4: no local single-user mode on a non-loopback address (raises at app start)."""
+    """A4: no local single-user mode on a non-loopback address (raises at app start);
+    the project's own `@auth.authenticate` is a credential source of its own."""
+    if auth.project_auth is not None and auth.project_auth.authenticates:
+        return
     if not is_loopback(settings.host) and auth.unconfigured():
         raise RuntimeError(
             f"refusing to start: THREADRUN_HOST={settings.host} is not a loopback address and"
@@ -167,6 +223,18 @@ def authenticate(extra_key: str | None = None) -> Principal:
     return auth.identify(_presented_key() or extra_key)
 
 
+def authenticate_builtin(extra_key: str | None = None) -> Principal:
+    """The caller by threadrun's own credentials only (the ops API and page)."""
+    auth: Authenticator = current_app.extensions["threadrun_auth"]
+    return auth.identify_builtin(_presented_key() or extra_key)
+
+
+def project_authorizer() -> Authorizer | None:
+    """The project's Auth object as served (None without `auth.path`)."""
+    auth: Authenticator = current_app.extensions["threadrun_auth"]
+    return auth.project_auth
+
+
 def principal() -> Principal:
     """The authenticated caller of this request (cached on `g`)."""
     if "principal" not in g:
@@ -175,8 +243,12 @@ def principal() -> Principal:
 
 
 def require_ops() -> Principal:
-    """The caller if it has the `ops` role, else 403 (after 401 for no valid key)."""
-    who = principal()
+    """The caller if it has the `ops` role, else 403 (after 401 for no valid key). Always
+    threadrun's own credentials, also under the project's auth."""
+    if "ops_principal" not in g:
+        auth: Authenticator = current_app.extensions["threadrun_auth"]
+        g.ops_principal = principal() if auth.project_auth is None else authenticate_builtin()
+    who: Principal = g.ops_principal
     if not who.is_ops:
         raise Forbidden("this endpoint needs the ops role")
     return who

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
 
 from app.responses import error_body, json_response
+from shared.authz.decide import Denied
 from shared.errors import (
     ConfigError,
     Conflict,
@@ -141,6 +142,15 @@ def _unavailable(exc: Exception) -> Reply:
     )
 
 
+DENIED_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found"}
+
+
+def _denied(exc: Denied) -> Reply:
+    # The project's own auth (shared/authz/) refused: its status, detail and headers.
+    code = DENIED_CODES.get(exc.status, "auth_error")
+    return Reply(exc.status, error_body(code, exc.detail), dict(exc.headers) or None)
+
+
 def _ours(exc: ThreadrunError) -> Reply:
     log.exception("unhandled threadrun error")
     return Reply(500, error_body(exc.code, str(exc)))
@@ -158,6 +168,7 @@ def _unexpected(exc: BaseException) -> Reply:
 
 # Each function takes an error of its key's class (hence Any: the table is heterogeneous).
 REPLIES: dict[type[Exception], Callable[[Any], Reply]] = {
+    Denied: _denied,  # the project's auth handlers (auth.path) refused
     LimitExceeded: _limited,  # 429 with Retry-After (rates, counts) or 422 (sizes)
     StreamCursorInvalid: lambda e: Reply(400, error_body(e.code, str(e), e.field)),
     ValidationFailed: lambda e: Reply(e.status, error_body(e.code, str(e), e.field)),

@@ -40,6 +40,9 @@ graceful_timeout = _settings.web_graceful_timeout_s
 # one path for every instance of the user on the host, so one instance's socket answered for
 # another's. We use no runtime control (signals do it), so none is opened.
 control_socket_disable = True
+# The access log (off unless GUNICORN_CMD_ARGS turns it on) prints only the request headers
+# the project's `http.logging_headers` allows, never credentials (app/access_log.py).
+logger_class = "app.access_log.HeaderRulesLogger"
 
 FD_HEADROOM = 1024
 """File descriptors beyond the connections: Redis and PostgreSQL pools, logs, the hub."""
@@ -70,9 +73,11 @@ def post_worker_init(worker: object) -> None:
 
 
 def worker_exit(server: object, worker: object) -> None:
-    """Close the worker's PostgreSQL pools before the interpreter does: under gevent a pool
-    closed by its finalizer prints a `greenlet is being finalized` traceback (Ctrl-C on
-    `make run` printed one per pool)."""
+    """Run the project app's lifespan shutdown; close the worker's PostgreSQL pools before
+    the interpreter does: under gevent a pool closed by its finalizer prints a `greenlet is
+    being finalized` traceback (Ctrl-C on `make run` printed one per pool)."""
+    from app import project_http
     from shared.db import close_pools
 
+    project_http.close(getattr(worker, "wsgi", None))  # the custom app's lifespan shutdown
     close_pools()

@@ -332,7 +332,7 @@ class Limiter:
 @contextmanager
 def heavy_read() -> Iterator[None]:
     """Hold one of the caller's heavy-read slots for the block (429 when none is free)."""
-    slot = limiter().acquire_heavy_read(principal().user_id)
+    slot = limiter().acquire_heavy_read(principal().subject)
     try:
         yield
     finally:
@@ -433,7 +433,7 @@ def _before() -> None:
         return
     spec = spec_of(current_app, request.endpoint)
     if spec is not None and spec.holds_connection:
-        g.limit_conn = limiter().acquire_connection(principal().user_id)
+        g.limit_conn = limiter().acquire_connection(principal().subject)
 
 
 def _after(resp: Response) -> Response:

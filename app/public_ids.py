@@ -18,9 +18,11 @@ from typing import Any
 
 from flask import Flask, Response, g
 
+from app import authz
 from app.auth import principal
 from app.ids import parsed_thread_id
 from app.services import current_services
+from shared.errors import ThreadNotFound
 from shared.runs.model import RunRequest, Thread
 from shared.runs.thread_ids import AliasRewriter
 
@@ -49,18 +51,39 @@ def remember_thread(thread: Thread) -> Thread:
     return thread
 
 
-def resolve(thread_id: str) -> str:
+def resolve(
+    thread_id: str, action: str | None = "read", value: dict[str, Any] | None = None
+) -> str:
     """The storage id of the caller's thread the client calls `thread_id` (a missing one:
     the id it would be stored under, so that it answers 404 and `if_not_exists=create`
     makes it there). A thread id that is not a UUID cannot exist: 404, exactly like a
-    missing one."""
+    missing one.
+
+    Under the project's auth, the caller must also be allowed `action` on the thread
+    (`threads.<action>` with `{"thread_id": ..., **value}`), and an existing thread must
+    pass the handler's filter (404 otherwise). `action=None`: the caller authorizes
+    itself (run creation: `threads.create_run` in app/admission.py)."""
     public = parsed_thread_id(thread_id)
-    for storage, known in aliases().items():  # resolved already in this request
-        if known == public:
-            return storage
-    storage = current_services().store.resolve_thread_id(principal().user_id, public)
-    remember(storage, public)
+    storage = next((s for s, known in aliases().items() if known == public), None)
+    if storage is None:  # not resolved yet in this request
+        storage = current_services().store.resolve_thread_id(principal().user_id, public)
+        remember(storage, public)
+    if action is not None and authz.active():
+        authorize_thread(storage, public, action, value or {})
     return storage
+
+
+def authorize_thread(storage: str, public: str, action: str, value: dict[str, Any]) -> None:
+    """`threads.<action>` on the thread (Denied when refused); an existing thread the
+    filter leaves out is a 404, a missing one is left to the caller (404 or create)."""
+    decision = authz.authorize("threads", action, {"thread_id": public, **value})
+    if decision is None or decision.containment is None:
+        return
+    try:
+        thread = current_services().store.get_thread(storage, principal().user_id)
+    except ThreadNotFound:
+        return
+    authz.require_visible(decision, thread.metadata, ThreadNotFound(f"thread {public} not found"))
 
 
 def public_of(storage: str) -> str:

@@ -21,6 +21,7 @@ from shared.runs.model import (
     RunRequest,
     RunStatus,
     ThreadStatus,
+    ThreadTTL,
 )
 from shared.runs.reserved import check_no_reserved
 from shared.vocab import STREAM_MODES, Durability
@@ -59,18 +60,65 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+TTL_MINUTES_MAX = 100 * 365 * 24 * 60
+"""The longest TTL a thread may have (a century; beyond, timestamps overflow)."""
+
+
+class ThreadTTLIn(Strict):
+    """A thread's `ttl` (P6) as the SDK sends it: `{"strategy": ..., "ttl": minutes}`; a bare
+    number of minutes is accepted too (strategy `delete`, as the SDK makes it)."""
+
+    strategy: PruneStrategy = PruneStrategy.DELETE
+    ttl: float = Field(gt=0, le=TTL_MINUTES_MAX, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _minutes(cls, data: Any) -> Any:
+        if isinstance(data, bool):
+            raise ValueError("must be a number of minutes or {strategy, ttl}")
+        if isinstance(data, int | float):
+            return {"ttl": data}
+        return data
+
+    @field_validator("ttl", mode="before")
+    @classmethod
+    def _number(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError("must be a number of minutes")
+        return v
+
+    def to_ttl(self) -> ThreadTTL:
+        """The store's value."""
+        return ThreadTTL(self.strategy, float(self.ttl))
+
+
 class ThreadCreate(Strict):
     """POST /threads."""
 
     thread_id: uuid.UUID | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     if_exists: Literal["raise", "do_nothing"] = "raise"
+    ttl: ThreadTTLIn | None = None  # None: `checkpointer.ttl.default_ttl`, if any
 
 
 class ThreadPatch(Strict):
     """PATCH /threads/{id}."""
 
     metadata: dict[str, Any]
+    ttl: ThreadTTLIn | None = None  # None: the thread keeps its TTL (its expiry restarts)
+
+
+class ThreadGetQuery(Strict):
+    """GET /threads/{id}: `include=ttl` adds the thread's `ttl` (as the official server)."""
+
+    include: list[Literal["ttl"]] = Field(default_factory=list)
+
+    @field_validator("include", mode="before")
+    @classmethod
+    def _comma_separated(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [part.strip() for part in v.split(",") if part.strip()]
+        return v
 
 
 THREAD_QUERY_MAX_CHARS = 200

@@ -20,6 +20,7 @@ from shared.db import make_pool
 from shared.journal import RunEventStore
 from shared.ops.store import OpsStore
 from shared.redis_keys import Keys
+from shared.retention import policy as retention_policy
 from shared.runs.manager import RunManager
 from shared.runs.store import RunStore
 from shared.runs.taskqueue import Dispatcher, make_celery
@@ -72,7 +73,7 @@ class Services:
         registry = GraphRegistry.from_config(settings.config)
         assistants = AssistantManager(AssistantStore(pool), registry)
         assistants.ensure_system()  # each graph's system assistant (idempotent, race-safe)
-        store = RunStore(pool)
+        store = RunStore(pool, default_ttl=retention_policy.default_ttl(settings))  # P6
         state = CheckpointStateAccessor.for_pool(
             pool,
             registry,

@@ -25,6 +25,11 @@ class Settings(BaseSettings):
         default=PROJECT_ROOT / "langgraph.json",
         description="Path of the langgraph.json-compatible graphs file.",
     )
+    install_dependencies: bool = Field(
+        default=True,
+        description="`make run` pip-installs the `dependencies` of langgraph.json that the"
+        " venv lacks (off: a missing one is a start-up error naming it).",
+    )
     host: str = "127.0.0.1"
     port: int = 8000
     data_dir: Path = Field(default=PROJECT_ROOT / ".threadrun")
@@ -295,6 +300,32 @@ class Settings(BaseSettings):
         default=7 * 86_400,
         gt=0,
         description="The record of each firing (cron_firings, the audit) is kept this long.",
+    )
+
+    # --- thread expiry (P6: shared/retention/) ---------------------------------------
+    thread_sweep_interval_minutes: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often the scheduler sweeps expired threads, unless langgraph.json's "
+        "checkpointer.ttl.sweep_interval_minutes says (the official server's default).",
+    )
+    thread_sweep_limit: int = Field(
+        default=1000,
+        ge=1,
+        description="Expired threads one sweep takes at most, unless "
+        "checkpointer.ttl.sweep_limit says; the rest go at the next sweep.",
+    )
+    thread_sweep_lock_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How long the sweep waits for a thread's cron rows before leaving the "
+        "thread to the next sweep (the thread row itself is never waited for).",
+    )
+    audit_retention_days: float = Field(
+        default=90.0,
+        gt=0,
+        description="The audit records of thread deletions and expiries (ops_audit, actions "
+        "thread.*) outlive their threads this long, then the sweep prunes them.",
     )
 
     # --- stream bridge (B) --------------------------------------------------------

@@ -9,6 +9,8 @@ from celery import signals
 
 from shared import gc_tuning, logs, metrics, redis_clients
 from shared.agent.providers import preflight
+from shared.errors import ConfigError
+from shared.project import activate
 from shared.runs.taskqueue import drop_stale_bindings, make_celery
 from shared.settings import Settings
 
@@ -24,6 +26,11 @@ def _on_init(**_: object) -> None:
     """Multi-process metrics for this worker (shared/metrics.py); stray queue bindings of an
     older release dropped before consuming (shared/runs/taskqueue.py)."""
     settings = Settings()
+    try:  # the project file (shared/project.py), its `env` before any graph imports
+        activate(settings.config)
+    except ConfigError as exc:
+        log.critical("cannot start: %s", exc)
+        raise SystemExit(f"threadrun worker: {exc}") from None
     # A worker started by itself (compose, k8s) refuses to start, like `make run` does,
     # when a configured provider's package or key is missing: never a silent pending run.
     if problems := preflight(settings):

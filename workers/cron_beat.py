@@ -47,7 +47,11 @@ from shared.assistants.store import AssistantStore
 from shared.crons.manager import CronManager
 from shared.crons.store import CronStore
 from shared.db import make_pool
+from shared.project import activate
 from shared.redis_keys import Keys
+from shared.retention import policy as retention_policy
+from shared.retention.removal import ThreadRemover
+from shared.retention.sweeper import ThreadSweeper
 from shared.runs.manager import RunManager
 from shared.runs.store import RunStore
 from shared.runs.taskqueue import Dispatcher, make_celery
@@ -63,10 +67,11 @@ probe) fails when it is older than S seconds: a wedged scheduler is restarted.""
 def build_cron_manager(settings: Settings) -> CronManager:
     """The scheduler's CronManager: its own small pool (a firing transaction holds one
     connection, assistant lookups take another) and a RunManager like the web's."""
+    activate(settings.config)  # the project's `env` before its graphs import
     pool = make_pool(settings, name="cron-scheduler", max_size=4)
     assistants = AssistantManager(AssistantStore(pool), GraphRegistry.from_config(settings.config))
     runs = RunManager(
-        RunStore(pool),
+        RunStore(pool, default_ttl=retention_policy.default_ttl(settings)),
         Dispatcher(make_celery(settings)),
         redis_clients.sync_client(settings),
         Keys(settings.redis_prefix),
@@ -83,6 +88,19 @@ def build_cron_manager(settings: Settings) -> CronManager:
     )
 
 
+def build_thread_sweeper(settings: Settings) -> ThreadSweeper:
+    """The expiry sweep (P6, shared/retention/sweeper.py): a pool of its own, three at most
+    (the sweep's advisory lock, one thread's transaction, a keep_latest prune)."""
+    pool = make_pool(settings, name="thread-sweeper", max_size=3)
+    remover = ThreadRemover(
+        RunStore(pool),
+        redis_clients.sync_client(settings),
+        Keys(settings.redis_prefix),
+        settings.workspace_dir,
+    )
+    return ThreadSweeper(remover, retention_policy.sweep_policy(settings))
+
+
 class CronScheduler(Scheduler):  # type: ignore[misc]  # celery ships no annotations
     """Beat's in-memory scheduler that also fires the due crons every `cron_tick_s`."""
 
@@ -91,6 +109,8 @@ class CronScheduler(Scheduler):  # type: ignore[misc]  # celery ships no annotat
         self._settings = Settings()
         self._crons: CronManager | None = None  # built at the first tick (beat may build
         self._next_at = 0.0  # schedulers lazily, for introspection only)
+        self._sweeper: ThreadSweeper | None = None
+        self._next_sweep_at = 0.0  # the first sweep at the first tick
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Send due beat entries, fire due crons; the seconds until the next call."""
@@ -100,7 +120,23 @@ class CronScheduler(Scheduler):  # type: ignore[misc]  # celery ships no annotat
             self._next_at = now + self._settings.cron_tick_s
             self.fire()
             HEARTBEAT.touch()
-        return max(0.0, min(interval, self._next_at - time.monotonic()))
+        if now >= self._next_sweep_at:
+            self._next_sweep_at = now + self.sweep()
+        next_at = min(self._next_at, self._next_sweep_at)
+        return max(0.0, min(interval, next_at - time.monotonic()))
+
+    def sweep(self) -> float:
+        """One expiry sweep (P6), when no other scheduler is sweeping; the seconds until the
+        next (`sweep_interval_minutes`). A failure is logged and retried then: a sweep
+        leaves each thread whole or gone."""
+        try:
+            if self._sweeper is None:
+                self._sweeper = build_thread_sweeper(self._settings)
+            self._sweeper.sweep()
+            return self._sweeper.policy.interval_s
+        except Exception:  # the database is away: the next interval retries
+            log.exception("thread sweep failed; retrying at the next interval")
+            return self._settings.thread_sweep_interval_minutes * 60.0
 
     def fire(self) -> None:
         """One pass over the due crons; a failure is logged and retried at the next tick

@@ -34,6 +34,7 @@ from langgraph.pregel import Pregel
 from langgraph.types import Command
 
 from shared import logs, metrics, serde
+from shared.authz.users import run_subject, stored_user
 from shared.bridge.publisher import EventSink
 from shared.errors import EventsUnpublished, LeaseLost
 from shared.journal import RunJournal
@@ -253,6 +254,9 @@ def run_config(run: Run) -> dict[str, Any]:
     # Reserved keys are refused at the API; an assistant stored before that still has them.
     own = without_reserved(requested.get("configurable"))
     configurable = {**own, **identities, "checkpoint_ns": ""}
+    user = stored_user(configurable.get("langgraph_auth_user"))
+    if user is not None:  # the project's user, with `.identity` and `["identity"]` (authz)
+        configurable["langgraph_auth_user"] = user
     if run.kwargs.get("checkpoint_id") and run.attempt == 1:
         configurable["checkpoint_id"] = run.kwargs["checkpoint_id"]
     metadata = {**(requested.get("metadata") or {}), **run.metadata, **identities}
@@ -579,7 +583,7 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
         metrics.fenced_write(Sink.STATUS)
         return AttemptResult(AttemptOutcome.FENCED, fenced=Sink.STATUS)
     metrics.run_finished(settled.status, time.monotonic() - attempt.started, usage)
-    await release_active(rt, attempt.run.user_id, attempt.run_id)
+    await release_active(rt, run_subject(attempt.run.user_id, attempt.run.config), attempt.run_id)
     if fin.next_run_id:
         await asyncio.to_thread(rt.dispatcher.dispatch_quietly, fin.next_run_id)
     if attempt.run.webhook:  # right after the terminal commit (the sweep backs it)

@@ -23,6 +23,7 @@ from celery import signals
 
 from shared.agent.graphs import GraphRegistry
 from shared.db import make_pool
+from shared.project import load_project
 from shared.runs.model import Run
 from shared.runs.store import RunStore
 from shared.runs.taskqueue import WEBHOOK_TASK, WEBHOOKS_QUEUE, Dispatcher
@@ -66,6 +67,12 @@ def build_service(settings: Settings) -> WebhookService:
         return None if head is None else head.values_json
 
     dispatcher = Dispatcher(celery)
+    project = load_project(settings.config)
+    disabled = (
+        f"webhooks are disabled by http.disable_webhooks in {project.path}"
+        if project.http.disable_webhooks
+        else None
+    )
     return WebhookService(
         store,
         Sender(
@@ -86,6 +93,7 @@ def build_service(settings: Settings) -> WebhookService:
         # An attempt in flight holds its claim this long; a worker that died mid-attempt
         # frees it then (a timeout's worth of connect, send and read, with a margin).
         lease_s=3 * settings.webhook_timeout_s + 5,
+        disabled=disabled,
     )
 
 

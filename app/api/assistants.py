@@ -4,13 +4,21 @@ latest version, and the graph's drawing, schemas and subgraphs (A1).
 A user sees their own assistants and each graph's system assistant; another user's reads
 exactly like a missing one (404); a system assistant cannot be changed (403). A graph
 name works wherever an assistant id does: it names the graph's system assistant.
+
+Under the project's auth (`auth.path`) every route asks `assistants.<action>` first; a
+filter narrows search and count, and an assistant it leaves out answers 404.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from flask import Blueprint, Response
 
+from app import authz
 from app.api.shapes import assistant_json, assistant_version_json
+from app.api.threads import delete_owned
 from app.auth import principal
 from app.http import answers, body, query
 from app.limits import config_sized
@@ -28,12 +36,28 @@ from app.schemas import (
 )
 from app.services import current_services
 from shared.assistants import graph_schemas
+from shared.assistants.model import Assistant
 from shared.assistants.store import AssistantFilter
-from shared.errors import ThreadNotFound, ValidationFailed
+from shared.errors import AssistantNotFound, ThreadNotFound, ValidationFailed
 
 bp = Blueprint("assistants", __name__)
 THREAD_PAGE = 500
 """Threads listed per query when `delete_threads` removes an assistant's threads."""
+
+
+def visible_assistant(
+    assistant_id: str, action: str = "read", value: dict[str, Any] | None = None
+) -> Assistant:
+    """The assistant the caller may `action` (`assistants.<action>`, its filter on the
+    assistant's metadata), else 404 like a missing one."""
+    payload = value if value is not None else {}  # the handler may edit it: callers read it
+    payload["assistant_id"] = assistant_id
+    decision = authz.authorize("assistants", action, payload)
+    assistant = current_services().assistants.get(principal().user_id, assistant_id)
+    authz.require_visible(
+        decision, assistant.metadata, AssistantNotFound(f"assistant {assistant_id} not found")
+    )
+    return assistant
 
 
 @bp.post("/assistants")
@@ -41,7 +65,23 @@ THREAD_PAGE = 500
 @body(AssistantCreate)
 def create(body: AssistantCreate) -> Response:
     """Create an assistant (`if_exists`: raise | do_nothing)."""
-    assistant = current_services().assistants.create(principal().user_id, body.to_spec())
+    spec = body.to_spec()
+    decision = authz.authorize(
+        "assistants",
+        "create",
+        {
+            "assistant_id": spec.assistant_id,
+            "graph_id": spec.graph_id,
+            "config": spec.config,
+            "context": spec.context,
+            "metadata": dict(spec.metadata),
+            "if_exists": spec.if_exists,
+            "name": spec.name,
+        },
+    )
+    if decision is not None:
+        spec = dataclasses.replace(spec, metadata=decision.value.get("metadata") or {})
+    assistant = current_services().assistants.create(principal().user_id, spec)
     return json_response(assistant_json(assistant))
 
 
@@ -50,9 +90,20 @@ def create(body: AssistantCreate) -> Response:
 def search(body: AssistantSearch) -> Response:
     """Visible assistants by graph, name substring and metadata; `X-Pagination-Next` when
     there are more."""
+    decision = authz.authorize(
+        "assistants",
+        "search",
+        {
+            "graph_id": body.graph_id,
+            "metadata": dict(body.metadata or {}),
+            "limit": body.limit,
+            "offset": body.offset,
+        },
+    )
+    metadata = authz.narrowed(decision, body.metadata) if decision else body.metadata
     found = current_services().assistants.search(
         principal().user_id,
-        AssistantFilter(graph_id=body.graph_id, name=body.name, metadata=body.metadata),
+        AssistantFilter(graph_id=body.graph_id, name=body.name, metadata=metadata),
         limit=body.limit + 1,
         offset=body.offset,
         sort_by=body.sort_by or "created_at",
@@ -73,16 +124,20 @@ def search(body: AssistantSearch) -> Response:
 @body(AssistantCount, required=False)
 def count(body: AssistantCount) -> Response:
     """How many visible assistants match."""
-    where = AssistantFilter(graph_id=body.graph_id, name=body.name, metadata=body.metadata)
+    decision = authz.authorize(
+        "assistants",
+        "search",
+        {"graph_id": body.graph_id, "metadata": dict(body.metadata or {})},
+    )
+    metadata = authz.narrowed(decision, body.metadata) if decision else body.metadata
+    where = AssistantFilter(graph_id=body.graph_id, name=body.name, metadata=metadata)
     return json_response(current_services().assistants.count(principal().user_id, where))
 
 
 @bp.get("/assistants/<assistant_id>")
 def get(assistant_id: str) -> Response:
     """One assistant, by id or graph name."""
-    return json_response(
-        assistant_json(current_services().assistants.get(principal().user_id, assistant_id))
-    )
+    return json_response(assistant_json(visible_assistant(assistant_id)))
 
 
 @bp.patch("/assistants/<assistant_id>")
@@ -90,9 +145,13 @@ def get(assistant_id: str) -> Response:
 @body(AssistantUpdate, required=False)
 def patch(assistant_id: str, body: AssistantUpdate) -> Response:
     """Write a new version (metadata merged, the rest replaced where given) and make it current."""
-    assistant = current_services().assistants.patch(
-        principal().user_id, assistant_id, body.to_patch()
-    )
+    patch = body.to_patch()
+    if authz.active():
+        value = {"metadata": dict(patch.metadata or {}), "graph_id": patch.graph_id}
+        visible_assistant(assistant_id, "update", value)
+        if patch.metadata is not None:  # as the handler left it
+            patch = dataclasses.replace(patch, metadata=dict(value.get("metadata") or {}))
+    assistant = current_services().assistants.patch(principal().user_id, assistant_id, patch)
     return json_response(assistant_json(assistant))
 
 
@@ -104,6 +163,8 @@ def delete(assistant_id: str, query: AssistantDeleteQuery) -> Response:
     threads whose metadata names it (their running runs are told to stop)."""
     svc = current_services()
     owner = principal().user_id
+    if authz.active():
+        visible_assistant(assistant_id, "delete")
     deleted = svc.assistants.delete(owner, assistant_id)
     if query.delete_threads:
         _delete_threads_of(owner, deleted)
@@ -112,11 +173,14 @@ def delete(assistant_id: str, query: AssistantDeleteQuery) -> Response:
 
 def _delete_threads_of(owner: str, assistant_id: str) -> None:
     svc = current_services()
+    # Under the project's auth only the threads `threads.delete` lets the caller delete.
+    decision = authz.authorize("threads", "delete", {"thread_id": None})
+    metadata = authz.narrowed(decision, {"assistant_id": assistant_id})
     thread_ids: list[str] = []
     while True:
         page = svc.store.search_threads(
             owner,
-            metadata={"assistant_id": assistant_id},
+            metadata=metadata,
             status=None,
             ids=None,
             limit=THREAD_PAGE,
@@ -128,17 +192,24 @@ def _delete_threads_of(owner: str, assistant_id: str) -> None:
         if len(page) < THREAD_PAGE:
             break
     for thread_id in thread_ids:
-        try:
-            svc.runs.delete_thread(owner=owner, thread_id=thread_id)
+        try:  # the way DELETE /threads/{id} goes: files, keys and the audit record too
+            delete_owned(owner, thread_id)
         except ThreadNotFound:
             continue  # deleted meanwhile
-        svc.state.delete_thread(thread_id)
+
+
+def _compiled(assistant_id: str) -> tuple[Assistant, Any]:
+    if authz.active():
+        visible_assistant(assistant_id)
+    return current_services().assistants.compiled(principal().user_id, assistant_id)
 
 
 @bp.post("/assistants/<assistant_id>/versions")
 @body(AssistantVersionsQuery, required=False)
 def versions(assistant_id: str, body: AssistantVersionsQuery) -> Response:
     """The assistant's versions, newest first (`metadata` containment, `limit`, `offset`)."""
+    if authz.active():
+        visible_assistant(assistant_id)
     found = current_services().assistants.versions(
         principal().user_id,
         assistant_id,
@@ -153,6 +224,8 @@ def versions(assistant_id: str, body: AssistantVersionsQuery) -> Response:
 @body(AssistantLatest)
 def set_latest(assistant_id: str, body: AssistantLatest) -> Response:
     """Make an existing version the current one."""
+    if authz.active():
+        visible_assistant(assistant_id, "update", {"version": body.version})
     assistant = current_services().assistants.set_latest(
         principal().user_id, assistant_id, body.version
     )
@@ -163,7 +236,7 @@ def set_latest(assistant_id: str, body: AssistantLatest) -> Response:
 @query(AssistantGraphQuery)
 def graph(assistant_id: str, query: AssistantGraphQuery) -> Response:
     """The graph's nodes and edges (`xray`: true, false or a subgraph depth)."""
-    _, compiled = current_services().assistants.compiled(principal().user_id, assistant_id)
+    _, compiled = _compiled(assistant_id)
     try:
         return json_response(graph_schemas.drawing(compiled, query.xray))
     except NotImplementedError:
@@ -173,7 +246,7 @@ def graph(assistant_id: str, query: AssistantGraphQuery) -> Response:
 @bp.get("/assistants/<assistant_id>/schemas")
 def schemas(assistant_id: str) -> Response:
     """The input, output, state, config and context JSON Schemas of the graph."""
-    assistant, compiled = current_services().assistants.compiled(principal().user_id, assistant_id)
+    assistant, compiled = _compiled(assistant_id)
     return json_response({"graph_id": assistant.graph_id, **graph_schemas.schemas(compiled)})
 
 
@@ -184,7 +257,7 @@ def subgraphs(
     assistant_id: str, namespace: str | None = None, *, query: SubgraphsQuery
 ) -> Response:
     """`{namespace: schemas}` of the graph's subgraphs (`recurse` into theirs)."""
-    _, compiled = current_services().assistants.compiled(principal().user_id, assistant_id)
+    _, compiled = _compiled(assistant_id)
     try:
         return json_response(graph_schemas.subgraph_schemas(compiled, namespace, query.recurse))
     except NotImplementedError:

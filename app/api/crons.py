@@ -3,15 +3,22 @@
 Each body's run fields are validated by `CronPayload` (RunCreate) now, so a bad payload is a
 4xx naming the field at create time, never a failure at firing time. Owner-scoped like
 threads: another user's cron id answers exactly like a missing one.
+
+Under the project's auth (`auth.path`) every route asks `crons.<action>`: a filter narrows
+search and count and hides a cron it leaves out (404); the handler's edited metadata is
+stored; each firing runs as the user who made (or last changed) the cron, under that
+user's limits (app/admission.py `with_caller`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from flask import Blueprint, Response
 
-from app import public_ids
+from app import authz, public_ids
+from app.admission import with_caller
 from app.auth import principal
 from app.errors import LimitExceeded
 from app.http import answers, body, validate
@@ -20,7 +27,7 @@ from app.limits import run_sized
 from app.responses import json_response
 from app.schemas import CronCount, CronCreate, CronPayload, CronSearch, CronUpdate
 from app.services import current_services
-from shared.crons.model import CronNotFound, CronPatch, CronSpec, TooManyCrons
+from shared.crons.model import Cron, CronNotFound, CronPatch, CronSpec, TooManyCrons
 from shared.errors import ValidationFailed
 from shared.runs.model import OnCompletion
 
@@ -32,6 +39,15 @@ def _checked_cron_id(cron_id: str) -> str:
     return canonical_id(cron_id, lambda m: CronNotFound(f"cron {m}"))
 
 
+def visible_cron(cron_id: str, action: str = "read", value: dict[str, Any] | None = None) -> Cron:
+    """The caller's cron (`crons.<action>`, its filter on the cron's metadata), else 404."""
+    cid = _checked_cron_id(cron_id)
+    decision = authz.authorize("crons", action, {"cron_id": cid, **(value or {})})
+    cron = current_services().crons.get(principal().user_id, cid)
+    authz.require_visible(decision, cron.metadata, CronNotFound(f"cron {cid}"))
+    return cron
+
+
 def _create(thread_id: str | None, body: CronCreate) -> Response:
     if thread_id is not None and body.on_run_completed is not None:
         raise ValidationFailed(
@@ -41,14 +57,30 @@ def _create(thread_id: str | None, body: CronCreate) -> Response:
         )
     on_completed = None if thread_id else (body.on_run_completed or OnCompletion.DELETE)
     payload = body.payload()
+    metadata = body.metadata
+    decision = authz.authorize(
+        "crons",
+        "create",
+        {
+            "payload": payload,
+            "schedule": body.schedule,
+            "cron_id": None,
+            "thread_id": public_ids.public_of(thread_id) if thread_id else None,
+            "user_id": principal().subject,
+            "end_time": body.end_time,
+            "metadata": dict(metadata),
+        },
+    )
+    if decision is not None:
+        metadata = decision.value.get("metadata") or {}
     spec = CronSpec(
         assistant_id=body.assistant_id,
         schedule=body.schedule,
-        request=body.to_cron_request(on_completed),
+        request=with_caller(body.to_cron_request(on_completed)),
         payload=payload,
         thread_id=thread_id,
         timezone=body.timezone,
-        metadata=body.metadata,
+        metadata=metadata,
         enabled=body.enabled,
         end_time=body.end_time,
         on_run_completed=on_completed,
@@ -70,7 +102,7 @@ def _create(thread_id: str | None, body: CronCreate) -> Response:
 @body(CronCreate)
 def create_for_thread(thread_id: str, body: CronCreate) -> Response:
     """A cron whose every firing is a run on this thread."""
-    return _create(public_ids.resolve(thread_id), body)
+    return _create(public_ids.resolve(thread_id, None), body)  # crons.create decides
 
 
 @bp.post("/runs/crons")
@@ -88,8 +120,8 @@ def patch(cron_id: str, body: CronUpdate) -> Response:
     """Change the schedule, timezone, end_time, enabled or the run payload."""
     owner = principal().user_id
     svc = current_services()
-    cid = _checked_cron_id(cron_id)
-    cron = svc.crons.get(owner, cid)
+    cron = visible_cron(cron_id, "update", {"schedule": body.schedule})
+    cid = cron.cron_id
     if cron.thread_id is not None and body.on_run_completed is not None:
         raise ValidationFailed(
             "on_run_completed: only for a cron without a thread", field="on_run_completed"
@@ -100,7 +132,7 @@ def patch(cron_id: str, body: CronUpdate) -> Response:
     if changes or body.on_run_completed is not None:
         merged = validate(CronPayload, {**cron.payload, **changes})
         payload = merged.payload()
-        request_obj = merged.to_cron_request(on_completed)
+        request_obj = with_caller(merged.to_cron_request(on_completed))
     result = svc.crons.patch(
         owner,
         cid,
@@ -123,7 +155,8 @@ def patch(cron_id: str, body: CronUpdate) -> Response:
 @answers(204, "deleted")
 def delete(cron_id: str) -> Response:
     """Delete the cron; it fires no more."""
-    current_services().crons.delete(principal().user_id, _checked_cron_id(cron_id))
+    cid = visible_cron(cron_id, "delete").cron_id if authz.active() else _checked_cron_id(cron_id)
+    current_services().crons.delete(principal().user_id, cid)
     return Response(status=204)
 
 
@@ -131,12 +164,22 @@ def delete(cron_id: str) -> Response:
 @body(CronSearch, required=False)
 def search(body: CronSearch) -> Response:
     """The caller's crons, filtered and sorted."""
+    decision = authz.authorize(
+        "crons",
+        "search",
+        {
+            "assistant_id": body.assistant_id,
+            "thread_id": str(body.thread_id) if body.thread_id else None,
+            "limit": body.limit,
+            "offset": body.offset,
+        },
+    )
     crons = current_services().crons.search(
         principal().user_id,
         assistant_id=body.assistant_id,
-        thread_id=public_ids.resolve(str(body.thread_id)) if body.thread_id else None,
+        thread_id=public_ids.resolve(str(body.thread_id), None) if body.thread_id else None,
         enabled=body.enabled,
-        metadata=body.metadata,
+        metadata=authz.narrowed(decision, body.metadata),
         limit=body.limit,
         offset=body.offset,
         sort_by=body.sort_by,
@@ -153,11 +196,19 @@ def search(body: CronSearch) -> Response:
 @body(CronCount, required=False)
 def count(body: CronCount) -> Response:
     """How many of the caller's crons match."""
+    decision = authz.authorize(
+        "crons",
+        "search",
+        {
+            "assistant_id": body.assistant_id,
+            "thread_id": str(body.thread_id) if body.thread_id else None,
+        },
+    )
     n = current_services().crons.count(
         principal().user_id,
         assistant_id=body.assistant_id,
-        thread_id=public_ids.resolve(str(body.thread_id)) if body.thread_id else None,
+        thread_id=public_ids.resolve(str(body.thread_id), None) if body.thread_id else None,
         enabled=body.enabled,
-        metadata=body.metadata,
+        metadata=authz.narrowed(decision, body.metadata),
     )
     return json_response(n)

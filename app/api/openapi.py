@@ -17,6 +17,7 @@ from pydantic.json_schema import models_json_schema
 
 from app.api.meta import VERSION
 from app.http import ViewSpec, spec_of
+from shared.project import load_project
 
 bp = Blueprint("openapi", __name__)
 
@@ -123,14 +124,21 @@ def build(app: Flask) -> dict[str, Any]:
             names = _PARAM.findall(rule.rule)  # in path order (`rule.arguments` is a set)
             op = _operation(rule.endpoint, method, names, spec, refs)
             paths.setdefault(path, {})[method.lower()] = op
+    schemes: dict[str, Any] = {"apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
+    security: list[Any] = [{"apiKey": []}]
+    described = load_project(app.extensions["threadrun"].settings.config).auth.openapi
+    if described is not None:  # the project's auth describes itself (`auth.openapi`)
+        schemes, security = dict(described.security_schemes), list(described.security)
+        for path, methods in described.paths.items():
+            for method, requirement in methods.items():
+                operation: dict[str, Any] | None = paths.get(path, {}).get(method.lower())
+                if operation is not None:
+                    operation["security"] = requirement
     return {
         "openapi": "3.1.0",
         "info": {"title": "threadrun", "version": VERSION},
-        "components": {
-            "schemas": components,
-            "securitySchemes": {"apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
-        },
-        "security": [{"apiKey": []}],
+        "components": {"schemas": components, "securitySchemes": schemes},
+        "security": security,
         "paths": dict(sorted(paths.items())),
     }
 

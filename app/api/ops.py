@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from werkzeug.exceptions import Forbidden
 
 from app.api.ui import page_response, static_response
-from app.auth import authenticate, require_ops
+from app.auth import authenticate_builtin, require_ops
 from app.http import body, query, returns
 from app.responses import json_response
 from shared import logs, metrics
@@ -134,7 +134,7 @@ def _ops() -> OpsServices:
 @bp.get("/ops/")
 def page() -> Response:
     """The live ops page (ops role; the key may come as `?api_key=`)."""
-    who = authenticate(extra_key=request.args.get("api_key"))
+    who = authenticate_builtin(extra_key=request.args.get("api_key"))
     if not who.is_ops:
         raise Forbidden("this page needs the ops role")
     return page_response("ops.html", websockets=False)

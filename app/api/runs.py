@@ -11,7 +11,7 @@ from typing import Any
 
 from flask import Blueprint, Response, request, stream_with_context
 
-from app import public_ids
+from app import authz, public_ids
 from app.admission import admit_batch, admit_run
 from app.api.shapes import run_json
 from app.auth import principal
@@ -41,7 +41,7 @@ from app.streaming.frames import event_filter
 from app.streaming.sse import sse_body
 from shared import serde
 from shared.bridge.base import BEFORE_FIRST, END_EVENT, Event, Gap
-from shared.errors import NotFound
+from shared.errors import NotFound, PermissionDenied
 from shared.runs.model import CancelAction, OnDisconnect, Run
 from shared.runs.result import final_result
 
@@ -50,7 +50,8 @@ log = logging.getLogger(__name__)
 
 
 def _admit(thread_id: str, body: RunCreate) -> Run:
-    wanted = public_ids.on_thread(body.to_request(public_ids.resolve(thread_id)))
+    # threads.create_run is asked in admit_run, with the whole request
+    wanted = public_ids.on_thread(body.to_request(public_ids.resolve(thread_id, None)))
     return admit_run(principal().user_id, wanted)
 
 
@@ -265,7 +266,7 @@ def create_batch(body: list[BatchRunCreate]) -> Response:
     for item in body:
         one = item.to_request()
         if item.thread_id is not None:  # the client's id: its storage id (A4)
-            tid = public_ids.resolve(str(item.thread_id))
+            tid = public_ids.resolve(str(item.thread_id), None)  # create_run: admit_batch
             one = public_ids.on_thread(dataclasses.replace(one, thread_id=tid))
         wanted.append(one)
     runs = admit_batch(principal().user_id, wanted)
@@ -277,12 +278,27 @@ def create_batch(body: list[BatchRunCreate]) -> Response:
 @query(CancelManyQuery)
 @body(RunsCancel)
 def cancel_many(query: CancelManyQuery, body: RunsCancel) -> Response:
-    """Cancel runs of one thread by id, or every pending/running run of the caller (R5)."""
+    """Cancel runs of one thread by id, or every pending/running run of the caller (R5).
+
+    Under the project's auth every user shares one tenant, so a cancel across threads is
+    allowed only when `threads.update` puts no filter on the caller (else 403: name the
+    thread)."""
+    action = {"action": query.action.value}
+    if body.thread_id is not None:
+        thread_id = public_ids.resolve(str(body.thread_id), "update", action)
+    else:
+        thread_id = None
+        decision = authz.authorize("threads", "update", {"thread_id": None, **action})
+        if decision is not None and decision.containment is not None:
+            raise PermissionDenied(
+                "cancelling runs across threads is not available under this project's"
+                " authorization rules; name thread_id"
+            )
     current_services().runs.cancel_many(
         owner=principal().user_id,
         action=query.action,
         statuses=body.status.statuses if body.status is not None else None,
-        thread_id=public_ids.resolve(str(body.thread_id)) if body.thread_id is not None else None,
+        thread_id=thread_id,
         run_ids=[str(r) for r in body.run_ids] if body.run_ids is not None else None,
     )
     return Response(status=204)
@@ -312,8 +328,9 @@ def get(thread_id: str, run_id: str) -> Response:
 @answers(204, "deleted")
 def delete(thread_id: str, run_id: str) -> Response:
     """Delete a finished run."""
+    rid = checked_run_id(run_id)
     current_services().store.delete_run(
-        public_ids.resolve(thread_id), checked_run_id(run_id), principal().user_id
+        public_ids.resolve(thread_id, "delete", {"run_id": rid}), rid, principal().user_id
     )
     return Response(status=204)
 
@@ -354,7 +371,8 @@ def join_stream(thread_id: str, run_id: str, query: JoinStreamQuery) -> Response
 def cancel(thread_id: str, run_id: str, query: CancelQuery) -> Response:
     """Cancel a run (R5); `wait=1` returns once the run has a terminal status."""
     svc = current_services()
-    tid, rid = public_ids.resolve(thread_id), checked_run_id(run_id)
+    rid = checked_run_id(run_id)
+    tid = public_ids.resolve(thread_id, "update", {"run_id": rid, "action": query.action.value})
     owner = principal().user_id
     outcome = svc.runs.cancel(owner=owner, thread_id=tid, run_id=rid, action=query.action)
     run = svc.store.get_run(tid, rid, owner)

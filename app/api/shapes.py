@@ -27,6 +27,18 @@ def thread_json(thread: Thread, head: ThreadHead | None = None) -> dict[str, Any
     }
 
 
+def ttl_json(thread: Thread) -> dict[str, Any] | None:
+    """A thread's `ttl` as the official server shows it with `include=ttl`: strategy,
+    minutes and when it expires (None: the thread never expires)."""
+    if thread.ttl is None:
+        return None
+    return {
+        "strategy": thread.ttl.strategy.value,
+        "ttl_minutes": thread.ttl.minutes,
+        "expires_at": thread.expires_at,
+    }
+
+
 def assistant_json(assistant: Assistant) -> dict[str, Any]:
     """The SDK's Assistant shape (the owner is never shown)."""
     return {

@@ -57,7 +57,7 @@ def post_state_at(thread_id: str, body: StateAtCheckpoint) -> Response:
 @body(StateUpdate)
 def update_state(thread_id: str, body: StateUpdate) -> Response:
     """Write values into the thread's state as a new checkpoint."""
-    thread = owned_thread(thread_id)
+    thread = owned_thread(thread_id, "update")
     graph_id = _graph_id(thread)
     if graph_id is None:
         raise Conflict("the thread has no graph yet: start a run on it before updating its state")

@@ -5,6 +5,12 @@ caller's own (stored under their label, `shared.store.namespaces`), so another u
 under the same namespace is simply not there: GET answers `null` (as the LangGraph Agent
 Server does for a missing item), DELETE deletes nothing, search and listings omit it.
 Graphs get the same store at run time (`workers.runtime.WorkerRuntime.run_graph`).
+
+Under the project's auth (`auth.path`) every user of the project shares one store tenant
+and each view asks `store.<action>` first with the official server's value (`namespace`,
+`key`, ...): a handler may refuse, or rewrite the namespace (the usual rule prefixes the
+user's identity), and the view uses the namespace the handler left, checked again; a
+search handler's filter is added to the item filter.
 """
 
 from __future__ import annotations
@@ -14,11 +20,14 @@ from typing import Annotated, Any, Literal
 from flask import Blueprint, Response
 from pydantic import AfterValidator, Field, field_validator
 
+from app import authz
 from app.auth import principal
 from app.http import answers, body, query
 from app.responses import json_response
 from app.schemas import PG_BIGINT_MAX, Strict
 from app.services import current_services
+from shared.authz.decide import Denied
+from shared.authz.filters import merge
 from shared.errors import ValidationFailed
 from shared.store import UserScopedStore, check_namespace
 from shared.store.namespaces import check_key
@@ -114,6 +123,25 @@ def callers_store() -> UserScopedStore:
     return current_services().items.for_user(principal().user_id)
 
 
+def decided(action: str, value: dict[str, Any]) -> dict[str, Any]:
+    """`value` as the project's `store.<action>` handler left it (as is without project
+    auth); a namespace it rewrote is checked like a client's."""
+    decision = authz.authorize("store", action, value)
+    if decision is None:
+        return value
+    out = dict(decision.value)
+    for name in ("namespace", "suffix"):
+        if out.get(name) is not None:
+            out[name] = tuple(out[name])
+            check_namespace(out[name], required=False, writing=action == "put")
+    if decision.containment is not None:
+        if any(isinstance(v, list) for v in decision.containment.values()):
+            raise Denied(403, "the store's filters compare values; `$contains` is not supported")
+        merged = merge(out.get("filter") or {}, decision.containment)
+        out["filter"] = authz.NOTHING if merged is None else merged
+    return out
+
+
 def _require_index(field: str) -> None:
     if not current_services().items.semantic:
         raise ValidationFailed(
@@ -130,10 +158,20 @@ def put_item(body: StorePut) -> Response:
     if isinstance(body.index, list):
         _require_index("index")
     store = callers_store()
+    value = decided(
+        "put",
+        {
+            "namespace": tuple(body.namespace),
+            "key": body.key,
+            "value": body.value,
+            "index": body.index,
+        },
+    )
+    args = (value["namespace"], value["key"], value["value"], value["index"])
     if "ttl" in body.model_fields_set:
-        store.put(tuple(body.namespace), body.key, body.value, body.index, ttl=body.ttl)
+        store.put(*args, ttl=body.ttl)
     else:  # the store's default_ttl applies
-        store.put(tuple(body.namespace), body.key, body.value, body.index)
+        store.put(*args)
     return Response(status=204)
 
 
@@ -141,9 +179,8 @@ def put_item(body: StorePut) -> Response:
 @query(StoreGetQuery)
 def get_item(query: StoreGetQuery) -> Response:
     """One of the caller's items, or `null`."""
-    item = callers_store().get(
-        tuple(query.namespace.split(".")), query.key, refresh_ttl=query.refresh_ttl
-    )
+    value = decided("get", {"namespace": tuple(query.namespace.split(".")), "key": query.key})
+    item = callers_store().get(value["namespace"], value["key"], refresh_ttl=query.refresh_ttl)
     return json_response(None if item is None else item.dict())
 
 
@@ -152,7 +189,8 @@ def get_item(query: StoreGetQuery) -> Response:
 @body(StoreDelete)
 def delete_item(body: StoreDelete) -> Response:
     """Delete one of the caller's items (nothing happens if there is none)."""
-    callers_store().delete(tuple(body.namespace), body.key)
+    value = decided("delete", {"namespace": tuple(body.namespace), "key": body.key})
+    callers_store().delete(value["namespace"], value["key"])
     return Response(status=204)
 
 
@@ -162,12 +200,22 @@ def search_items(body: StoreSearch) -> Response:
     """The caller's items under a namespace prefix: filter, limit/offset, `query` with an index."""
     if body.query is not None:
         _require_index("query")
+    value = decided(
+        "search",
+        {
+            "namespace": tuple(body.namespace_prefix),
+            "filter": body.filter,
+            "limit": body.limit,
+            "offset": body.offset,
+            "query": body.query,
+        },
+    )
     items = callers_store().search(
-        tuple(body.namespace_prefix),
-        query=body.query,
-        filter=body.filter,
-        limit=body.limit,
-        offset=body.offset,
+        value["namespace"],
+        query=value["query"],
+        filter=value["filter"],
+        limit=value["limit"],
+        offset=value["offset"],
         refresh_ttl=body.refresh_ttl,
     )
     return json_response({"items": [item.dict() for item in items]})
@@ -177,11 +225,21 @@ def search_items(body: StoreSearch) -> Response:
 @body(StoreNamespaces, required=False)
 def list_namespaces(body: StoreNamespaces) -> Response:
     """The caller's namespaces (`prefix`, `suffix`, `max_depth`, limit/offset)."""
+    value = decided(
+        "list_namespaces",
+        {
+            "namespace": tuple(body.prefix) if body.prefix else None,
+            "suffix": tuple(body.suffix) if body.suffix else None,
+            "max_depth": body.max_depth,
+            "limit": body.limit,
+            "offset": body.offset,
+        },
+    )
     namespaces = callers_store().list_namespaces(
-        prefix=tuple(body.prefix) if body.prefix else None,
-        suffix=tuple(body.suffix) if body.suffix else None,
-        max_depth=body.max_depth,
-        limit=body.limit,
-        offset=body.offset,
+        prefix=value["namespace"] or None,
+        suffix=value["suffix"] or None,
+        max_depth=value["max_depth"],
+        limit=value["limit"],
+        offset=value["offset"],
     )
     return json_response({"namespaces": [list(ns) for ns in namespaces]})

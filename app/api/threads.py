@@ -9,10 +9,10 @@ from typing import Any
 
 from flask import Blueprint, Response
 
-from app import public_ids
-from app.api.shapes import thread_json
+from app import authz, public_ids
+from app.api.shapes import thread_json, ttl_json
 from app.auth import principal
-from app.http import answers, body
+from app.http import answers, body, query
 from app.ids import parsed_thread_id
 from app.limits import config_sized
 from app.responses import json_response
@@ -20,13 +20,15 @@ from app.schemas import (
     ThreadCopy,
     ThreadCount,
     ThreadCreate,
+    ThreadGetQuery,
     ThreadPatch,
     ThreadPrune,
     ThreadSearch,
 )
 from app.services import current_services
-from shared import workspaces
 from shared.errors import Conflict, ThreadNotFound
+from shared.redis_keys import Keys
+from shared.retention.removal import ThreadRemover
 from shared.runs.model import PruneStrategy, Thread, ThreadStatus
 from shared.state.accessor import ThreadHead
 
@@ -34,10 +36,19 @@ log = logging.getLogger(__name__)
 bp = Blueprint("threads", __name__)
 
 
-def owned_thread(thread_id: str) -> Thread:
-    """The caller's thread the client calls `thread_id` (its public id, A4), or 404."""
+def owned_thread(
+    thread_id: str, action: str = "read", value: dict[str, Any] | None = None
+) -> Thread:
+    """The caller's thread the client calls `thread_id` (its public id, A4), or 404; under
+    the project's auth, one the caller may `action` (`threads.<action>`) and whose
+    metadata passes the handler's filter (else 404, like a missing thread)."""
     store = current_services().store
-    thread = store.get_thread_by_public_id(parsed_thread_id(thread_id), principal().user_id)
+    public = parsed_thread_id(thread_id)
+    payload = value if value is not None else {}  # the handler may edit it: callers read it
+    payload["thread_id"] = public
+    decision = authz.authorize("threads", action, payload)
+    thread = store.get_thread_by_public_id(public, principal().user_id)
+    authz.require_visible(decision, thread.metadata, ThreadNotFound(f"thread {public} not found"))
     return public_ids.remember_thread(thread)
 
 
@@ -64,57 +75,61 @@ def thread_objects(
 
 def delete_owned(owner: str, thread_id: str) -> None:
     """Delete the owner's thread (404 otherwise): its runs, with running ones told to stop,
-    then its checkpoints, then its workspace files; the audit trail records the deletion
-    and what became of the files."""
+    its checkpoints, Redis keys and workspace files, and the audit record, in one
+    transaction (shared/retention/removal.py: the expiry sweep's path too)."""
     svc = current_services()
-    svc.runs.delete_thread(owner=owner, thread_id=thread_id)
-    svc.state.delete_thread(thread_id)
-    detail: dict[str, Any]
-    try:
-        files = workspaces.remove_workspace(svc.settings.workspace_dir, owner, thread_id)
-        detail, result = {"workspace_files_removed": files}, "deleted"
-    except OSError as exc:  # the thread is gone; its files stay under its owner's folder
-        log.exception(
-            "removing a deleted thread's workspace failed", extra={"thread_id": thread_id}
-        )
-        detail, result = {"workspace_error": f"{type(exc).__name__}: {exc}"}, "deleted_files_left"
-    svc.audit.audit(
-        actor=owner,
-        action="thread.delete",
-        run_id=None,
-        params={"thread_id": thread_id},
-        result=result,
-        detail=detail,
+    remover = ThreadRemover(
+        svc.store, svc.redis, Keys(svc.settings.redis_prefix), svc.settings.workspace_dir
     )
+    remover.delete_owned(svc.runs, owner, thread_id)
 
 
 @bp.post("/threads")
 @config_sized
 @body(ThreadCreate, required=False)
 def create(body: ThreadCreate) -> Response:
-    """Create a thread (`if_exists`: raise | do_nothing)."""
+    """Create a thread (`if_exists`: raise | do_nothing); under the project's auth with the
+    metadata as `threads.create` left it."""
+    metadata = body.metadata
+    decision = authz.authorize(
+        "threads",
+        "create",
+        {"thread_id": body.thread_id, "metadata": dict(metadata), "if_exists": body.if_exists},
+    )
+    if decision is not None:
+        metadata = decision.value.get("metadata") or {}
     thread = current_services().store.create_thread(
         str(body.thread_id) if body.thread_id else None,
         principal().user_id,
-        body.metadata,
+        metadata,
         body.if_exists,
+        body.ttl.to_ttl() if body.ttl else None,
     )
     return json_response(thread_objects([thread])[0])
 
 
 @bp.get("/threads/<thread_id>")
-def get(thread_id: str) -> Response:
-    """One thread."""
-    return json_response(thread_objects([owned_thread(thread_id)])[0])
+@query(ThreadGetQuery)
+def get(thread_id: str, query: ThreadGetQuery) -> Response:
+    """One thread (`include=ttl`: with its `ttl`, as the official server shows it)."""
+    thread = owned_thread(thread_id)
+    out = thread_objects([thread])[0]
+    if "ttl" in query.include:
+        out["ttl"] = ttl_json(thread)
+    return json_response(out)
 
 
 @bp.patch("/threads/<thread_id>")
 @config_sized
 @body(ThreadPatch)
 def patch(thread_id: str, body: ThreadPatch) -> Response:
-    """Merge metadata."""
-    tid = public_ids.resolve(thread_id)
-    thread = current_services().store.patch_thread(tid, principal().user_id, body.metadata)
+    """Merge metadata (under the project's auth, as `threads.update` left it)."""
+    value = {"metadata": dict(body.metadata)}
+    tid = owned_thread(thread_id, "update", value).thread_id
+    metadata = value.get("metadata") or {}  # as the handler left it
+    thread = current_services().store.patch_thread(
+        tid, principal().user_id, metadata, body.ttl.to_ttl() if body.ttl else None
+    )
     return json_response(thread_objects([thread])[0])
 
 
@@ -122,7 +137,7 @@ def patch(thread_id: str, body: ThreadPatch) -> Response:
 @answers(204, "deleted")
 def delete(thread_id: str) -> Response:
     """Delete the thread, its runs and its checkpoints; running runs are told to stop."""
-    delete_owned(principal().user_id, public_ids.resolve(thread_id))
+    delete_owned(principal().user_id, public_ids.resolve(thread_id, "delete"))
     return Response(status=204)
 
 
@@ -131,9 +146,22 @@ def delete(thread_id: str) -> Response:
 def search(body: ThreadSearch) -> Response:
     """Threads of the caller filtered by metadata, status and (a threadrun extension) a text
     `query` on their title."""
+    decision = authz.authorize(
+        "threads",
+        "search",
+        {
+            "metadata": dict(body.metadata),
+            "values": {},
+            "status": body.status,
+            "limit": body.limit,
+            "offset": body.offset,
+            "ids": body.ids,
+            "thread_id": None,
+        },
+    )
     threads = current_services().store.search_threads(
         principal().user_id,
-        metadata=body.metadata,
+        metadata=authz.narrowed(decision, body.metadata),
         status=body.status,
         ids=[str(i) for i in body.ids] if body.ids is not None else None,
         limit=body.limit,
@@ -149,9 +177,14 @@ def search(body: ThreadSearch) -> Response:
 @body(ThreadCount, required=False)
 def count(body: ThreadCount) -> Response:
     """How many threads match."""
+    decision = authz.authorize(
+        "threads", "search", {"metadata": dict(body.metadata), "status": body.status}
+    )
     return json_response(
         current_services().store.count_threads(
-            principal().user_id, metadata=body.metadata, status=body.status
+            principal().user_id,
+            metadata=authz.narrowed(decision, body.metadata),
+            status=body.status,
         )
     )
 
@@ -194,9 +227,10 @@ def prune(body: ThreadPrune) -> Response:
     if not ids:
         return json_response({"pruned_count": 0})
     svc = current_services()
+    decision = authz.authorize("threads", "delete", {"thread_id": None, "ids": ids})
     threads = svc.store.search_threads(
         owner,
-        metadata={},
+        metadata=authz.narrowed(decision, {}),
         status=None,
         ids=ids,
         limit=len(ids),

@@ -55,8 +55,15 @@ def _harden(resp: Response) -> Response:
 
 def page_response(name: str, *, websockets: bool) -> Response:
     """A page of `app/static/` under the strict CSP (connections to this origin only, plus
-    its WebSocket when `websockets`), not frameable, revalidated on every load."""
-    resp = send_from_directory(STATIC_DIR, name, max_age=0)
+    its WebSocket when `websockets`), not frameable, revalidated on every load. Under a
+    mount prefix (langgraph.json's `http.mount_prefix`: `request.script_root`) the page's
+    root-relative links get the prefix; its script finds the prefix from its own URL."""
+    root = request.script_root
+    if root:
+        html = (STATIC_DIR / name).read_text(encoding="utf-8")
+        resp = Response(html.replace('="/', f'="{root}/'), mimetype="text/html")
+    else:
+        resp = send_from_directory(STATIC_DIR, name, max_age=0)
     resp.headers["Content-Security-Policy"] = _csp(websockets=websockets)
     resp.headers["X-Frame-Options"] = "DENY"
     return _harden(resp)
@@ -73,7 +80,7 @@ def static_response(filename: str, allowed: frozenset[str]) -> Response:
 def root() -> Response:
     """The chat page lives at /ui (the query string, e.g. `?api_key=`, is kept)."""
     query = request.query_string.decode("latin-1")
-    return redirect("/ui" + (f"?{query}" if query else ""), code=302)  # type: ignore[return-value]
+    return redirect(f"{request.script_root}/ui" + (f"?{query}" if query else ""), code=302)  # type: ignore[return-value]
 
 
 @bp.get("/ui")

@@ -116,13 +116,16 @@
     return apiKey ? { "x-api-key": apiKey } : {};
   }
 
+  // The server's mount prefix (langgraph.json `http.mount_prefix`): the page is at <prefix>/ui.
+  const BASE = location.pathname.replace(/\/ui\/?$/, "");
+
   async function api(method, path, body) {
     const init = { method, headers: { ...authHeaders() } };
     if (body !== undefined) {
       init.headers["content-type"] = "application/json";
       init.body = JSON.stringify(body);
     }
-    const resp = await fetch(path, init);
+    const resp = await fetch(BASE + path, init);
     const text = await resp.text();
     let data = null;
     try {
@@ -622,7 +625,7 @@
 
   async function fetchArtifact(threadId, path) {
     const name = path.split("/").pop();
-    const resp = await fetch(`/threads/${threadId}/artifacts/outputs/${encodeURIComponent(name)}`, {
+    const resp = await fetch(`${BASE}/threads/${threadId}/artifacts/outputs/${encodeURIComponent(name)}`, {
       headers: authHeaders(),
     });
     if (!resp.ok) {
@@ -1324,7 +1327,7 @@
         "The run keeps going on the server; the transcript reloads when it ends."
     );
     // Wait for the end without the live stream, then show the durable result.
-    fetch(`/threads/${run.threadId}/runs/${run.runId}/join`, { headers: authHeaders() })
+    fetch(`${BASE}/threads/${run.threadId}/runs/${run.runId}/join`, { headers: authHeaders() })
       .then((r) => r.text())
       .then(() => api("GET", `/threads/${run.threadId}/runs/${run.runId}`))
       .then(async (info) => {
@@ -1405,7 +1408,7 @@
   function wsUrl() {
     const proto = location.protocol === "https:" ? "wss" : "ws";
     const q = apiKey ? `?api_key=${encodeURIComponent(apiKey)}` : "";
-    return `${proto}://${location.host}/ws${q}`;
+    return `${proto}://${location.host}${BASE}/ws${q}`;
   }
 
   function openSocket() {
@@ -1645,7 +1648,7 @@
     run.sse = ctl;
     let finished = false;
     try {
-      const resp = await fetch(`/threads/${run.threadId}/runs/${run.runId}/stream`, {
+      const resp = await fetch(`${BASE}/threads/${run.threadId}/runs/${run.runId}/stream`, {
         headers: { ...authHeaders(), accept: "text/event-stream", "Last-Event-ID": cursor || "-1" },
         signal: ctl.signal,
       });

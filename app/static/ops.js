@@ -22,8 +22,11 @@ function headers(json) {
   return h;
 }
 
+// The server's mount prefix (langgraph.json `http.mount_prefix`): the page is at <prefix>/ops.
+const BASE = location.pathname.replace(/\/ops\/?$/, "");
+
 async function api(path, opts = {}) {
-  const resp = await fetch(path, { ...opts, headers: headers(!!opts.body) });
+  const resp = await fetch(BASE + path, { ...opts, headers: headers(!!opts.body) });
   const body = await resp.json().catch(() => ({}));
   if (!resp.ok && resp.status !== 409) throw new Error(`${resp.status}: ${body.message || resp.statusText}`);
   return body;

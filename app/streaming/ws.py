@@ -38,6 +38,7 @@ from app.api.shapes import run_json
 from app.auth import authenticate, principal
 from app.cors import check_ws_origin
 from app.errors import (
+    DENIED_CODES,
     SERVICE_ERRORS,
     SERVICE_RETRY_AFTER_S,
     LimitExceeded,
@@ -63,6 +64,7 @@ from app.streaming.ws_frames import (
 )
 from app.streaming.ws_socket import ExplainTooBig, WholeFrames
 from shared import serde
+from shared.authz.decide import Denied
 from shared.bridge.base import BEFORE_FIRST, END_EVENT
 from shared.bridge.subscriber import StreamSubscriber
 from shared.errors import StreamCursorInvalid, ThreadrunError, ValidationFailed
@@ -115,7 +117,7 @@ def _authenticate_upgrade() -> None:
     """
     check_ws_origin(current_services().settings)
     g.principal = authenticate(extra_key=request.args.get("api_key"))
-    g.ws_conn = limiter().acquire_connection(g.principal.user_id)  # 429 before the upgrade
+    g.ws_conn = limiter().acquire_connection(g.principal.subject)  # 429 before the upgrade
 
 
 @bp.teardown_request
@@ -362,7 +364,7 @@ class _Session:
             return True
         try:
             who = authenticate(extra_key=request.args.get("api_key"))
-        except HTTPException:
+        except (HTTPException, Denied):
             who = None
         except SERVICE_ERRORS:
             if force:
@@ -371,7 +373,7 @@ class _Session:
             # credential is checked again at the next frame.
             log.warning("websocket credential re-check failed: a service is unreachable")
             return True
-        if who is not None and who.user_id == self.owner:
+        if who is not None and who.subject == principal().subject:
             self._authenticated_at = now
             return True
         log.info("websocket credential no longer valid; closing", extra={"user_id": self.owner})
@@ -426,6 +428,8 @@ class _Session:
             self.send_obj(
                 {**exc.body(), "type": "error", "code": "limit_exceeded", "request_id": request_id}
             )
+        except Denied as exc:  # the project's auth handlers refused (shared/authz/)
+            self.error(DENIED_CODES.get(exc.status, "auth_error"), exc.detail, request_id)
         except ThreadrunError as exc:
             if exc.code == "internal_error":
                 log.exception("websocket frame failed")
@@ -442,7 +446,9 @@ class _Session:
             log.exception("websocket frame failed", extra={"frame_type": str(kind)[:64]})
             self.error("internal_error", "internal error", request_id)
 
-    def _thread_id(self, value: Any) -> str:
+    def _thread_id(
+        self, value: Any, action: str | None = "read", what: dict[str, Any] | None = None
+    ) -> str:
         tid = value if value is not None else self.default_thread_id
         if tid is None:
             raise ValidationFailed(
@@ -451,14 +457,14 @@ class _Session:
             )
         if not isinstance(tid, str):
             raise ValidationFailed("thread_id: must be a string", field="thread_id")
-        return public_ids.resolve(tid)
+        return public_ids.resolve(tid, action, what)
 
     # -- frame handlers --------------------------------------------------------------------------
     def _create(self, data: dict[str, Any], request_id: Any) -> None:
         if not self._still_authorized(force=True):
             return
         body = {k: v for k, v in data.items() if k not in ("type", "request_id", "thread_id")}
-        tid = self._thread_id(data.get("thread_id"))
+        tid = self._thread_id(data.get("thread_id"), None)  # threads.create_run: admit_run
         spec = validate(RunCreate, body)
         self._check_capacity()
         run = admit_run(self.owner, public_ids.on_thread(spec.to_request(tid)), body)
@@ -502,8 +508,10 @@ class _Session:
 
     def _cancel(self, data: dict[str, Any], request_id: Any) -> None:
         frame = validate(CancelFrame, data)
-        tid = self._thread_id(frame.thread_id)
         run_id = checked_run_id(frame.run_id)
+        tid = self._thread_id(
+            frame.thread_id, "update", {"run_id": run_id, "action": frame.action.value}
+        )
         outcome = self.svc.runs.cancel(
             owner=self.owner, thread_id=tid, run_id=run_id, action=frame.action
         )

@@ -16,7 +16,6 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
-import json
 import re
 import sys
 import threading
@@ -33,6 +32,7 @@ from langgraph.graph import StateGraph
 from langgraph.pregel import Pregel
 
 from shared.errors import AssistantNotFound, ConfigError
+from shared.project import ProjectConfigError, load_project
 
 # The namespace the LangGraph Agent Server derives its per-graph assistant ids from, so
 # a graph's default assistant has the same id here as on the official server.
@@ -168,28 +168,15 @@ class GraphRegistry:
 
     @classmethod
     def from_config(cls, path: Path) -> GraphRegistry:
-        """Read a langgraph.json-compatible file."""
-        path = Path(path)
+        """Read the `graphs` of a langgraph.json-compatible file (shared/project.py)."""
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise GraphConfigError(f"graphs config {path} does not exist") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise GraphConfigError(f"graphs config {path} cannot be read: {exc}") from exc
-        except json.JSONDecodeError as exc:
-            raise GraphConfigError(f"graphs config {path} is not valid JSON: {exc}") from exc
-        graphs = raw.get("graphs") if isinstance(raw, dict) else None
-        if not isinstance(graphs, dict) or not graphs:
-            raise GraphConfigError(f'graphs config {path} has no "graphs" object')
-        base = path.resolve().parent
-        specs: dict[str, GraphSpec] = {}
-        for graph_id, spec in graphs.items():
-            if not isinstance(spec, str):
-                raise GraphConfigError(
-                    f"graph {graph_id!r} in {path}: the spec must be a string, "
-                    f"got {type(spec).__name__}"
-                )
-            specs[graph_id] = GraphSpec.parse(graph_id, spec, base)
+            project = load_project(path)
+        except ProjectConfigError as exc:
+            raise GraphConfigError(str(exc)) from exc
+        specs = {
+            graph_id: GraphSpec.parse(graph_id, spec, project.base)
+            for graph_id, spec in project.graph_specs().items()
+        }
         return cls(specs)
 
     def ids(self) -> list[str]:

@@ -25,11 +25,11 @@ from shared.runs.admission import (
     decide,
     inflight_needed,
 )
-from shared.runs.model import Run, RunRequest
+from shared.runs.model import Run, RunRequest, ThreadTTL
 from shared.runs.queries import query
 from shared.runs.store_base import StoreBase, json_param
 from shared.runs.thread_queue import INFLIGHT_RUNS_SQL, as_inflight, inflight_in, settle_in
-from shared.vocab import CancelAction, MultitaskStrategy, RunStatus, ThreadStatus
+from shared.vocab import CancelAction, JSONObject, MultitaskStrategy, RunStatus, ThreadStatus
 from shared.webhooks import store as webhooks
 
 INSERT_THREAD_SQL = query("insert_thread")
@@ -68,8 +68,26 @@ class Admission:
         return self.decision.action
 
 
+def new_thread_metadata(items: Sequence[AdmitItem], thread_id: str) -> JSONObject:
+    """The metadata of a thread a batch's run creates: its first run's metadata, as the
+    LangGraph Agent Server starts a thread made by a run (a project's auth handler that
+    stamps `metadata.owner` on the run so makes its owner see the thread)."""
+    for item in items:
+        if item.request.thread_id == thread_id:
+            return dict(item.request.metadata)
+    return {}
+
+
 class AdmissionStore(StoreBase):
     """Admitting runs onto threads, and cancelling them."""
+
+    default_ttl: ThreadTTL | None = None  # the TTL of a thread a run creates (P6)
+
+    def thread_ttl_params(self) -> dict[str, object]:
+        """The TTL parameters of a thread an admission creates (`if_not_exists=create`, a
+        run without a thread): the deployment's default (`checkpointer.ttl`)."""
+        ttl = self.default_ttl
+        return ttl.params() if ttl is not None else ThreadTTL.no_params()
 
     def admit(
         self,
@@ -109,7 +127,12 @@ class AdmissionStore(StoreBase):
                 if create:
                     conn.execute(
                         INSERT_THREAD_SQL,
-                        {**params, "public_id": public_id, "metadata": json_param({})},
+                        {
+                            **params,
+                            "public_id": public_id,
+                            "metadata": json_param(new_thread_metadata(items, thread_id)),
+                            **self.thread_ttl_params(),
+                        },
                     )
                 conn.execute(LOCK_THREAD_SQL, params)
             admissions = []
@@ -156,7 +179,12 @@ class AdmissionStore(StoreBase):
             if request.create_thread:
                 conn.execute(
                     INSERT_THREAD_SQL,
-                    {**params, "public_id": request.public_thread_id, "metadata": json_param({})},
+                    {
+                        **params,
+                        "public_id": request.public_thread_id,
+                        "metadata": json_param(request.metadata),
+                        **self.thread_ttl_params(),
+                    },
                 )
             locked = conn.execute(LOCK_THREAD_SQL, params)
             inflight_rows = conn.execute(

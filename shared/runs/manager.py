@@ -40,6 +40,7 @@ from shared.runs.model import (
 )
 from shared.runs.store import Admission, AdmitItem, RunStore
 from shared.runs.taskqueue import Dispatcher
+from shared.runs.threads_store import Purge
 from shared.webhooks.policy import BadWebhookUrl, EgressPolicy, admission_refusal, parse_url
 
 log = logging.getLogger(__name__)
@@ -281,9 +282,10 @@ class RunManager:
             raise RunNotFound("no pending or running run matches: nothing to cancel")
         return outcomes
 
-    def delete_thread(self, *, owner: str, thread_id: str) -> None:
-        """Delete a thread and its runs; runs still executing are told to stop."""
-        for run_id in self.store.delete_thread(thread_id, owner):
+    def delete_thread(self, *, owner: str, thread_id: str, purge: Purge | None = None) -> None:
+        """Delete a thread and its runs; runs still executing are told to stop. `purge` runs
+        in the delete's transaction (shared/retention/removal.py)."""
+        for run_id in self.store.delete_thread(thread_id, owner, purge):
             self._signal_cancel(run_id, CancelAction.INTERRUPT)
 
     def stored_result(self, run_id: str) -> bytes | None:

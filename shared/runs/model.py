@@ -51,7 +51,26 @@ __all__ = [
     "StreamOptions",
     "Thread",
     "ThreadStatus",
+    "ThreadTTL",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadTTL:
+    """A thread's time to live (SPEC P6): what the sweep does once it has passed
+    (`delete` the thread, or `keep_latest` checkpoint only), after `minutes` without activity."""
+
+    strategy: PruneStrategy
+    minutes: float
+
+    def params(self) -> dict[str, Any]:
+        """The `ttl_strategy` / `ttl_minutes` parameters of the thread statements."""
+        return {"ttl_strategy": self.strategy.value, "ttl_minutes": self.minutes}
+
+    @staticmethod
+    def no_params() -> dict[str, Any]:
+        """The parameters of a thread without a TTL (it never expires)."""
+        return {"ttl_strategy": None, "ttl_minutes": None}
 
 
 def _opt_str(value: Any) -> str | None:
@@ -196,6 +215,8 @@ class Thread:
     updated_at: dt.datetime
     metadata: JSONObject = field(default_factory=dict)
     public_id: str = ""
+    ttl: ThreadTTL | None = None  # None: the thread never expires
+    expires_at: dt.datetime | None = None  # when the sweep takes it (None: not scheduled)
 
     @property
     def client_id(self) -> str:
@@ -213,4 +234,10 @@ class Thread:
             updated_at=row["updated_at"],
             metadata=row.get("metadata") or {},
             public_id=str(row.get("public_id") or row["thread_id"]),
+            ttl=(
+                ThreadTTL(PruneStrategy(row["ttl_strategy"]), float(row["ttl_minutes"]))
+                if row.get("ttl_minutes") is not None
+                else None
+            ),
+            expires_at=row.get("expires_at"),
         )

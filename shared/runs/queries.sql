@@ -12,9 +12,11 @@
 
 -- name: insert_thread
 -- Either key may conflict: the storage id, or the owner's public id (a client that chose
--- an id its own server-made thread has).
-INSERT INTO threads (thread_id, public_id, owner, metadata)
-VALUES (%(thread_id)s, coalesce(%(public_id)s::uuid, %(thread_id)s::uuid), %(owner)s, %(metadata)s)
+-- an id its own server-made thread has). `ttl_minutes` NULL: no expiry (P6).
+INSERT INTO threads (thread_id, public_id, owner, metadata, ttl_strategy, ttl_minutes, expires_at)
+VALUES (%(thread_id)s, coalesce(%(public_id)s::uuid, %(thread_id)s::uuid), %(owner)s, %(metadata)s,
+        %(ttl_strategy)s, %(ttl_minutes)s::float8,
+        now() + %(ttl_minutes)s::float8 * interval '1 minute')
 ON CONFLICT DO NOTHING
 RETURNING *
 
@@ -29,8 +31,10 @@ WHERE owner = %(owner)s AND thread_id = ANY(%(ids)s::uuid[]) AND public_id <> th
 SELECT * FROM threads WHERE owner = %(owner)s AND public_id = %(public_id)s
 
 -- name: insert_thread_copy
-INSERT INTO threads (thread_id, owner, metadata, status)
-VALUES (%(thread_id)s, %(owner)s, %(metadata)s, %(status)s)
+-- A copy keeps its source's TTL, counted from the copy.
+INSERT INTO threads (thread_id, owner, metadata, status, ttl_strategy, ttl_minutes, expires_at)
+VALUES (%(thread_id)s, %(owner)s, %(metadata)s, %(status)s, %(ttl_strategy)s,
+        %(ttl_minutes)s::float8, now() + %(ttl_minutes)s::float8 * interval '1 minute')
 RETURNING *
 
 -- name: get_thread
@@ -44,7 +48,12 @@ SELECT * FROM threads WHERE thread_id = %(thread_id)s AND owner = %(owner)s FOR 
 SELECT thread_id, owner FROM threads WHERE thread_id = %(thread_id)s FOR UPDATE
 
 -- name: patch_thread
-UPDATE threads SET metadata = metadata || %(metadata)s, updated_at = now()
+-- A patch is activity: it refreshes the expiry (P6); with `set_ttl` it also replaces the TTL.
+UPDATE threads SET metadata = metadata || %(metadata)s, updated_at = now(),
+       ttl_strategy = CASE WHEN %(set_ttl)s THEN %(ttl_strategy)s ELSE ttl_strategy END,
+       ttl_minutes = CASE WHEN %(set_ttl)s THEN %(ttl_minutes)s::float8 ELSE ttl_minutes END,
+       expires_at = now() + CASE WHEN %(set_ttl)s THEN %(ttl_minutes)s::float8
+                                 ELSE ttl_minutes END * interval '1 minute'
 WHERE thread_id = %(thread_id)s AND owner = %(owner)s
 RETURNING *
 
@@ -60,6 +69,49 @@ FOR UPDATE OF c
 
 -- name: delete_thread
 DELETE FROM threads WHERE thread_id = %(thread_id)s AND owner = %(owner)s RETURNING thread_id
+
+
+-- expiry (P6): the sweep's statements (shared/runs/threads_store.py, shared/retention/) -----
+
+-- name: expired_threads
+-- Candidates only, no lock: each is then taken in a transaction of its own
+-- (`lock_expired_thread`), so a batch never holds more than one thread at a time.
+SELECT thread_id::text, owner, ttl_strategy FROM threads
+WHERE expires_at <= coalesce(%(at)s::timestamptz, now())
+ORDER BY expires_at
+LIMIT %(limit)s
+
+-- name: lock_thread_crons_by_id
+-- `lock_thread_crons` for a thread of any owner (the sweep's): crons before the thread.
+SELECT cron_id FROM crons WHERE thread_id = %(thread_id)s ORDER BY cron_id FOR UPDATE
+
+-- name: lock_expired_thread
+-- SKIP LOCKED: a thread another transaction holds (an admission, a second sweeper, a
+-- delete) is left for the next sweep rather than waited for. Re-checks the expiry under
+-- the lock: an admission that committed since the candidates were read refreshed it.
+SELECT thread_id::text, owner, ttl_strategy FROM threads
+WHERE thread_id = %(thread_id)s AND expires_at <= coalesce(%(at)s::timestamptz, now())
+FOR UPDATE SKIP LOCKED
+
+-- name: thread_has_work
+-- Under the thread lock (admissions take it to insert, so no run can appear until we
+-- commit): an inflight run, or a webhook delivery still pending, keeps the thread.
+SELECT EXISTS (SELECT 1 FROM runs
+               WHERE thread_id = %(thread_id)s AND status IN ('pending', 'running'))
+    OR EXISTS (SELECT 1 FROM webhook_deliveries
+               WHERE thread_id = %(thread_id)s AND state = 'pending') AS busy
+
+-- name: thread_run_ids
+SELECT run_id::text FROM runs WHERE thread_id = %(thread_id)s ORDER BY seq
+
+-- name: delete_thread_webhooks
+-- The outbox rows of an expired thread (their bodies hold the thread's values); a user's
+-- delete keeps them so that a frozen delivery still goes out (migration 0013).
+DELETE FROM webhook_deliveries WHERE thread_id = %(thread_id)s
+
+-- name: clear_expiry
+-- A `keep_latest` thread once pruned: nothing more to prune until its next activity.
+UPDATE threads SET expires_at = NULL WHERE thread_id = %(thread_id)s
 
 -- name: count_threads
 SELECT count(*) AS n FROM threads
@@ -115,7 +167,10 @@ VALUES (%(run_id)s, %(thread_id)s, %(assistant_id)s, %(graph_id)s, 'pending', %(
 RETURNING *
 
 -- name: mark_thread_busy
+-- A run's admission is activity: the expiry is refreshed (P6); a run's end is not, so a
+-- thread whose run outlived its TTL goes at the first sweep after the run.
 UPDATE threads SET status = 'busy', updated_at = now(),
+       expires_at = now() + ttl_minutes * interval '1 minute',
        metadata = metadata || jsonb_build_object('graph_id', %(graph_id)s::text,
                                                  'assistant_id', %(assistant_id)s::text)
 WHERE thread_id = %(thread_id)s

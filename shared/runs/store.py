@@ -18,19 +18,23 @@ of each part are re-exported here, so their import paths do not follow the split
 
 from __future__ import annotations
 
+from shared.db import DictPool
 from shared.runs.admission_store import Admission, AdmissionStore, AdmitItem
 from shared.runs.claims import Claim, ClaimOutcome, ClaimStore, Finish
+from shared.runs.model import ThreadTTL
 from shared.runs.reaper_queries import Expired, ReaperQueries, RunningRun
 from shared.runs.run_reads import RunReads
 from shared.runs.temporary_store import TemporaryThreadStore
-from shared.runs.threads_store import ThreadStore
+from shared.runs.threads_store import Doomed, ExpiryOutcome, ThreadStore
 
 __all__ = [
     "Admission",
     "AdmitItem",
     "Claim",
     "ClaimOutcome",
+    "Doomed",
     "Expired",
+    "ExpiryOutcome",
     "Finish",
     "RunStore",
     "RunningRun",
@@ -41,3 +45,7 @@ class RunStore(
     ThreadStore, AdmissionStore, RunReads, ClaimStore, ReaperQueries, TemporaryThreadStore
 ):
     """Threads and runs in Postgres."""
+
+    def __init__(self, pool: DictPool, *, default_ttl: ThreadTTL | None = None) -> None:
+        super().__init__(pool)
+        self.default_ttl = default_ttl

@@ -50,6 +50,11 @@ class StoreBase:
     def __init__(self, pool: DictPool) -> None:
         self._pool = pool
 
+    @property
+    def pool(self) -> DictPool:
+        """The pool the store's parts share (the retention sweep's lock and prune use it)."""
+        return self._pool
+
     def close(self) -> None:
         """Close the pool."""
         self._pool.close()

@@ -9,19 +9,22 @@ revealed, it is missing (ThreadNotFound).
 
 from __future__ import annotations
 
+import datetime as dt
+import enum
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 import psycopg
 from psycopg.rows import DictRow
 
 from shared.errors import ThreadExists, ThreadNotFound
 from shared.runs import thread_ids
-from shared.runs.model import Thread
+from shared.runs.model import Thread, ThreadTTL
 from shared.runs.queries import query
-from shared.runs.store_base import StoreBase, is_uuid, json_param
+from shared.runs.store_base import StoreBase, is_uuid, json_param, lock_timeout
 from shared.runs.thread_queue import inflight_in
-from shared.vocab import JSONObject, RunStatus, ThreadStatus
+from shared.vocab import JSONObject, PruneStrategy, RunStatus, ThreadStatus
 
 INSERT_THREAD_SQL = query("insert_thread")
 RESOLVE_THREAD_SQL = query("resolve_thread")
@@ -34,6 +37,39 @@ PATCH_THREAD_SQL = query("patch_thread")
 LOCK_THREAD_CRONS_SQL = query("lock_thread_crons")
 DELETE_THREAD_SQL = query("delete_thread")
 COUNT_THREADS_SQL = query("count_threads")
+EXPIRED_THREADS_SQL = query("expired_threads")
+LOCK_THREAD_CRONS_BY_ID_SQL = query("lock_thread_crons_by_id")
+LOCK_EXPIRED_THREAD_SQL = query("lock_expired_thread")
+THREAD_HAS_WORK_SQL = query("thread_has_work")
+THREAD_RUN_IDS_SQL = query("thread_run_ids")
+DELETE_THREAD_WEBHOOKS_SQL = query("delete_thread_webhooks")
+DELETE_THREAD_BY_ID_SQL = query("delete_thread_by_id")
+CLEAR_EXPIRY_SQL = query("clear_expiry")
+
+
+@dataclass(frozen=True, slots=True)
+class Doomed:
+    """A thread being deleted, as its purge sees it inside the delete's transaction."""
+
+    thread_id: str
+    owner: str
+    run_ids: list[str]  # every run of the thread, oldest first
+    running: list[str]  # those still executing (a user's delete tells them to stop)
+
+
+Purge = Callable[[psycopg.Connection[DictRow], Doomed], None]
+"""What goes with a thread beside its rows (checkpoints, Redis keys, files, the audit
+record: shared/retention/removal.py), run in the delete's transaction before the row goes."""
+
+
+class ExpiryOutcome(enum.StrEnum):
+    """What the sweep did to one expired thread (shared/retention/sweeper.py)."""
+
+    DELETED = "deleted"
+    PRUNED = "pruned"  # keep_latest: only the newest checkpoint is left
+    BUSY = "busy"  # an inflight run or a pending webhook: the next sweep after it
+    SKIPPED = "skipped"  # locked by another transaction, or no longer expired
+
 
 # Composed at run time (its ORDER BY is the caller's sort, from THREAD_SORT_COLUMNS only),
 # so it stays here beside `search_threads` rather than in queries.sql.
@@ -69,8 +105,22 @@ def get_thread_in(conn: psycopg.Connection[DictRow], thread_id: str, owner: str)
 class ThreadStore(StoreBase):
     """Threads of their owners."""
 
+    default_ttl: ThreadTTL | None = None
+    """The TTL of a thread created without one (`checkpointer.ttl.default_ttl`, P6); set by
+    `RunStore(pool, default_ttl=...)` in the processes that create threads."""
+
+    def ttl_params(self, ttl: ThreadTTL | None) -> dict[str, object]:
+        """The TTL parameters of a new thread: `ttl`, else the deployment's default."""
+        ttl = ttl or self.default_ttl
+        return ttl.params() if ttl is not None else ThreadTTL.no_params()
+
     def create_thread(
-        self, thread_id: str | None, owner: str, metadata: JSONObject, if_exists: str
+        self,
+        thread_id: str | None,
+        owner: str,
+        metadata: JSONObject,
+        if_exists: str,
+        ttl: ThreadTTL | None = None,
     ) -> Thread:
         """Create a thread; `if_exists` is 'raise' or 'do_nothing' (return the existing one).
 
@@ -82,7 +132,8 @@ class ThreadStore(StoreBase):
         params = {"thread_id": tid, "public_id": public, "owner": owner}
         with self._pool.connection() as conn:
             row = conn.execute(
-                INSERT_THREAD_SQL, {**params, "metadata": json_param(metadata)}
+                INSERT_THREAD_SQL,
+                {**params, "metadata": json_param(metadata), **self.ttl_params(ttl)},
             ).fetchone()
             if row is not None:
                 return Thread.from_row(row)
@@ -132,6 +183,7 @@ class ThreadStore(StoreBase):
                     "owner": source.owner,
                     "metadata": json_param(source.metadata),
                     "status": status,
+                    **(source.ttl.params() if source.ttl else ThreadTTL.no_params()),
                 },
             ).fetchone()
         assert row is not None  # INSERT … RETURNING
@@ -142,22 +194,32 @@ class ThreadStore(StoreBase):
         with self._pool.connection() as conn:
             return get_thread_in(conn, thread_id, owner)
 
-    def patch_thread(self, thread_id: str, owner: str, metadata: JSONObject) -> Thread:
-        """Merge metadata into the thread's."""
+    def patch_thread(
+        self, thread_id: str, owner: str, metadata: JSONObject, ttl: ThreadTTL | None = None
+    ) -> Thread:
+        """Merge metadata into the thread's; with `ttl`, replace its TTL. Either way its
+        expiry starts again from now (P6)."""
         with self._pool.connection() as conn:
             row = conn.execute(
                 PATCH_THREAD_SQL,
-                {"thread_id": thread_id, "owner": owner, "metadata": json_param(metadata)},
+                {
+                    "thread_id": thread_id,
+                    "owner": owner,
+                    "metadata": json_param(metadata),
+                    "set_ttl": ttl is not None,
+                    **(ttl.params() if ttl else ThreadTTL.no_params()),
+                },
             ).fetchone()
         if row is None:
             raise ThreadNotFound(f"thread {thread_id} not found")
         return Thread.from_row(row)
 
-    def delete_thread(self, thread_id: str, owner: str) -> list[str]:
+    def delete_thread(self, thread_id: str, owner: str, purge: Purge | None = None) -> list[str]:
         """Delete the thread and its runs; return the ids of runs that were still running.
 
         Lock order, the same as a cron firing's: the thread's crons, then the thread (the
-        delete cascades to both)."""
+        delete cascades to both). `purge` runs under those locks before the row goes: a
+        failure in it leaves everything."""
         with self._pool.connection() as conn, conn.transaction():
             conn.execute(LOCK_THREAD_CRONS_SQL, {"thread_id": thread_id, "owner": owner})
             thread = conn.execute(
@@ -170,8 +232,61 @@ class ThreadStore(StoreBase):
                 for v in inflight_in(conn, thread_id, limit=None)
                 if v.status is RunStatus.RUNNING
             ]
+            if purge is not None:
+                purge(conn, Doomed(thread_id, owner, self._run_ids(conn, thread_id), running))
             conn.execute(DELETE_THREAD_SQL, {"thread_id": thread_id, "owner": owner})
         return running
+
+    @staticmethod
+    def _run_ids(conn: psycopg.Connection[DictRow], thread_id: str) -> list[str]:
+        rows = conn.execute(THREAD_RUN_IDS_SQL, {"thread_id": thread_id}).fetchall()
+        return [str(r["run_id"]) for r in rows]
+
+    def expired_threads(
+        self, limit: int, at: dt.datetime | None = None
+    ) -> list[tuple[str, PruneStrategy]]:
+        """Threads past their expiry at `at` (default: now), soonest expired first: (id,
+        strategy). A read, no lock: `expire_thread` takes each one."""
+        with self._pool.connection() as conn:
+            rows = conn.execute(EXPIRED_THREADS_SQL, {"at": at, "limit": limit}).fetchall()
+        return [(str(r["thread_id"]), PruneStrategy(r["ttl_strategy"] or "delete")) for r in rows]
+
+    def expire_thread(
+        self,
+        thread_id: str,
+        purge: Purge,
+        prune: Callable[[str], None],
+        *,
+        at: dt.datetime | None = None,
+        lock_timeout_s: float | None = None,
+    ) -> ExpiryOutcome:
+        """Apply an expired thread's strategy in one short transaction (P6).
+
+        The thread's crons, then its row (SKIP LOCKED: a held thread waits for the next
+        sweep); a thread with an inflight run or a pending webhook delivery is left (BUSY).
+        `delete`: `purge` then the delete, all or nothing, so a sweeper killed at any point
+        leaves the whole thread, which the next sweep finds again. `keep_latest`:
+        `prune(thread_id)` (its own transactions, on another connection, while this one holds
+        the thread row so that no run starts meanwhile), then the expiry is cleared.
+        """
+        params = {"thread_id": thread_id, "at": at}
+        with self._pool.connection() as conn, conn.transaction():
+            lock_timeout(conn, lock_timeout_s)
+            conn.execute(LOCK_THREAD_CRONS_BY_ID_SQL, params)
+            row = conn.execute(LOCK_EXPIRED_THREAD_SQL, params).fetchone()
+            if row is None:
+                return ExpiryOutcome.SKIPPED
+            busy = conn.execute(THREAD_HAS_WORK_SQL, params).fetchone()
+            if busy is not None and busy["busy"]:
+                return ExpiryOutcome.BUSY
+            if PruneStrategy(row["ttl_strategy"] or "delete") is PruneStrategy.KEEP_LATEST:
+                prune(thread_id)
+                conn.execute(CLEAR_EXPIRY_SQL, params)
+                return ExpiryOutcome.PRUNED
+            purge(conn, Doomed(thread_id, str(row["owner"]), self._run_ids(conn, thread_id), []))
+            conn.execute(DELETE_THREAD_WEBHOOKS_SQL, params)
+            conn.execute(DELETE_THREAD_BY_ID_SQL, params)
+        return ExpiryOutcome.DELETED
 
     def search_threads(
         self,

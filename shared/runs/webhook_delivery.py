@@ -73,6 +73,7 @@ class WebhookService:
         schedule: Callable[[str, float], object],
         after_freeze: Callable[[Run], object] | None = None,
         lease_s: float = 30.0,
+        disabled: str | None = None,
     ) -> None:
         self.store = store
         self.sender = sender
@@ -83,12 +84,27 @@ class WebhookService:
         self._schedule = schedule
         self._after_freeze = after_freeze
         self._lease_s = lease_s
+        self._disabled = disabled  # why no webhook is sent (`http.disable_webhooks`), if so
 
     def deliver(self, run_id: str) -> Delivered:
         """Claim the next attempt, freeze the body if it is the first, POST, record."""
         claim = self.store.claim(run_id, self._lease_s)
         if claim is None:
             return Delivered(None)
+        if self._disabled is not None:
+            # The run ran; its delivery is closed (never retried or re-sent by the sweep),
+            # so that a temporary thread waiting for the body can go.
+            self.store.record(
+                run_id,
+                claim.attempt,
+                state=DeliveryState.FAILED,
+                status=None,
+                error=self._disabled,
+                delay_s=None,
+                event={},
+            )
+            metrics.webhook_delivery("disabled")
+            return Delivered(claim.attempt, AttemptOutcome.REJECTED)
         body = claim.body
         if body is None:
             body = self._freeze(claim)

@@ -200,6 +200,13 @@ def delete_checkpoints_in(conn: Connection[DictRow], thread_id: str) -> None:
     PostgresSaver(conn).delete_thread(thread_id)
 
 
+def keep_latest_on(conn: Connection[DictRow], thread_id: str) -> None:
+    """Prune the thread to its latest checkpoint on `conn` (an idle connection: LangGraph's
+    prune runs its own transaction, on one snapshot). The expiry sweep's `keep_latest`
+    (shared/retention/); NotImplementedError for a thread written in `delta` mode."""
+    PostgresSaver(conn).prune([thread_id], strategy="keep_latest")
+
+
 class GraphSource(Protocol):
     """Where the accessor finds a thread's graph by id (`shared.agent.graphs.GraphRegistry`).
 

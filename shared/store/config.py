@@ -19,46 +19,18 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
 from langchain_core.embeddings import Embeddings
 from langgraph.store.base import TTLConfig, ensure_embeddings
 from langgraph.store.postgres.base import PostgresIndexConfig
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from shared.errors import ConfigError
+from shared.project import StoreSection
 
 
 class StoreConfigError(ConfigError):
     """The config file's `store` section is unusable."""
-
-
-class IndexSection(BaseModel):
-    """`store.index`: the embeddings index of semantic search (pgvector)."""
-
-    model_config = ConfigDict(extra="forbid")
-    dims: int = Field(ge=1, le=16000)
-    embed: str = Field(min_length=1)
-    fields: list[str] | None = None
-    distance_type: Literal["l2", "inner_product", "cosine"] | None = None
-    ann_index_config: dict[str, Any] | None = None
-
-
-class TTLSection(BaseModel):
-    """`store.ttl`: expiry of items, in minutes."""
-
-    model_config = ConfigDict(extra="forbid")
-    refresh_on_read: bool = True
-    default_ttl: float | None = Field(default=None, gt=0)
-    sweep_interval_minutes: int | None = Field(default=None, ge=1)
-
-
-class StoreSection(BaseModel):
-    """`store`."""
-
-    model_config = ConfigDict(extra="forbid")
-    index: IndexSection | None = None
-    ttl: TTLSection = Field(default_factory=TTLSection)
 
 
 @dataclass(frozen=True)

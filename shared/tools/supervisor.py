@@ -4,7 +4,8 @@
 ``python -m shared.db.migrate``, starts gunicorn and the two Celery workers as child processes with
 prefixed output, prints one line once ``GET /ok`` answers 200, and on Ctrl-C / SIGTERM stops the
 children (SIGTERM, a grace period, SIGKILL) and the embedded services it started. A child that dies
-on its own stops everything with a nonzero exit code.
+on its own stops everything with a nonzero exit code. Before anything starts, the `dependencies` of
+the project file that the venv lacks are pip-installed (``shared.tools.project_deps``).
 
 Every child (migrations, web, workers, scheduler, Flower) gets the resolved service settings
 (``DevServices.env``): the URLs and, with Redis Sentinel (THREADRUN_REDIS_SENTINELS), the Sentinel
@@ -34,8 +35,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from shared.errors import ConfigError
+from shared.project import activate
 from shared.settings import Settings
 from shared.tools.devservices import DevServicesError, parent_death_signal, redact, resolve_services
+from shared.tools.project_deps import ensure as ensure_dependencies
 
 DEFAULT_GRACE_S = 10.0
 
@@ -393,6 +397,14 @@ def main(argv: list[str] | None = None) -> int:
     # say what to install or set now, before services or children start.
     from shared.agent.providers import preflight  # langchain: only when about to start
 
+    try:  # the project file first: its `env` may hold the providers' keys
+        activate(settings.config)
+    except ConfigError as exc:
+        out.line("supervisor", f"error: {exc}")
+        return 1
+    # Its `dependencies` next: the providers' packages may be among them (preflight).
+    if not ensure_dependencies(settings, lambda text: out.line("supervisor", text)):
+        return 1
     if problems := preflight(settings):
         for problem in problems:
             out.line("supervisor", f"error: {problem}")

@@ -96,7 +96,11 @@ class FakeSender(Sender):
 
 
 def service(
-    store: RunStore, hooks: WebhookStore, sender: Sender, scheduled: list[tuple[str, float]]
+    store: RunStore,
+    hooks: WebhookStore,
+    sender: Sender,
+    scheduled: list[tuple[str, float]],
+    disabled: str | None = None,
 ) -> WebhookService:
     return WebhookService(
         hooks,
@@ -107,6 +111,7 @@ def service(
         read_values=lambda run: b'{"messages":["final"]}',
         schedule=lambda run_id, delay: scheduled.append((run_id, delay)),
         lease_s=30,
+        disabled=disabled,
     )
 
 
@@ -175,6 +180,26 @@ def test_attempts_wait_for_the_end_then_retry_then_deliver_once(
     ]
     assert events[0]["payload"]["status_code"] == 500
     assert events[0]["payload"]["url_host"] == "hooks.example.com"
+
+
+def test_disable_webhooks_closes_the_delivery_without_sending(
+    store: RunStore, hooks: WebhookStore, pool: ConnectionPool
+) -> None:
+    """`http.disable_webhooks`: the run ran, nothing is sent, and the delivery is closed
+    (failed, with the reason) so that neither a retry nor the sweep sends it later."""
+    run_id = admit(store, request())
+    end(store, run_id)
+    sender = FakeSender([])
+    svc = service(
+        store, hooks, sender, [], disabled="webhooks are disabled by http.disable_webhooks"
+    )
+    assert svc.deliver(run_id).attempt == 1
+    delivery = hooks.get(run_id)
+    assert delivery is not None and delivery.state is DeliveryState.FAILED
+    assert delivery.last_error == "webhooks are disabled by http.disable_webhooks"
+    backdate(pool, run_id, 3600)
+    assert svc.deliver(run_id).attempt is None and hooks.sweep(0.1) == []
+    assert sender.sent == []
 
 
 def test_a_4xx_fails_at_once_and_max_attempts_ends_it(

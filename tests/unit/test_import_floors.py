@@ -42,8 +42,10 @@ SHARED_FLOORS: dict[str, int] = {
     "db": 0,
     "workspaces": 0,
     "model_errors": 0,
+    "project": 0,
     # domain (1)
     "auth": 1,
+    "authz": 1,
     "bridge": 1,
     "state": 1,
     "journal": 1,
@@ -55,6 +57,7 @@ SHARED_FLOORS: dict[str, int] = {
     "crons": 1,
     "webhooks": 1,
     "ops": 1,
+    "retention": 1,
     # process tooling (2)
     "tools": 2,
 }
@@ -71,9 +74,12 @@ APP_FLOORS: dict[str, int] = {
     "app.ids": 0,
     "app.auth": 0,
     "app.services": 0,
+    "app.access_log": 0,  # gunicorn's logger class: the master imports it, keep it light
+    "app.authz": 1,  # the project's auth handlers, one call per action (shared/authz/)
     "app.cors": 1,
     "app.errors": 1,
     "app.http": 2,
+    "app.project_http": 2,  # langgraph.json's `http`: custom app, prefix, disabled routes
     "app.schemas": 2,
     "app.limits": 3,
     "app.public_ids": 3,

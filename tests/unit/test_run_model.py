@@ -25,10 +25,12 @@ from shared.runs.model import (
     MultitaskStrategy,
     OnCompletion,
     OnDisconnect,
+    PruneStrategy,
     Run,
     RunStatus,
     Thread,
     ThreadStatus,
+    ThreadTTL,
 )
 from shared.settings import PROJECT_ROOT
 
@@ -272,7 +274,13 @@ def test_thread_from_a_row() -> None:
         **row,
         "thread_id": str(row["thread_id"]),
         "public_id": str(row["public_id"]),
+        "ttl": None,  # no TTL columns in the row: the thread never expires (P6)
+        "expires_at": None,
     }
     assert Thread.from_row(dataclasses.asdict(thread)) == thread
+    timed = Thread.from_row(
+        {**row, "ttl_strategy": "keep_latest", "ttl_minutes": 5, "expires_at": T1}
+    )
+    assert timed.ttl == ThreadTTL(PruneStrategy.KEEP_LATEST, 5.0) and timed.expires_at == T1
     bare = Thread.from_row({**row, "metadata": None, "status": "idle"})
     assert bare.metadata == {} and bare.status is ThreadStatus.IDLE

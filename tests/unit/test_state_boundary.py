@@ -45,6 +45,7 @@ ALLOWED_CALLS = {
     ("app/api/threads.py", "delete_thread"),
     ("app/api/assistants.py", "delete_thread"),  # `delete_threads`: as DELETE /threads/{id}
     ("shared/runs/manager.py", "delete_thread"),
+    ("shared/retention/removal.py", "delete_thread"),  # RunManager's, with its purge
 }
 
 
