@@ -1,9 +1,12 @@
-"""Request models (pydantic). Unknown fields are refused (422 naming the field), never ignored."""
+"""Request models (pydantic). Fields a model does not know are ignored, as the official server
+ignores them (a debug line names them); reserved, unsupported and invalid values are refused
+with a 4xx naming the field."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import uuid
 from typing import Any, Literal, Self
 
@@ -44,6 +47,7 @@ STATELESS_REFUSED = {
     "checkpoint": "a run without a thread starts on a new thread, which has no checkpoint",
     "checkpoint_id": "a run without a thread starts on a new thread, which has no checkpoint",
 }
+log = logging.getLogger(__name__)
 PG_BIGINT_MAX = 2**63 - 1  # larger offsets fail in PostgreSQL (found by the fuzzer)
 
 
@@ -55,9 +59,24 @@ ThreadField = Literal[
 
 
 class Strict(BaseModel):
-    """Base: unknown fields are errors."""
+    """Base: unknown fields are ignored (named in a debug line); known ones are validated.
 
-    model_config = ConfigDict(extra="forbid")
+    The official server ignores request fields it does not know (an SDK newer or older than
+    the server, a client sending another server's options such as `order_by`); refusing them
+    broke such clients for no guarantee. What a field must not be is still refused: the SDK
+    fields not implemented here (UNSUPPORTED_RUN_FIELDS), reserved keys, invalid values.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _log_ignored(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            ignored = [str(k) for k in data if k not in cls.model_fields]
+            if ignored:
+                log.debug("%s: ignored unknown fields %s", cls.__name__, ", ".join(ignored))
+        return data
 
 
 TTL_MINUTES_MAX = 100 * 365 * 24 * 60
@@ -215,10 +234,8 @@ class HistoryRequest(Strict):
     checkpoint: CheckpointRef | None = None
 
 
-class RunConfig(BaseModel):
-    """The run's RunnableConfig (the parts a client may set)."""
-
-    model_config = ConfigDict(extra="forbid")
+class RunConfig(Strict):
+    """The run's RunnableConfig (the parts a client may set; other keys are ignored)."""
 
     configurable: dict[str, Any] = Field(default_factory=dict)
     tags: list[str] = Field(default_factory=list)

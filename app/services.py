@@ -76,7 +76,7 @@ class Services:
         store = RunStore(pool, default_ttl=retention_policy.default_ttl(settings))  # P6
         state = CheckpointStateAccessor.for_pool(
             pool,
-            registry,
+            registry.reader("threads.read"),  # a factory sees the access context of a read
             mode=settings.checkpoint_mode,
             values_max_bytes=settings.thread_values_max_bytes,
         )

@@ -56,6 +56,11 @@ class Keys:
         """Hash of one web process's open connections and stream subscribers (ops view)."""
         return f"{self.prefix}ops:web:{process_id}"
 
+    def ops_graphs(self) -> str:
+        """Hash of each graph's load state as the last runs worker to start found it (graph
+        id -> JSON: spec, state `ok`/`error`, error, worker, at), for the ops view."""
+        return f"{self.prefix}ops:graphs"
+
     def ops_web_index(self) -> str:
         """Sorted set of reporting web processes, scored by their last report (unix s)."""
         return f"{self.prefix}ops:web"

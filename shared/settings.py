@@ -249,7 +249,16 @@ class Settings(BaseSettings):
         "more likely a client's mistake than a plan).",
     )
     wait_keepalive_s: float = Field(
-        default=5.0, gt=0, description="Whitespace cadence of /wait and /join."
+        default=5.0,
+        gt=0,
+        description="/wait, /join and cancel?wait=1 send a newline this often while the run "
+        "lasts, events or not (the official server's interval), so proxies keep the connection.",
+    )
+    cancel_settle_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="A cancel without wait answers once the run's owner has stopped it, or "
+        "after this long with the run still running (0: at once).",
     )
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
 

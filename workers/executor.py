@@ -25,6 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -34,6 +35,7 @@ from langgraph.pregel import Pregel
 from langgraph.types import Command
 
 from shared import logs, metrics, serde
+from shared.agent.graphs import GraphConfigError, GraphNotFound
 from shared.authz.users import run_subject, stored_user
 from shared.bridge.publisher import EventSink
 from shared.errors import EventsUnpublished, LeaseLost
@@ -182,7 +184,7 @@ class Prepared:
     options, the translation of its stream into events, and what a stop keeps."""
 
     sink: EventSink
-    graph: Pregel[Any, Any, Any, Any]
+    graph: AbstractAsyncContextManager[Pregel[Any, Any, Any, Any]]
     config: dict[str, Any]
     options: dict[str, Any]
     translator: StreamTranslator
@@ -193,7 +195,13 @@ class Prepared:
 async def prepare(rt: WorkerRuntime, attempt: RunAttempt) -> Prepared:
     """Everything the graph runs with: the fenced sink (its `metadata` event first), the
     config (the run's identities, the fence, the stream gate, held writes, the journal),
-    the graph bound to a saver and to the run's user, and the stream options requested."""
+    the graph bound to a saver and to the run's user (opened by `execute`: a factory is
+    called there), and the stream options requested.
+
+    The context is the run's, or `{}` as the official server passes it
+    (`payload.get("context") or {}`): LangGraph coerces it into the graph's
+    `context_schema`, so a dataclass or pydantic schema's defaults apply to a run that
+    sends none (`runtime.context` is never None)."""
     run = attempt.run
     sink = open_sink(rt, attempt)
     await asyncio.sleep(0)  # let the batcher send it before the synchronous set-up below
@@ -218,7 +226,8 @@ async def prepare(rt: WorkerRuntime, attempt: RunAttempt) -> Prepared:
         config["callbacks"] = [attempt.journal]
     partials = PartialReplies()  # what a stop keeps (workers/stopped.py)
     config["callbacks"] = [*config.get("callbacks", []), partials]
-    graph = rt.run_graph(run.graph_id, rt.next_slot(), run.user_id)
+    context = run.context or {}
+    graph = rt.run_graph(run.graph_id, rt.next_slot(), run.user_id, config, context)
     kwargs = run.kwargs  # StreamOptions (shared/vocab.py), as admitted
     requested = kwargs.get("stream_mode") or list(DEFAULT_STREAM_MODES)
     subgraphs = bool(kwargs.get("stream_subgraphs"))
@@ -231,8 +240,7 @@ async def prepare(rt: WorkerRuntime, attempt: RunAttempt) -> Prepared:
     }
     if kwargs.get("durability"):
         options["durability"] = kwargs["durability"]
-    if run.context is not None:
-        options["context"] = run.context
+    options["context"] = context
     return Prepared(sink, graph, config, options, translator, partials, held)
 
 
@@ -314,6 +322,26 @@ def stream_gate(attempt: RunAttempt, sink: EventSink) -> Callable[[], Awaitable[
 
 # --- execute ----------------------------------------------------------------------------------
 async def execute(rt: WorkerRuntime, attempt: RunAttempt, prep: Prepared) -> GraphOutcome:
+    """Open the attempt's graph (a factory is called and what it returns entered, exited
+    when the attempt is over), then `run_graph`; a graph that cannot be loaded or built
+    ends the run `error` with that error at once (G4), as any graph failure does."""
+    try:
+        async with prep.graph as graph:
+            return await run_graph(rt, attempt, prep, graph)
+    except Exception as exc:  # opening or closing the graph failed: run_graph has the rest
+        where = {"run_id": attempt.run_id, "thread_id": attempt.thread_id}
+        if isinstance(exc, (GraphConfigError, GraphNotFound)):
+            log.error("run failed: %s", exc, extra=where)  # said once at start-up with its spec
+        else:
+            log.exception("run failed: its graph did not close", extra=where)
+        error = _error_of(exc)
+        prep.sink.emit("error", serde.dumps(error))
+        return GraphOutcome(RunStatus.ERROR, error, ThreadStatus.ERROR)
+
+
+async def run_graph(
+    rt: WorkerRuntime, attempt: RunAttempt, prep: Prepared, graph: Pregel[Any, Any, Any, Any]
+) -> GraphOutcome:
     """Run the graph from this attempt's input (`graph_input`), publishing every chunk;
     returns how it ended."""
     run = attempt.run
@@ -325,14 +353,14 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt, prep: Prepared) -> Gra
         async def _stream() -> None:
             if translator.wants_events:
                 root = str(uuid.uuid4())  # the root run's id in the callback events
-                events = prep.graph.astream_events(
+                events = graph.astream_events(
                     inp, cast(RunnableConfig, {**config, "run_id": root}), version="v2", **options
                 )
                 async for event in events:
                     for name, data in translator.callback_event(event, root):
                         sink.emit(name, serde.dumps(data))
                 return
-            async for item in prep.graph.astream(inp, cast(RunnableConfig, config), **options):
+            async for item in graph.astream(inp, cast(RunnableConfig, config), **options):
                 for name, data in translator.events(item):
                     sink.emit(name, serde.dumps(data))
 

@@ -12,21 +12,31 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import os
 import socket
 import threading
+import time
 import uuid
-from collections.abc import Coroutine, Mapping
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar, cast
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.pregel import Pregel
+from langgraph.store.base import BaseStore
 
 from shared import lua, redis_clients
+from shared.agent.factories import RUN_ACCESS, server_runtime
 from shared.agent.graphs import GraphRegistry
+from shared.authz.loader import load_authorizer
+from shared.authz.store import AuthorizedStore
+from shared.authz.users import stored_user
 from shared.bridge.publisher import PublishBatcher, StreamPublisher
 from shared.db import make_async_pool, make_pool
 from shared.journal import RunEventStore
+from shared.project import load_project
 from shared.redis_keys import Keys
 from shared.runs.leases import LeaseManager
 from shared.runs.store import RunStore
@@ -52,6 +62,9 @@ class WorkerRuntime:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.keys = Keys(settings.redis_prefix)
         self.registry = GraphRegistry.from_config(settings.config)
+        # The project's auth (`auth.path`): a graph's store calls go through its store.*
+        # handlers as the run's user (shared/authz/store.py).
+        self.authorizer = load_authorizer(load_project(settings.config))
         # Store calls run in the loop's default executor (asyncio.to_thread: min(32, cores + 4)
         # threads), so that bounds the connections in use; a run's background journal write
         # may hold one beside its store call. Capped by db_pool_max, so one worker at the
@@ -74,6 +87,7 @@ class WorkerRuntime:
         )
         self.dispatcher = Dispatcher(make_celery(settings))
         self._graphs: dict[tuple[str, int], Pregel[Any, Any, Any, Any]] = {}
+        self.graph_errors: dict[str, str] = {}  # graph id -> why it cannot be loaded
         self._slot = 0
         # uvloop: the loop's own overhead per event is a large share of a run's CPU
         # (measured with py-spy under the C=50 benchmark); fall back to asyncio.
@@ -108,7 +122,7 @@ class WorkerRuntime:
             for _ in range(s.checkpoint_savers)
         ]
         # S5: the run's head lookup, pre-run rollback point and rollback go through here.
-        self.state = CheckpointStateAccessor(self.savers[0], self.registry)
+        self.state = CheckpointStateAccessor(self.savers[0], self.registry.reader("threads.read"))
         self.publisher = StreamPublisher(self.redis, self.keys, s)
         # The store graphs get at run time, scoped per run to the run's user.
         self.graph_store = await WorkerStore.open(s)
@@ -116,11 +130,38 @@ class WorkerRuntime:
         # Renews the leases of the runs this process holds, from their claim on (L1).
         self.keeper = LeaseKeeper(self.leases, s)
         self.keeper.start()
-        # Bind every graph to every saver now: the first copy of a graph costs ~150 ms,
-        # which would otherwise sit between a claim and the run's first event.
+        await self._load_graphs()
+
+    async def _load_graphs(self) -> None:
+        """Load every graph, each on its own: one that cannot be loaded is logged once here
+        (its id, spec and error) and reported for the ops view (`Keys.ops_graphs`); its
+        runs fail with that error, the other graphs are served.
+
+        A graph value is bound to every saver now: the first copy of a graph costs
+        ~150 ms, which would otherwise sit between a claim and the run's first event. A
+        factory is called per run (as the official server calls it), once here as a
+        schema read would to find out whether it fails."""
+        report: dict[str, str] = {}
         for graph_id in self.registry.ids():
-            for slot in range(len(self.savers)):
-                self.graph(graph_id, slot)
+            source = self.registry.spec(graph_id).source
+            error = await asyncio.to_thread(self.registry.check, graph_id)
+            if error is not None:
+                log.error("graph %r (%s) cannot be loaded: %s", graph_id, source, error)
+                self.graph_errors[graph_id] = str(error)
+            elif not self.registry.is_factory(graph_id):
+                for slot in range(len(self.savers)):
+                    self.graph(graph_id, slot)
+            state: dict[str, Any] = {"graph_id": graph_id, "spec": source}
+            state |= {"state": "error" if error else "ok", "error": str(error) if error else None}
+            report[graph_id] = json.dumps({**state, "worker": self.worker_id, "at": time.time()})
+        try:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.delete(self.keys.ops_graphs())
+            if report:
+                pipe.hset(self.keys.ops_graphs(), mapping=report)  # type: ignore[arg-type]
+            await pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - the report is for the ops view only
+            log.warning("could not report the graphs' load state: %s", exc)
 
     @property
     def active(self) -> Mapping[str, RunAttempt]:
@@ -137,14 +178,44 @@ class WorkerRuntime:
             self._graphs[key] = graph
         return graph
 
-    def run_graph(
-        self, graph_id: str, slot: int, user_id: str | None
-    ) -> Pregel[Any, Any, Any, Any]:
-        """The graph of one run: bound to saver `slot`, its store scoped to `user_id` (none
-        without a user: the unscoped store is never a graph's). A shallow copy, ~30 µs;
-        subgraphs inherit the store through the run's config."""
-        store = None if user_id is None else self.graph_store.views.for_user(user_id)
-        return self.graph(graph_id, slot).copy(update={"store": store})
+    @asynccontextmanager
+    async def run_graph(
+        self,
+        graph_id: str,
+        slot: int,
+        user_id: str | None,
+        config: Mapping[str, Any] | None = None,
+        context: Any = None,
+    ) -> AsyncIterator[Pregel[Any, Any, Any, Any]]:
+        """The graph of one run, for the `async with` of its execution: bound to saver
+        `slot`, its store scoped to `user_id` (none without a user: the unscoped store is
+        never a graph's). A graph value's is a shallow copy, ~30 µs; subgraphs inherit the
+        store through the run's config. A factory is called with the run's `config` and
+        the execution runtime (its user, that store, the run's `context`), and what it
+        returns stays entered until the `async with` ends. A graph that cannot be loaded
+        raises its GraphConfigError here, on entry."""
+        store: BaseStore | None = (
+            None if user_id is None else self.graph_store.views.for_user(user_id)
+        )
+        auth_user = stored_user(
+            ((config or {}).get("configurable") or {}).get("langgraph_auth_user")
+        )
+        if store is not None and self.authorizer is not None and auth_user is not None:
+            store = AuthorizedStore(store, self.authorizer, auth_user)
+        if not self.registry.is_factory(graph_id):
+            yield self.graph(graph_id, slot).copy(update={"store": store})
+            return
+        run_config = cast(RunnableConfig, dict(config or {}))
+        user = (run_config.get("configurable") or {}).get("langgraph_auth_user")
+        runtime = server_runtime(
+            RUN_ACCESS,
+            store=store,
+            user=user if hasattr(user, "identity") else None,
+            context=context,
+        )
+        saver = self.savers[slot % len(self.savers)]
+        async with self.registry.open(graph_id, run_config, runtime) as graph:
+            yield graph.copy(update={"checkpointer": saver, "store": store})
 
     def next_slot(self) -> int:
         """Round-robin choice of a checkpoint saver for a new run attempt."""

@@ -147,7 +147,10 @@ def patch(assistant_id: str, body: AssistantUpdate) -> Response:
     """Write a new version (metadata merged, the rest replaced where given) and make it current."""
     patch = body.to_patch()
     if authz.active():
-        value = {"metadata": dict(patch.metadata or {}), "graph_id": patch.graph_id}
+        value: dict[str, Any] = {
+            "metadata": dict(patch.metadata or {}),
+            "graph_id": patch.graph_id,
+        }
         visible_assistant(assistant_id, "update", value)
         if patch.metadata is not None:  # as the handler left it
             patch = dataclasses.replace(patch, metadata=dict(value.get("metadata") or {}))

@@ -183,7 +183,8 @@ def runs(query: OpsRunsQuery) -> Response:
 @bp.get("/ops/api/health")
 def health() -> Response:
     """Is anything wrong? Tiles (workers per queue, stuck runs, failure rate, queue wait,
-    crons), each `ok`/`warn`/`bad` with its reason, and the verdict."""
+    crons, graphs), each `ok`/`warn`/`bad` with its reason, the verdict, and `graphs`:
+    each graph's load state and error, as the runs workers found them at start-up."""
     require_ops()
     return json_response(_ops().collector.health())
 

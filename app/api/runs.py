@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -36,12 +37,13 @@ from app.schemas import (
     RunsCancel,
     StatelessRunCreate,
 )
-from app.services import current_services
+from app.services import Services, current_services
 from app.streaming.frames import event_filter
 from app.streaming.sse import sse_body
 from shared import serde
 from shared.bridge.base import BEFORE_FIRST, END_EVENT, Event, Gap
 from shared.errors import NotFound, PermissionDenied
+from shared.runs.admission import CancelOutcome
 from shared.runs.model import CancelAction, OnDisconnect, Run
 from shared.runs.result import final_result
 
@@ -136,34 +138,63 @@ def _final_result(run: Run) -> bytes:
     )
 
 
-def _await_end(run_id: str) -> Iterator[bytes]:
-    """Block until the run's stream ends (its `end`, or a gap when the stream is gone),
-    yielding a newline per idle heartbeat so proxies and the SDK keep the connection.
+def _await_end(svc: Services, run_id: str, stop: threading.Event) -> None:
+    """Block until the run's stream ends (its `end`, or a gap when the stream is gone and
+    the run is terminal), or until `stop` is set (the client left).
 
     It follows from the newest retained event rather than replaying the whole stream:
     only the end matters here.
     """
-    svc = current_services()
-    while True:
+    while not stop.is_set():
         last = svc.subscriber.last_event(run_id)
         if last is not None and last.event == END_EVENT:
             return
         for batch in svc.subscriber.subscribe_batches(
             run_id,
             last.id if last is not None else None,
-            is_terminal=lambda: is_terminal(run_id),
+            is_terminal=lambda: svc.runs.is_terminal(run_id),
             unstarted_end=lambda: svc.runs.unstarted_end(run_id),
         ):
             if any(isinstance(i, Event) and i.event == END_EVENT for i in batch):
                 return
             if any(isinstance(i, Gap) for i in batch):
                 break  # the stream was lost (Redis restart): end only once the run has
-            if not any(isinstance(i, Event) for i in batch):
-                yield b"\n"
-        if is_terminal(run_id):
+            if stop.is_set():
+                return
+        if svc.runs.is_terminal(run_id):
             return
-        yield b"\n"
-        time.sleep(svc.settings.stream_heartbeat_s / 5)
+        stop.wait(svc.settings.stream_heartbeat_s / 5)
+
+
+def _until_end(run_id: str) -> Iterator[bytes]:
+    """A newline every `wait_keepalive_s` until the run's stream ends, events or not, as the
+    official server sends them: a proxy sees bytes, a JSON parser skips the leading whitespace.
+
+    The wait runs in a thread of its own (a greenlet under gevent) so that the keep-alive
+    keeps its clock whatever the stream does: a run with an event every 3 s never leaves a
+    follower idle for a heartbeat, and a newline per idle heartbeat sent none. Closing the
+    response (the client left) stops the wait within a heartbeat.
+    """
+    svc = current_services()
+    stop, done = threading.Event(), threading.Event()
+    failed: list[Exception] = []
+
+    def wait() -> None:
+        try:
+            _await_end(svc, run_id, stop)
+        except Exception as exc:  # noqa: BLE001 - raised again in the response's thread
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=wait, name="run-wait", daemon=True).start()
+    try:
+        while not done.wait(svc.settings.wait_keepalive_s):
+            yield b"\n"
+    finally:
+        stop.set()
+    if failed:
+        raise failed[0]
 
 
 def _wait_body(run: Run, *, cancel_on_disconnect: bool) -> Iterator[bytes]:
@@ -174,7 +205,7 @@ def _wait_body(run: Run, *, cancel_on_disconnect: bool) -> Iterator[bytes]:
     finished = False
     try:
         if not run.terminal:
-            yield from _await_end(run_id)
+            yield from _until_end(run_id)
         finished = True
         yield _final_result(run)
     finally:
@@ -365,6 +396,19 @@ def join_stream(thread_id: str, run_id: str, query: JoinStreamQuery) -> Response
     )
 
 
+def _settle(svc: Services, run_id: str) -> None:
+    """Give a running run's owner up to `cancel_settle_s` to stop it (R5), so that a read
+    right after the 202 sees `interrupted` as the official server answers at once.
+
+    The official server writes `interrupted` when the cancel is asked; here the status is the
+    owner's to write, fenced, once the graph has stopped: a run shown ended while its worker
+    still writes would free the thread for the next run under a live writer (R3, L2).
+    """
+    deadline = time.monotonic() + svc.settings.cancel_settle_s
+    while not svc.runs.is_terminal(run_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 @bp.post("/threads/<thread_id>/runs/<run_id>/cancel")
 @answers(202, "cancel accepted (wait=0)", json=True)
 @query(CancelQuery)
@@ -375,13 +419,16 @@ def cancel(thread_id: str, run_id: str, query: CancelQuery) -> Response:
     tid = public_ids.resolve(thread_id, "update", {"run_id": rid, "action": query.action.value})
     owner = principal().user_id
     outcome = svc.runs.cancel(owner=owner, thread_id=tid, run_id=rid, action=query.action)
-    run = svc.store.get_run(tid, rid, owner)
     if not query.wait:
+        if outcome in (CancelOutcome.REQUESTED, CancelOutcome.ALREADY_REQUESTED):
+            _settle(svc, rid)
+        run = svc.store.get_run(tid, rid, owner)
         return json_response({**run_json(run), "cancel": outcome.value}, status=202)
+    run = svc.store.get_run(tid, rid, owner)
 
     def body() -> Iterator[bytes]:
         if not run.terminal:
-            yield from _await_end(rid)
+            yield from _until_end(rid)
         final = svc.store.get_run(tid, rid, owner)
         yield serde.dumps({**run_json(final), "cancel": outcome.value})
 

@@ -30,6 +30,7 @@ from shared.authz.decide import Denied
 from shared.authz.filters import merge
 from shared.errors import ValidationFailed
 from shared.store import UserScopedStore, check_namespace
+from shared.store.config import whole_minutes
 from shared.store.namespaces import check_key
 
 bp = Blueprint("store", __name__)
@@ -130,10 +131,15 @@ def decided(action: str, value: dict[str, Any]) -> dict[str, Any]:
     if decision is None:
         return value
     out = dict(decision.value)
-    for name in ("namespace", "suffix"):
-        if out.get(name) is not None:
-            out[name] = tuple(out[name])
-            check_namespace(out[name], required=False, writing=action == "put")
+    try:  # what the client sent was checked already: a failure here is the handler's
+        for name in ("namespace", "suffix"):
+            if out.get(name) is not None:
+                out[name] = tuple(out[name])
+                check_namespace(out[name], required=False, writing=action == "put")
+        if "key" in out:
+            check_key(out["key"])
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise Denied(403, f"the store.{action} handler left an unusable value: {exc}") from None
     if decision.containment is not None:
         if any(isinstance(v, list) for v in decision.containment.values()):
             raise Denied(403, "the store's filters compare values; `$contains` is not supported")
@@ -169,7 +175,7 @@ def put_item(body: StorePut) -> Response:
     )
     args = (value["namespace"], value["key"], value["value"], value["index"])
     if "ttl" in body.model_fields_set:
-        store.put(*args, ttl=body.ttl)
+        store.put(*args, ttl=None if body.ttl is None else whole_minutes(body.ttl))
     else:  # the store's default_ttl applies
         store.put(*args)
     return Response(status=204)

@@ -410,6 +410,22 @@ function drawRest(o) {
     },
   );
 
+  // Each graph's load state as the runs workers found it; a graph in error fails its runs.
+  sync(
+    "graphs",
+    o.graphs || [],
+    (g) => g.graph_id,
+    (g) => [el("td", g.graph_id, "mono"), el("td", null, "mono"), el("td"), el("td", null, "error-cell")],
+    (tr, g) => {
+      setText(cell(tr, 1), g.spec);
+      const st = cell(tr, 2);
+      if (!st.firstChild) st.append(el("span"));
+      setText(st.firstChild, g.state, `pill ${g.state === "ok" ? "success" : "error"}`);
+      setText(cell(tr, 3), g.error || "–");
+      cell(tr, 3).title = g.error || "";
+    },
+  );
+
   const statuses = ["pending", "running", "success", "error", "timeout", "interrupted"];
   bars("chart-status", statuses, [statuses.map((s) => o.runs.by_status[s] || 0)], ["#3b6ea5"]);
   setText(document.getElementById("fenced-status"), o.runs.fenced.status_writes_recorded);

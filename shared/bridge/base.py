@@ -4,6 +4,7 @@ when a gap is reported, and the pure cursor and gap decisions (B1-B7)."""
 from __future__ import annotations
 
 import enum
+import logging
 import re
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,11 @@ START_CURSORS = frozenset({"", "-1", "0", "-"})
 BEFORE_FIRST = "0-0"
 """A checked "from the very first event" cursor: a gap if anything was ever trimmed."""
 _ID_RE = re.compile(r"^\d{1,19}-\d{1,19}$")
+_OURS_RE = re.compile(r"^\d+-\d+$")
+"""The shape of this server's ids: one that fails _ID_RE is malformed, not foreign."""
+_FOREIGN_RE = re.compile(r"^[\x21-\x7e]{1,256}$")
+"""A cursor of another server's (printable ASCII, no blanks, bounded): read from the start."""
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,22 +166,40 @@ class StreamBridge(BridgePublisher, BridgeSubscriber, Protocol):
     """
 
 
+def is_stream_id(value: str) -> bool:
+    """Whether `value` is an id this server's streams issue (`<ms>-<seq>`)."""
+    return bool(_ID_RE.match(value))
+
+
 def parse_cursor(last_event_id: str | None) -> str:
-    """'' for "from the start of what is retained" (-1, 0, -), else a validated stream id (B4).
+    """'' for "from the start of what is retained" (-1, 0, -, or a foreign id), else a
+    validated stream id (B4).
 
     `0-0` is a real cursor ("before the first event"): unlike -1 it reports a gap when
     the start of the stream was trimmed, for a client that dropped before its first event.
+
+    A foreign cursor (printable, not of this server's `<ms>-<seq>` shape: another server's
+    id, or one a client made up) cannot be placed in this stream, so nothing can be known
+    about what the client already has: it reads from the start of what is retained, as
+    `-1` does. That may repeat events the client had, but never skips one; the official
+    server compares such ids as strings, which places most of them after every event and
+    silently drops what the client missed. An id of this server's shape is exact (B4/B5);
+    a malformed one (too many digits, blanks or control characters, over 256 characters)
+    is still a client error.
     """
     if last_event_id is None:
         return ""
     value = last_event_id.strip()
     if value in START_CURSORS:
         return ""
-    if not _ID_RE.match(value):
-        raise StreamCursorInvalid(
-            f"Last-Event-ID {last_event_id[:64]!r} is not an event id of this stream"
-        )
-    return value
+    if is_stream_id(value):
+        return value
+    if not _OURS_RE.match(value) and _FOREIGN_RE.match(value):
+        log.debug("Last-Event-ID %r is not of this server: reading from the start", value[:64])
+        return ""
+    raise StreamCursorInvalid(
+        f"Last-Event-ID {last_event_id[:64]!r} is not an event id of this stream"
+    )
 
 
 class ReadKind(enum.Enum):

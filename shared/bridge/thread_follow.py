@@ -50,7 +50,7 @@ from shared.bridge.base import (
     Gap,
     Heartbeat,
     StreamItem,
-    parse_cursor,
+    is_stream_id,
 )
 from shared.bridge.subscriber import StreamSubscriber
 from shared.errors import StreamCursorInvalid
@@ -110,13 +110,9 @@ def parse_thread_cursor(last_event_id: str | None) -> StartAt | ThreadCursor:
         raise bad from exc
     if entry == DONE:
         return ThreadCursor(run_id, DONE)
-    try:
-        cursor = parse_cursor(entry)
-    except StreamCursorInvalid as exc:
-        raise bad from exc
-    if not cursor:
-        raise bad  # "-1" inside a run id: not an id this stream sends
-    return ThreadCursor(run_id, cursor)
+    if not is_stream_id(entry):
+        raise bad  # "-1" or another server's id inside a run id: not an id this stream sends
+    return ThreadCursor(run_id, entry)
 
 
 def keeps(modes: Collection[str], event: Event) -> bool:

@@ -8,6 +8,8 @@ Sources:
   `stats`, answered within `ops_inspect_timeout_s`), cached `ops_inspect_cache_s` per
   process; a worker's active runs are the running runs whose `owner` names its host:pid;
 - memory backlog and skipped updates: `shared.memory.stats.memory_stats`;
+- each graph's load state (ok, or the error that keeps it from being served): what the
+  last runs worker to start found and wrote to Redis (`Keys.ops_graphs`);
 - the health strip (`health`): the figures above judged against the `ops_*` thresholds,
   plus failures and overdue crons from Postgres (the cron scheduler answers no broadcast:
   crons left due in the past are how its absence shows).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib
+import json
 import logging
 import threading
 import time
@@ -282,6 +285,17 @@ class OpsCollector:
         workers = workers if workers is not None else self.inspector.workers()
         return {q: sum(1 for w in workers if q in w["queues"]) for q in QUEUES}
 
+    def graphs(self) -> list[dict[str, Any]]:
+        """Each graph's load state as the last runs worker to start found it: graph_id,
+        spec, state (`ok` or `error`), error, worker, at (config order)."""
+        out = []
+        for raw in self.redis.hvals(self.keys.ops_graphs()):
+            try:
+                out.append(json.loads(_s(raw)))
+            except ValueError:
+                continue
+        return sorted(out, key=lambda g: float(g.get("at") or 0.0))
+
     # -- streams and connections -----------------------------------------------------------
     def connections(self) -> dict[str, Any]:
         """Open connections by transport and subscribers by run, over all web processes."""
@@ -359,12 +373,15 @@ class OpsCollector:
         *,
         workers_online: dict[str, int] | None = None,
         queues: dict[str, dict[str, Any]] | None = None,
+        graphs: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Is anything wrong? One tile per question, each `ok`, `warn` or `bad` with its
-        reason as a sentence (the page must not rely on colour alone), and the verdict."""
+        reason as a sentence (the page must not rely on colour alone), and the verdict;
+        `graphs` beside them: each graph's load state (`graphs()`)."""
         s = self.settings
         online = workers_online if workers_online is not None else self.workers_online()
         q = queues if queues is not None else self.queues()
+        graphs = graphs if graphs is not None else self.graphs()
         tiles = [
             self._workers_tile(RUNS_QUEUE, online, q, "new runs stay pending"),
             self._workers_tile(MEMORY_QUEUE, online, q, "memory updates are not extracted"),
@@ -373,10 +390,12 @@ class OpsCollector:
             self._failures_tile(s.ops_failure_window_s),
             self._queue_age_tile(q),
             self._crons_tile(),
+            self._graphs_tile(graphs),
         ]
         bad = [t["reason"] for t in tiles if t["state"] == "bad"]
         warn = [t["reason"] for t in tiles if t["state"] == "warn"]
-        return {"ok": not bad, "problems": bad, "warnings": warn, "tiles": tiles}
+        out = {"ok": not bad, "problems": bad, "warnings": warn, "tiles": tiles}
+        return {**out, "graphs": graphs}
 
     @staticmethod
     def _tile(key: str, label: str, value: Any, state: str, reason: str) -> dict[str, Any]:
@@ -473,6 +492,18 @@ class OpsCollector:
         reason = f"{c['enabled']} enabled crons fire on time"
         return self._tile("crons", "cron scheduler", c["enabled"], "ok", reason)
 
+    def _graphs_tile(self, graphs: list[dict[str, Any]]) -> dict[str, Any]:
+        failed = [g for g in graphs if g.get("state") == "error"]
+        if not graphs:
+            return self._tile("graphs", "graphs", None, "ok", "no runs worker reported its graphs")
+        if failed:
+            names = ", ".join(f"{g.get('graph_id')} ({g.get('error')})" for g in failed)
+            n = len(failed)
+            reason = f"{n} graph{'s' if n != 1 else ''} cannot be loaded, their runs fail: {names}"
+            return self._tile("graphs", "graphs", n, "bad", reason)
+        n = len(graphs)
+        return self._tile("graphs", "graphs", 0, "ok", f"{n} graph{'s' if n != 1 else ''} loaded")
+
     # -- everything -------------------------------------------------------------------------
     def overview(self) -> dict[str, Any]:
         """The whole ops view in one document."""
@@ -488,10 +519,12 @@ class OpsCollector:
         online = self.workers_online(workers)
         queues = self.queues(memory)
         counters = metrics.counter_values()
+        graphs = self.graphs()
         return {
             "at": time.time(),
             "refresh_s": self.settings.ops_refresh_s,
-            "health": self.health(workers_online=online, queues=queues),
+            "health": self.health(workers_online=online, queues=queues, graphs=graphs),
+            "graphs": graphs,
             "runs": {**self.runs_summary(), "inflight": runs},
             "queues": queues,
             "workers": workers,

@@ -16,6 +16,7 @@ official server reads it. Without `index` the store has no semantic search (a se
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,7 @@ class StoreConfig:
         ttl = self.section.ttl
         config = TTLConfig(refresh_on_read=ttl.refresh_on_read, omit_expired=True)
         if ttl.default_ttl is not None:
-            config["default_ttl"] = ttl.default_ttl
+            config["default_ttl"] = whole_minutes(ttl.default_ttl)
         if ttl.sweep_interval_minutes is not None:
             config["sweep_interval_minutes"] = ttl.sweep_interval_minutes
         return config
@@ -106,6 +107,13 @@ class StoreConfig:
         if not isinstance(value, Embeddings) and not callable(value):
             raise StoreConfigError(f"store.index.embed {embed!r} is not a function or Embeddings")
         return ensure_embeddings(value)
+
+
+def whole_minutes(minutes: float) -> int:
+    """A TTL as PostgresStore keeps it: whole minutes (its `ttl_minutes` column is an
+    integer, and a read's refresh sets `expires_at` from it), so a fraction is rounded up;
+    kept as given, 0.5 would be stored as 0 and the first refresh would expire the item."""
+    return max(1, math.ceil(minutes))
 
 
 def _never_embed(texts: Sequence[str]) -> list[list[float]]:

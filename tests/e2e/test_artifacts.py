@@ -94,3 +94,34 @@ def test_a4_a_deleted_threads_files_go_and_its_id_serves_nobody_else(
             (tid,),
         ).fetchall()
     assert rows == [("alice", "deleted", {"workspace_files_removed": 1})]
+
+
+def test_a4_deleting_an_assistant_with_its_threads_removes_their_files(cluster: Cluster) -> None:
+    """A4: `DELETE /assistants/{id}?delete_threads=true` removes each thread the way
+    `DELETE /threads/{id}` does: files on disk too, and the thread.delete audit record; the
+    same thread id made again lists no artifact of the old one."""
+    with client(cluster, ALICE) as alice:
+        aid = alice.post("/assistants", json={"graph_id": "lead_agent"}).json()["assistant_id"]
+        tid = alice.post("/threads", json={}).json()["thread_id"]
+        body = {
+            "assistant_id": aid,
+            "input": {"messages": [{"role": "user", "content": "please write a report"}]},
+            "config": {"configurable": {"tokens": 8}},
+        }
+        assert alice.post(f"/threads/{tid}/runs/wait", json=body).status_code == 200
+        workspace = thread_workspace(cluster.settings.workspace_dir, "alice", tid)
+        assert (workspace / "outputs" / "report.md").exists()
+        deleted = alice.delete(f"/assistants/{aid}", params={"delete_threads": "true"})
+        assert deleted.status_code == 204, deleted.text
+        assert alice.get(f"/threads/{tid}").status_code == 404
+        assert not (workspace / "outputs" / "report.md").exists()
+        again = alice.post("/threads", json={"thread_id": tid})
+        assert again.status_code == 200, again.text
+        assert alice.get(f"/threads/{tid}/artifacts").json() == []
+        with psycopg.connect(cluster.settings.database_url.get_secret_value()) as conn:
+            audited = conn.execute(
+                "SELECT count(*) FROM ops_audit WHERE action = 'thread.delete'"
+                " AND params->>'thread_id' = %s",
+                (tid,),
+            ).fetchone()
+        assert audited is not None and audited[0] == 1

@@ -216,6 +216,17 @@ def test_store_namespace_rule_and_a_crashing_handler_refuses(auth_cluster: Clust
     assert not any(c["cron_id"] == cron["cron_id"] for c in bob.crons.search())
 
 
+def test_the_graphs_store_goes_through_the_store_handlers(auth_cluster: Cluster) -> None:
+    """A graph's store write at run time is decided like the API's: the namespace rule puts
+    it under ("alice", "memories"), where Alice's API read finds it and Bob's does not."""
+    alice, bob = client(auth_cluster, "tok-alice"), client(auth_cluster, "tok-bob")
+    alice.runs.wait(None, "whoami", input={"remember": "tea, no sugar"})
+    item = alice.store.get_item(["memories"], "last")
+    assert item is not None and item["namespace"] == ["alice", "memories"]
+    assert item["value"] == {"text": "tea, no sugar", "by": "alice"}
+    assert bob.store.get_item(["memories"], "last") is None
+
+
 def test_ops_keeps_threadruns_own_credentials(auth_cluster: Cluster) -> None:
     """The ops API takes threadrun's key with the ops role, not the project's tokens."""
     url = auth_cluster.url

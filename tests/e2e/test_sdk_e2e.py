@@ -220,9 +220,9 @@ def test_a3_bad_input_is_a_clear_4xx(cluster: Cluster) -> None:
         )
         assert res.status_code == 422 and "webhook" in res.text
         res = c.post(
-            f"/threads/{tid}/runs", json={"assistant_id": "lead_agent", "strem_mode": "values"}
+            f"/threads/{tid}/runs", json={"assistant_id": "lead_agent", "stream_mode": "strem"}
         )
-        assert res.status_code == 422 and res.json()["field"] == "strem_mode"
+        assert res.status_code == 422 and res.json()["field"] == "stream_mode"
         assert c.post(f"/threads/{tid}/runs", json={"assistant_id": "nope"}).status_code == 404
         assert c.post(f"/threads/{tid}/runs", content=b"{not json").status_code == 400
         assert c.post(f"/threads/{tid}/runs", json=[1, 2]).status_code == 422

@@ -223,11 +223,11 @@ def test_a1_batch_of_thread_runs_and_a_stateless_one(cluster: Cluster) -> None:
             assert [m["content"] for m in values["messages"]][0] == text
         await gone(c, runs[2]["thread_id"], runs[2]["run_id"])
 
-        bad = [payloads[0], {"assistant_id": "lead_agent", "inptu": human("x")}]
+        bad = [payloads[0], {"assistant_id": "lead_agent", "stream_mode": 1}]
         with pytest.raises(httpx.HTTPStatusError) as info:
             await c.runs.create_batch(bad)
         assert info.value.response.status_code == 422
-        assert info.value.response.json()["field"] == "[1].inptu"
+        assert info.value.response.json()["field"] == "[1].stream_mode"
         missing = {**payloads[1], "thread_id": "00000000-0000-4000-8000-000000000000"}
         with pytest.raises(httpx.HTTPStatusError) as info:
             await c.runs.create_batch([payloads[0], missing])

@@ -349,7 +349,7 @@ def test_a2_a3_bad_frames_get_error_frames_and_the_socket_stays(cluster: Cluster
             ({}, "invalid_request", "type"),
             ({"type": "ping", "request_id": {"x": 1}}, "invalid_request", "request_id"),
             (create_frame(), "invalid_request", "thread_id"),  # /ws has no default thread
-            (create_frame(thread_id=tid, strem_mode="values"), "invalid_request", "strem_mode"),
+            (create_frame(thread_id=tid, stream_mode="strem"), "invalid_request", "stream_mode"),
             (create_frame(thread_id=tid, webhook="ftp://x"), "invalid_request", "webhook"),
             ({**create_frame(thread_id=tid), "assistant_id": "nope"}, "not_found", None),
             ({"type": "run.join", "thread_id": tid}, "invalid_request", "run_id"),
@@ -373,7 +373,7 @@ def test_b4_bad_last_event_id_is_an_error_frame(cluster: Cluster) -> None:
     with WS(cluster.url, f"/threads/{tid}/ws") as ws:
         run_id = ws.request(create_frame())["run"]["run_id"]
         end = ws.follow({run_id})[run_id][-1]
-        for bad in ("garbage", "99999999999999-0", "1-2-3"):
+        for bad in ("gar bage", "99999999999999-0", "9" * 30 + "-0"):
             got = ws.request({"type": "run.join", "run_id": run_id, "last_event_id": bad})
             assert got["code"] == "invalid_last_event_id" and got["field"] == "last_event_id"
             assert "ERR" not in got["message"]

@@ -22,7 +22,13 @@ def test_b4_stream_ids_pass(value: str) -> None:
     assert parse_cursor(value) == value
 
 
-@pytest.mark.parametrize("value", ["abc", "12", "1-2-3", "-5", "1-", "1.5-0", "9" * 30 + "-0"])
+@pytest.mark.parametrize("value", ["mock_event_4", "abc", "12", "1-2-3", "-5", "1-", "1.5-0"])
+def test_b4_a_foreign_cursor_reads_from_the_start(value: str) -> None:
+    """B4: an id not of this server's shape cannot be placed: read from the start, skip nothing."""
+    assert parse_cursor(value) == ""
+
+
+@pytest.mark.parametrize("value", ["9" * 30 + "-0", "a b", "x" * 300, "a\x01b", "é"])
 def test_b4_malformed_cursor_is_a_client_error(value: str) -> None:
     """B4: a malformed cursor is a clear client error, never a Redis error."""
     with pytest.raises(StreamCursorInvalid) as info:

@@ -84,8 +84,8 @@ def test_a3_a_bad_batch_item_is_named_by_its_index() -> None:
     """A3: the 422 of a batch names the item (`[i].field`), before anything is created."""
     good = {"assistant_id": "a"}
     with pytest.raises(ValidationFailed) as info:
-        validate_items(BatchRunCreate, [good, good, {"assistant_id": "a", "inptu": 1}])
-    assert info.value.field == "[2].inptu" and info.value.status == 422
+        validate_items(BatchRunCreate, [good, good, {"assistant_id": "a", "stream_mode": 1}])
+    assert info.value.field == "[2].stream_mode" and info.value.status == 422
     with pytest.raises(ValidationFailed) as info:
         validate_items(BatchRunCreate, [good, "x"])
     assert info.value.field == "[1]"
