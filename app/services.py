@@ -29,6 +29,7 @@ from shared.state.accessor import CheckpointStateAccessor
 from shared.state.modes import ensure_recorded_mode
 from shared.store import StoreConfig, UserStores, web_stores
 from shared.webhooks.policy import EgressPolicy
+from shared.webhooks.project_rules import project_rules
 
 
 @dataclass
@@ -91,6 +92,7 @@ class Services:
             max_after_s=settings.run_after_seconds_max,
             webhook_policy=EgressPolicy.parse(settings.webhook_allow),
             webhook_url_max=settings.webhook_url_max,
+            webhook_rules=project_rules(settings.config),  # langgraph.json `webhooks`
         )
         hub = SubscriptionHub(
             client,

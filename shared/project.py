@@ -288,10 +288,6 @@ REFUSED: dict[tuple[str, ...], str] = {
     ("encryption",): "encryption of checkpoints at rest is not supported",
     ("priority",): "custom run priority handlers are not supported (runs are fair per user)",
     ("ui",): "generative UI components are not served yet",
-    ("webhooks",): (
-        "threadrun's webhook URL policy and signing come from its THREADRUN_WEBHOOK_*"
-        " settings (README, Webhooks); the project's webhooks section is not mapped yet"
-    ),
     ("ui_config",): "generative UI components are not served yet",
 }
 """Keys that are valid for the official server but that threadrun cannot honour: set, they

@@ -32,6 +32,7 @@ from shared.settings import Settings
 from shared.state.accessor import CheckpointStateAccessor
 from shared.state.modes import ensure_recorded_mode
 from shared.webhooks.policy import EgressPolicy
+from shared.webhooks.project_rules import project_rules
 from shared.webhooks.retry import Backoff
 from shared.webhooks.sender import Sender
 from shared.webhooks.store import WebhookStore
@@ -94,6 +95,7 @@ def build_service(settings: Settings) -> WebhookService:
         # frees it then (a timeout's worth of connect, send and read, with a margin).
         lease_s=3 * settings.webhook_timeout_s + 5,
         disabled=disabled,
+        extra_headers=project_rules(settings.config).headers,  # langgraph.json `webhooks`
     )
 
 

@@ -42,6 +42,7 @@ from shared.runs.store import Admission, AdmitItem, RunStore
 from shared.runs.taskqueue import Dispatcher
 from shared.runs.threads_store import Purge
 from shared.webhooks.policy import BadWebhookUrl, EgressPolicy, admission_refusal, parse_url
+from shared.webhooks.project_rules import WebhookRules
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class RunManager:
         max_after_s: float = 30 * 86_400,
         webhook_policy: EgressPolicy | None = None,
         webhook_url_max: int = 2048,
+        webhook_rules: WebhookRules | None = None,
     ) -> None:
         self.store = store
         self._dispatcher = dispatcher
@@ -91,6 +93,7 @@ class RunManager:
         self._max_after_s = max_after_s
         self._webhook_policy = webhook_policy or EgressPolicy()
         self._webhook_url_max = webhook_url_max
+        self._webhook_rules = webhook_rules or WebhookRules()  # langgraph.json `webhooks`
 
     def resolve_assistant(self, owner: str, request: RunRequest) -> tuple[RunRequest, str]:
         """The request on its assistant (the assistant's id, its current version's config
@@ -153,6 +156,8 @@ class RunManager:
                 url = parse_url(request.webhook, max_length=self._webhook_url_max)
             except BadWebhookUrl as exc:
                 raise ValidationFailed(f"webhook: {exc}", field="webhook") from None
+            if (why := self._webhook_rules.refusal(url)) is not None:
+                raise ValidationFailed(f"webhook: {why}", field="webhook")
             if (reason := admission_refusal(url, self._webhook_policy)) is not None:
                 raise ValidationFailed(
                     f"webhook: {url.host} is a {reason} address, refused by the egress policy"

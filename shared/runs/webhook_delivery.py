@@ -13,7 +13,7 @@ would lose or delay the retry. Here a lost countdown message costs at most
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -74,6 +74,7 @@ class WebhookService:
         after_freeze: Callable[[Run], object] | None = None,
         lease_s: float = 30.0,
         disabled: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> None:
         self.store = store
         self.sender = sender
@@ -85,6 +86,7 @@ class WebhookService:
         self._after_freeze = after_freeze
         self._lease_s = lease_s
         self._disabled = disabled  # why no webhook is sent (`http.disable_webhooks`), if so
+        self._extra = dict(extra_headers or {})  # langgraph.json `webhooks.headers`
 
     def deliver(self, run_id: str) -> Delivered:
         """Claim the next attempt, freeze the body if it is the first, POST, record."""
@@ -110,7 +112,8 @@ class WebhookService:
             body = self._freeze(claim)
             if body is None:
                 return Delivered(claim.attempt, AttemptOutcome.REJECTED)
-        headers = {
+        headers = {  # the project's static headers first: ours win on a shared name
+            **self._extra,
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,
             DELIVERY_HEADER: run_id,

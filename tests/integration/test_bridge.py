@@ -227,7 +227,7 @@ def test_b4_cursor_beyond_last_is_a_client_error(bridge: Bridge) -> None:
     with pytest.raises(StreamCursorInvalid):
         bridge.subscriber().check_cursor(run, f"{int(ms) + 10_000}-0")
     with pytest.raises(StreamCursorInvalid):
-        bridge.subscriber().check_cursor(run, "garbage")
+        bridge.subscriber().check_cursor(run, "gar bage")
 
 
 def test_b5_missing_stream_of_terminal_run_is_a_gap(bridge: Bridge) -> None:

@@ -101,6 +101,7 @@ def service(
     sender: Sender,
     scheduled: list[tuple[str, float]],
     disabled: str | None = None,
+    extra_headers: dict[str, str] | None = None,
 ) -> WebhookService:
     return WebhookService(
         hooks,
@@ -112,6 +113,7 @@ def service(
         schedule=lambda run_id, delay: scheduled.append((run_id, delay)),
         lease_s=30,
         disabled=disabled,
+        extra_headers=extra_headers,
     )
 
 
@@ -200,6 +202,22 @@ def test_disable_webhooks_closes_the_delivery_without_sending(
     backdate(pool, run_id, 3600)
     assert svc.deliver(run_id).attempt is None and hooks.sweep(0.1) == []
     assert sender.sent == []
+
+
+def test_the_projects_static_headers_go_with_every_attempt(
+    store: RunStore, hooks: WebhookStore
+) -> None:
+    """`webhooks.headers`: sent with the delivery; a header of threadrun's own (the
+    signature) cannot be replaced by one of the project's."""
+    run_id = admit(store, request())
+    end(store, run_id)
+    sender = FakeSender([AttemptResult(AttemptOutcome.DELIVERED, 0.01, status=200)])
+    extra = {"X-Token": "t0k", "X-Threadrun-Signature": "forged"}
+    assert service(store, hooks, sender, [], extra_headers=extra).deliver(run_id).attempt == 1
+    ((_, body, headers),) = sender.sent
+    assert headers["X-Token"] == "t0k"
+    assert headers["X-Threadrun-Signature"] != "forged"
+    client_webhooks.verify(SECRET, headers, body)
 
 
 def test_a_4xx_fails_at_once_and_max_attempts_ends_it(

@@ -15,9 +15,12 @@ from shared.project import (
     BUILD_ONLY_KEYS,
     HeaderRules,
     ProjectConfigError,
+    WebhooksSection,
     activate,
     parse_project,
 )
+from shared.webhooks.policy import parse_url
+from shared.webhooks.project_rules import WebhookRules
 
 GRAPHS = {"agent": "./agent.py:graph"}
 
@@ -143,3 +146,45 @@ def test_run_subject_is_the_server_set_identity() -> None:
     assert run_subject("tenant", {"configurable": {"langgraph_auth_user_id": "alice"}}) == "alice"
     assert run_subject("bob", {"configurable": {}}) == "bob"
     assert run_subject("bob", None) == "bob"
+
+
+def test_webhook_rules_of_the_project() -> None:
+    """`webhooks.url` refuses what the official server refuses; `headers` templates read
+    only variables under `env_prefix`, resolved once."""
+    section = WebhooksSection.model_validate(
+        {
+            "env_prefix": "HOOK_",
+            "url": {
+                "require_https": True,
+                "allowed_domains": ["hooks.example.com", "*.corp.example"],
+                "allowed_ports": [443, 8443],
+                "max_url_length": 60,
+            },
+            "headers": {"X-Token": "Bearer ${{ env.HOOK_TOKEN }}", "X-Static": "s"},
+        }
+    )
+    rules = WebhookRules.from_section(section, "lg.json", {"HOOK_TOKEN": "t0k"})
+    assert rules.headers == {"X-Token": "Bearer t0k", "X-Static": "s"}
+    ok = ["https://hooks.example.com/x", "https://a.corp.example:8443/y"]
+    assert [rules.refusal(parse_url(u)) for u in ok] == [None, None]
+    refused = {
+        "http://hooks.example.com/x": "require_https",
+        "https://corp.example/x": "allowed_domains",  # the apex is not a subdomain
+        "https://evil.example/x": "allowed_domains",
+        "https://hooks.example.com:444/x": "allowed_ports",
+        "https://hooks.example.com/" + "a" * 60: "max_url_length",
+    }
+    for url, why in refused.items():
+        assert why in (rules.refusal(parse_url(url)) or ""), url
+    with pytest.raises(ProjectConfigError, match="env_prefix"):
+        WebhookRules.from_section(
+            WebhooksSection.model_validate({"headers": {"X": "${{ env.SECRET_KEY }}"}}), "f", {}
+        )
+    with pytest.raises(ProjectConfigError, match="is not set"):
+        WebhookRules.from_section(
+            WebhooksSection.model_validate({"headers": {"X": "${{ env.LG_WEBHOOK_T }}"}}), "f", {}
+        )
+    with pytest.raises(ProjectConfigError, match="allowed_domains"):
+        WebhookRules.from_section(
+            WebhooksSection.model_validate({"url": {"allowed_domains": ["a.*.com"]}}), "f", {}
+        )
