@@ -14,12 +14,9 @@ from flask import g
 
 from app.auth import principal, project_authorizer
 from shared.authz.decide import Decision, run_sync
-from shared.authz.filters import contains, merge
+from shared.authz.filters import NOTHING, contains, merge
 from shared.errors import NotFound
 from shared.vocab import JSONObject
-
-NOTHING = {"__threadrun_authz_nothing__": True}
-"""A metadata condition no row meets (a filter that contradicts the request's own)."""
 
 
 def authorize(resource: str, action: str, value: JSONObject) -> Decision | None:

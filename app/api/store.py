@@ -26,8 +26,7 @@ from app.http import answers, body, query
 from app.responses import json_response
 from app.schemas import PG_BIGINT_MAX, Strict
 from app.services import current_services
-from shared.authz.decide import Denied
-from shared.authz.filters import merge
+from shared.authz.store import store_value
 from shared.errors import ValidationFailed
 from shared.store import UserScopedStore, check_namespace
 from shared.store.config import whole_minutes
@@ -128,24 +127,7 @@ def decided(action: str, value: dict[str, Any]) -> dict[str, Any]:
     """`value` as the project's `store.<action>` handler left it (as is without project
     auth); a namespace it rewrote is checked like a client's."""
     decision = authz.authorize("store", action, value)
-    if decision is None:
-        return value
-    out = dict(decision.value)
-    try:  # what the client sent was checked already: a failure here is the handler's
-        for name in ("namespace", "suffix"):
-            if out.get(name) is not None:
-                out[name] = tuple(out[name])
-                check_namespace(out[name], required=False, writing=action == "put")
-        if "key" in out:
-            check_key(out["key"])
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise Denied(403, f"the store.{action} handler left an unusable value: {exc}") from None
-    if decision.containment is not None:
-        if any(isinstance(v, list) for v in decision.containment.values()):
-            raise Denied(403, "the store's filters compare values; `$contains` is not supported")
-        merged = merge(out.get("filter") or {}, decision.containment)
-        out["filter"] = authz.NOTHING if merged is None else merged
-    return out
+    return value if decision is None else store_value(action, decision)
 
 
 def _require_index(field: str) -> None:

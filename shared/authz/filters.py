@@ -15,6 +15,8 @@ from shared.errors import ThreadrunError
 from shared.vocab import JSONObject
 
 OPERATORS = frozenset({"$eq", "$contains"})
+NOTHING: JSONObject = {"__threadrun_authz_nothing__": True}
+"""A condition no row meets: the narrowing of a filter that contradicts the request's own."""
 
 
 class InvalidFilter(ThreadrunError, ValueError):

@@ -24,13 +24,10 @@ from langgraph.store.base import (
     SearchOp,
 )
 
-from shared.authz.decide import Authorizer, Denied, run_sync
-from shared.authz.filters import merge
+from shared.authz.decide import Authorizer, Decision, Denied, run_sync
+from shared.authz.filters import NOTHING, merge
 from shared.authz.users import AuthUser
 from shared.store.namespaces import check_key, check_namespace
-
-NOTHING = {"__threadrun_authz_nothing__": True}
-"""An item filter no item meets (a handler filter that contradicts the graph's own)."""
 
 
 class AuthorizedStore(BaseStore):
@@ -54,24 +51,30 @@ class AuthorizedStore(BaseStore):
     async def _decided(self, op: Op) -> Op:
         action, value = _value_of(op)
         decision = await self.authorizer.authorize(self.user, "store", action, value)
-        out = decision.value
-        try:  # the graph's own values were valid: a failure here is the handler's
-            namespace = out.get("namespace")
-            if namespace is not None:
-                namespace = tuple(namespace)
-                check_namespace(namespace, writing=action == "put")
-            if "key" in out:
-                check_key(out["key"])
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise Denied(403, f"the store.{action} handler left an unusable value: {exc}") from None
-        if decision.containment is not None:
-            if any(isinstance(v, list) for v in decision.containment.values()):
-                raise Denied(
-                    403, "the store's filters compare values; `$contains` is not supported"
-                )
-            merged = merge(out.get("filter") or {}, decision.containment)
-            out["filter"] = NOTHING if merged is None else merged
-        return _rebuilt(op, out, namespace)
+        out = store_value(action, decision)
+        return _rebuilt(op, out, out.get("namespace"))
+
+
+def store_value(action: str, decision: Decision) -> dict[str, Any]:
+    """The value a `store.<action>` handler left, ready for the store (the API's and the
+    graph's alike): namespaces as tuples and checked like a client's (a bad one is the
+    handler's doing: 403), the handler's filter added to the item filter."""
+    out = dict(decision.value)
+    try:
+        for name in ("namespace", "suffix"):
+            if out.get(name) is not None:
+                out[name] = tuple(out[name])
+                check_namespace(out[name], writing=action == "put" and name == "namespace")
+        if "key" in out:
+            check_key(out["key"])
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise Denied(403, f"the store.{action} handler left an unusable value: {exc}") from None
+    if decision.containment is not None:
+        if any(isinstance(v, list) for v in decision.containment.values()):
+            raise Denied(403, "the store's filters compare values; `$contains` is not supported")
+        merged = merge(out.get("filter") or {}, decision.containment)
+        out["filter"] = NOTHING if merged is None else merged
+    return out
 
 
 def _value_of(op: Op) -> tuple[str, dict[str, Any]]:

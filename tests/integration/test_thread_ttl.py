@@ -487,8 +487,7 @@ def test_p6_default_ttl_from_the_project(sdk: SyncLangGraphClient) -> None:
         {"ttl": -5},
         {"ttl": 5, "strategy": "archive"},
         {"strategy": "delete"},
-        {"ttl": 5, "extra": 1},
-    ],  # fmt: skip
+    ],  # fmt: skip (an unknown field beside these is ignored, as everywhere: A3)
 )
 def test_p6_a_bad_ttl_is_a_422_naming_the_field(sdk: SyncLangGraphClient, ttl: Any) -> None:
     """A3/P6: a negative, mistyped or unknown-strategy ttl is a 422 naming `ttl`, on create
