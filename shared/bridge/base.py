@@ -172,16 +172,17 @@ def is_stream_id(value: str) -> bool:
 
 
 def parse_cursor(last_event_id: str | None) -> str:
-    """'' for "from the start of what is retained" (-1, 0, -, or a foreign id), else a
-    validated stream id (B4).
+    """'' for "from the start of what is retained" (-1, 0, -), `BEFORE_FIRST` for a foreign
+    id, else a validated stream id (B4).
 
     `0-0` is a real cursor ("before the first event"): unlike -1 it reports a gap when
     the start of the stream was trimmed, for a client that dropped before its first event.
 
     A foreign cursor (printable, not of this server's `<ms>-<seq>` shape: another server's
     id, or one a client made up) cannot be placed in this stream, so nothing can be known
-    about what the client already has: it reads from the start of what is retained, as
-    `-1` does. That may repeat events the client had, but never skips one; the official
+    about what the client already has: it reads from the very first event, as the checked
+    `0-0` does (a gap when the start was trimmed, B5). That may repeat events the client
+    had, but never skips one silently; the official
     server compares such ids as strings, which places most of them after every event and
     silently drops what the client missed. An id of this server's shape is exact (B4/B5);
     a malformed one (too many digits, blanks or control characters, over 256 characters)
@@ -196,7 +197,7 @@ def parse_cursor(last_event_id: str | None) -> str:
         return value
     if not _OURS_RE.match(value) and _FOREIGN_RE.match(value):
         log.debug("Last-Event-ID %r is not of this server: reading from the start", value[:64])
-        return ""
+        return BEFORE_FIRST
     raise StreamCursorInvalid(
         f"Last-Event-ID {last_event_id[:64]!r} is not an event id of this stream"
     )

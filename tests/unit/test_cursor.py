@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.bridge.base import Gap, parse_cursor
+from shared.bridge.base import BEFORE_FIRST, Gap, parse_cursor
 from shared.errors import StreamCursorInvalid
 
 
@@ -24,8 +24,9 @@ def test_b4_stream_ids_pass(value: str) -> None:
 
 @pytest.mark.parametrize("value", ["mock_event_4", "abc", "12", "1-2-3", "-5", "1-", "1.5-0"])
 def test_b4_a_foreign_cursor_reads_from_the_start(value: str) -> None:
-    """B4: an id not of this server's shape cannot be placed: read from the start, skip nothing."""
-    assert parse_cursor(value) == ""
+    """B4, B5: an id not of this server's shape cannot be placed: read from the very first
+    event, checked (a gap if the start was trimmed), so nothing is skipped silently."""
+    assert parse_cursor(value) == BEFORE_FIRST
 
 
 @pytest.mark.parametrize("value", ["9" * 30 + "-0", "a b", "x" * 300, "a\x01b", "é"])
