@@ -31,6 +31,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions["threadrun_project"] = project  # read once (app/services.py)
     app.extensions["threadrun"] = Services.build(settings)
     auth.init_app(app, settings)  # refuses an open server on a public address (A4)
     errors.register(app)

@@ -29,9 +29,8 @@ from app import authz
 from app.auth import principal
 from app.errors import LimitExceeded
 from app.limits import RunSlot, check_run_sizes, limiter
-from app.services import current_services
+from app.services import current_project, current_services
 from shared.errors import AssistantNotFound, ThreadNotFound
-from shared.project import load_project
 from shared.runs.model import Run, RunRequest
 
 AUTH_KEYS = ("langgraph_auth_user", "langgraph_auth_user_id", "langgraph_auth_permissions")
@@ -95,7 +94,7 @@ def with_caller(wanted: RunRequest) -> RunRequest:
     configurable = {
         k: v for k, v in (wanted.config.get("configurable") or {}).items() if k not in AUTH_KEYS
     }
-    rules = load_project(current_services().settings.config).http.configurable_headers
+    rules = current_project().http.configurable_headers
     if rules is not None:
         configurable.update(rules.pick(request.headers.items()))
     who = principal()

@@ -19,6 +19,7 @@ from shared.crons.store import CronStore
 from shared.db import make_pool
 from shared.journal import RunEventStore
 from shared.ops.store import OpsStore
+from shared.project import Project
 from shared.redis_keys import Keys
 from shared.retention import policy as retention_policy
 from shared.runs.manager import RunManager
@@ -139,3 +140,9 @@ class Services:
 def current_services() -> Services:
     """The Services of the current Flask app."""
     return current_app.extensions["threadrun"]  # type: ignore[no-any-return]
+
+
+def current_project() -> Project:
+    """The project file the current Flask app serves, as read at its start (no re-read on
+    a hot path: `load_project` stats the file)."""
+    return current_app.extensions["threadrun_project"]  # type: ignore[no-any-return]

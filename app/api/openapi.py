@@ -17,7 +17,6 @@ from pydantic.json_schema import models_json_schema
 
 from app.api.meta import VERSION
 from app.http import ViewSpec, spec_of
-from shared.project import load_project
 
 bp = Blueprint("openapi", __name__)
 
@@ -126,7 +125,7 @@ def build(app: Flask) -> dict[str, Any]:
             paths.setdefault(path, {})[method.lower()] = op
     schemes: dict[str, Any] = {"apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
     security: list[Any] = [{"apiKey": []}]
-    described = load_project(app.extensions["threadrun"].settings.config).auth.openapi
+    described = app.extensions["threadrun_project"].auth.openapi
     if described is not None:  # the project's auth describes itself (`auth.openapi`)
         schemes, security = dict(described.security_schemes), list(described.security)
         for path, methods in described.paths.items():

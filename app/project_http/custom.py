@@ -11,6 +11,7 @@ FastAPI's own /openapi.json, /docs, /redoc are not taken: threadrun's /openapi.j
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,23 +49,23 @@ class CustomRouteUser:
         return self.identity
 
 
-class CustomApp:
+class CustomApp(ABC):
     """The project's app as a WSGI callable, with its route matcher and its lifespan."""
 
     kind = "custom"
 
+    @abstractmethod
     def matches(self, environ: dict[str, Any], builtin: Map) -> bool:
         """Whether this request is the custom app's."""
-        raise NotImplementedError
 
+    @abstractmethod
     def wsgi(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         """Serve one request."""
-        raise NotImplementedError
 
-    def start(self) -> None:
+    def start(self) -> None:  # noqa: B027 - a hook: an app without a lifespan has nothing to do
         """Startup, once per web process."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a hook, as `start`
         """Shutdown, once per web process."""
 
 

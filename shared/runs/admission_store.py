@@ -25,7 +25,7 @@ from shared.runs.admission import (
     decide,
     inflight_needed,
 )
-from shared.runs.model import Run, RunRequest, ThreadTTL
+from shared.runs.model import Run, RunRequest
 from shared.runs.queries import query
 from shared.runs.store_base import StoreBase, json_param
 from shared.runs.thread_queue import INFLIGHT_RUNS_SQL, as_inflight, inflight_in, settle_in
@@ -81,14 +81,6 @@ def new_thread_metadata(items: Sequence[AdmitItem], thread_id: str) -> JSONObjec
 class AdmissionStore(StoreBase):
     """Admitting runs onto threads, and cancelling them."""
 
-    default_ttl: ThreadTTL | None = None  # the TTL of a thread a run creates (P6)
-
-    def thread_ttl_params(self) -> dict[str, object]:
-        """The TTL parameters of a thread an admission creates (`if_not_exists=create`, a
-        run without a thread): the deployment's default (`checkpointer.ttl`)."""
-        ttl = self.default_ttl
-        return ttl.params() if ttl is not None else ThreadTTL.no_params()
-
     def admit(
         self,
         request: RunRequest,
@@ -131,7 +123,7 @@ class AdmissionStore(StoreBase):
                             **params,
                             "public_id": public_id,
                             "metadata": json_param(new_thread_metadata(items, thread_id)),
-                            **self.thread_ttl_params(),
+                            **self.ttl_params(),
                         },
                     )
                 conn.execute(LOCK_THREAD_SQL, params)
@@ -183,7 +175,7 @@ class AdmissionStore(StoreBase):
                         **params,
                         "public_id": request.public_thread_id,
                         "metadata": json_param(request.metadata),
-                        **self.thread_ttl_params(),
+                        **self.ttl_params(),
                     },
                 )
             locked = conn.execute(LOCK_THREAD_SQL, params)

@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 from shared import serde
 from shared.db import DictPool
 from shared.journal import Category, queue_in
+from shared.runs.model import ThreadTTL
 from shared.runs.queries import query
 
 SET_LOCK_TIMEOUT_SQL = query("set_lock_timeout")
@@ -45,10 +46,20 @@ def lock_timeout(conn: psycopg.Connection[DictRow], seconds: float | None) -> No
 
 
 class StoreBase:
-    """The pool the parts of `RunStore` share."""
+    """The pool the parts of `RunStore` share, and the TTL a new thread gets."""
+
+    default_ttl: ThreadTTL | None = None
+    """The TTL of a thread created without one (`checkpointer.ttl.default_ttl`, P6): by
+    `POST /threads` or by an admission (`if_not_exists=create`, a run without a thread); set
+    by `RunStore(pool, default_ttl=...)` in the processes that create threads."""
 
     def __init__(self, pool: DictPool) -> None:
         self._pool = pool
+
+    def ttl_params(self, ttl: ThreadTTL | None = None) -> dict[str, object]:
+        """The TTL parameters of a new thread: `ttl`, else the deployment's default."""
+        ttl = ttl or self.default_ttl
+        return ttl.params() if ttl is not None else ThreadTTL.no_params()
 
     @property
     def pool(self) -> DictPool:

@@ -105,15 +105,6 @@ def get_thread_in(conn: psycopg.Connection[DictRow], thread_id: str, owner: str)
 class ThreadStore(StoreBase):
     """Threads of their owners."""
 
-    default_ttl: ThreadTTL | None = None
-    """The TTL of a thread created without one (`checkpointer.ttl.default_ttl`, P6); set by
-    `RunStore(pool, default_ttl=...)` in the processes that create threads."""
-
-    def ttl_params(self, ttl: ThreadTTL | None) -> dict[str, object]:
-        """The TTL parameters of a new thread: `ttl`, else the deployment's default."""
-        ttl = ttl or self.default_ttl
-        return ttl.params() if ttl is not None else ThreadTTL.no_params()
-
     def create_thread(
         self,
         thread_id: str | None,
