@@ -27,6 +27,7 @@ from setuptools import build_meta
 import threadrun.cli
 from shared.tools.cli_keys import add_keys
 from shared.tools.cli_migrate import add_migrate, cmd_migrate
+from tests.unit.sources import parse
 from threadrun.cli import PLUGIN_GROUP, build_parser, installed_subcommands
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +53,7 @@ def requirement_name(requirement: str) -> str:
 
 def imported_modules(path: Path) -> Iterator[tuple[int, str]]:
     """(line, top-level module) of every absolute import in a module."""
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name.split(".")[0]

@@ -41,6 +41,7 @@ from shared.settings import Settings
 from shared.state.modes import CheckpointModeMismatch, CheckpointModeRecordMismatch
 from shared.state.reducers import InvalidStateUpdate
 from shared.tools.devservices import DevServicesError, free_port
+from tests.unit.sources import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_BASES = {
@@ -70,7 +71,7 @@ def _outside_the_root() -> list[str]:
     for top in ("app", "shared", "workers"):
         for path in sorted((ROOT / top).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            for node in ast.walk(ast.parse(path.read_text(), filename=rel)):
+            for node in ast.walk(parse(path, rel)):
                 if not isinstance(node, ast.ClassDef) or not node.bases:
                     continue
                 bases = {_base_name(b) for b in node.bases}

@@ -13,6 +13,8 @@ import re
 from functools import cache
 from pathlib import Path
 
+from tests.unit.sources import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "guarantees.md"
 SCANNED = ("app", "workers", "shared", "tests", "bench")
@@ -65,7 +67,7 @@ def _entries() -> dict[str, str]:
 @cache
 def _functions(rel: str) -> frozenset[str]:
     """Names of the functions and methods defined in one test file."""
-    tree = ast.parse((ROOT / rel).read_text(), filename=rel)
+    tree = parse(ROOT / rel, rel)
     return frozenset(
         node.name
         for node in ast.walk(tree)

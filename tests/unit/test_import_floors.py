@@ -23,6 +23,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.unit.sources import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SHARED_FLOORS: dict[str, int] = {
@@ -100,7 +102,7 @@ APP_FLOORS: dict[str, int] = {
 def _imports(path: Path) -> Iterator[tuple[str, int]]:
     """(imported module, line) for every absolute import in `path`, `from x import y`
     giving `x.y` so that `from shared import lua` names the unit it reaches."""
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, node.lineno

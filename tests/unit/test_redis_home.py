@@ -16,6 +16,7 @@ from pathlib import Path
 
 from shared import lua
 from shared.redis_keys import Keys, LimitKeys, MemoryKeys
+from tests.unit.sources import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 LUA_DIR = ROOT / "shared" / "lua"
@@ -30,7 +31,7 @@ SCRIPT_CALLS = {"register_script", "eval", "evalsha", "eval_ro", "evalsha_ro"}
 def _modules(*tops: str) -> Iterator[tuple[str, ast.Module]]:
     for top in tops:
         for path in sorted((ROOT / top).rglob("*.py")):
-            yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(), str(path))
+            yield path.relative_to(ROOT).as_posix(), parse(path)
 
 
 def _strings(tree: ast.AST) -> Iterator[tuple[int, str]]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.unit.sources import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("app", "workers", "shared")
 STATE_PACKAGE = ROOT / "shared" / "state"
@@ -60,7 +62,7 @@ def _modules() -> list[Path]:
 
 def _violations(path: Path, rel: str | None = None) -> list[str]:
     rel = rel or path.relative_to(ROOT).as_posix()
-    tree = ast.parse(path.read_text(), filename=rel)
+    tree = parse(path, rel)
     found = []
     for node in ast.walk(tree):
         names: list[str] = []
@@ -123,7 +125,7 @@ def _imported_modules(tree: ast.AST, package: str) -> list[tuple[int, str]]:
 def _agent_imports(path: Path, rel: str) -> list[str]:
     """Imports of `shared.agent` (or anything under it) in one module of the state package."""
     package = rel.removesuffix(".py").replace("/", ".").rpartition(".")[0]
-    tree = ast.parse(path.read_text(), filename=rel)
+    tree = parse(path, rel)
     hits: dict[int, str] = {}
     for line, name in _imported_modules(tree, package):
         if name == "shared.agent" or name.startswith("shared.agent."):
