@@ -217,6 +217,16 @@ class StreamOptions(TypedDict, total=False):
     interrupt_after: Literal["*"] | list[str] | None
     durability: Durability | None
     checkpoint_id: str | None
+    # Admitted by the thread streaming protocol (app/protocols/thread_stream/): the run
+    # publishes LangChain protocol events (workers/protocol_events.py), not stream modes.
+    protocol_events: bool
+
+
+PROTOCOL_METHODS = frozenset(
+    {"values", "updates", "messages", "tools", "lifecycle", "checkpoints", "tasks", "custom"}
+)
+"""The LangChain protocol's event methods a run publishes (StreamOptions.protocol_events);
+the web adds `input.requested` and the root namespace's lifecycle from the run's status."""
 
 
 def stream_options(value: Any) -> StreamOptions:

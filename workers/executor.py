@@ -68,6 +68,7 @@ from workers.finalize_steps import (
     release_active,
     settle_journal,
 )
+from workers.protocol_events import PROTOCOL_TRANSFORMERS, ProtocolTranslator
 from workers.runtime import WorkerRuntime
 from workers.stopped import MODEL_NODE, PartialReplies
 from workers.stream_modes import StreamTranslator
@@ -339,6 +340,30 @@ async def execute(rt: WorkerRuntime, attempt: RunAttempt, prep: Prepared) -> Gra
         return GraphOutcome(RunStatus.ERROR, error, ThreadStatus.ERROR)
 
 
+async def _stream_protocol(
+    graph: Pregel[Any, Any, Any, Any],
+    inp: Any,
+    config: dict[str, Any],
+    options: dict[str, Any],
+    sink: EventSink,
+) -> None:
+    """Drive the graph through LangGraph's protocol stream (v3) and publish its events
+    (workers/protocol_events.py); v3 owns the stream modes and subgraphs."""
+    translator = ProtocolTranslator()
+    kwargs = {k: v for k, v in options.items() if k not in ("stream_mode", "subgraphs")}
+    stream = await graph.astream_events(
+        inp,
+        cast(RunnableConfig, config),
+        version="v3",
+        transformers=list(PROTOCOL_TRANSFORMERS),
+        **kwargs,
+    )
+    async with stream:
+        async for event in stream:
+            for name, params in translator.events(event):
+                sink.emit(name, serde.dumps(params))
+
+
 async def run_graph(
     rt: WorkerRuntime, attempt: RunAttempt, prep: Prepared, graph: Pregel[Any, Any, Any, Any]
 ) -> GraphOutcome:
@@ -351,6 +376,9 @@ async def run_graph(
         inp = await graph_input(rt, attempt, config)
 
         async def _stream() -> None:
+            if run.kwargs.get("protocol_events"):
+                await _stream_protocol(graph, inp, config, options, sink)
+                return
             if translator.wants_events:
                 root = str(uuid.uuid4())  # the root run's id in the callback events
                 events = graph.astream_events(

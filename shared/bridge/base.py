@@ -7,7 +7,7 @@ import enum
 import logging
 import re
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shared.errors import StreamCursorInvalid
@@ -32,11 +32,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One live event; `data` is already-encoded JSON."""
+    """One live event; `data` is already-encoded JSON. `n`: its position in the run's
+    stream (1 for the first event ever published; 0 when not known), which the thread
+    streaming protocol's integer `seq` is made of."""
 
     id: str
     event: str
     data: str
+    n: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -196,6 +196,40 @@ class StreamSubscriber:
         last_event = _fields(newest[0])[1][b"e"].decode() if newest else None
         return Snapshot(classify_read(cursor, meta), meta, entries, first_id, last_event)
 
+    def cursor_before_entry(self, run_id: str, n: int) -> str | None:
+        """The cursor after which entry `n` of the run's stream is read (its position, as
+        entries carry it: the thread streaming protocol's `since`); None when entry `n` or
+        a later one is gone or was never published, which is a gap for the reader.
+
+        The entry before `n` is found from whichever end of the stream is nearer (a
+        reconnect's cursor is usually near the end): at most half the retained entries are
+        read, and none past what is needed."""
+        if n <= 1:
+            return BEFORE_FIRST  # from the very first event (a gap if it was trimmed)
+        k = self._keys
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hmget(k.stream_meta(run_id), ["n", "t"])
+        pipe.xrange(k.stream(run_id), count=1)
+        (count, trimmed), first = pipe.execute()
+        if not first or count is None or n > int(count):
+            return None
+        want = n - 1  # the entry to read after
+        n0 = int(_fields(first[0])[1][b"n"])
+        if want < n0 - 1:
+            return None  # entry n was trimmed
+        if want == n0 - 1:
+            return trimmed.decode() if trimmed else None
+        from_start, from_end = want - n0 + 1, int(count) - want + 1
+        if from_start <= from_end:
+            got: Any = self._client.xrange(k.stream(run_id), count=from_start)
+            entry = got[-1] if len(got) == from_start else None
+        else:
+            got = self._client.xrevrange(k.stream(run_id), count=from_end)
+            entry = got[-1] if len(got) == from_end else None
+        if entry is None or int(_fields(entry)[1][b"n"]) != want:
+            return None  # trimmed or lost meanwhile: the reader gets its gap
+        return str(_fields(entry)[0])
+
     def check_cursor(self, run_id: str, last_event_id: str | None) -> str:
         """Validate a client cursor before any bytes are sent (400 instead of a broken stream)."""
         cursor = parse_cursor(last_event_id)
@@ -356,7 +390,7 @@ class StreamSubscriber:
                         out.append(self._gap(run_id, requested, "events were lost in a failover"))
                         yield out
                         return
-                    out.append(Event(eid, name, data))
+                    out.append(Event(eid, name, data, n))
                     if name == END_EVENT:
                         yield out
                         return
@@ -498,11 +532,21 @@ class StreamSubscriber:
             if name == LOST_EVENT:
                 out.append(self._gap(run_id, st.cursor, "events were lost in a failover"))
                 return out, True
-            out.append(Event(eid, name, data))
+            out.append(Event(eid, name, data, n))
             if name == END_EVENT:
                 return out, True
             st.cursor, st.last_n = eid, n
         return out, False
+
+    def retained(self, run_id: str, name: str) -> list[Event]:
+        """The retained events named `name` of the run's stream, oldest first (a bounded
+        read: the stream keeps at most `stream_maxlen` entries)."""
+        got: Any = self._client.xrange(self._keys.stream(run_id))
+        try:
+            entries = self.decoder.entries(run_id, got)
+        except UndecodableEntry:
+            return []
+        return [Event(eid, e, data, n) for eid, e, data, n in entries if e == name]
 
     def last_event(self, run_id: str) -> Event | None:
         """The newest retained event, if any."""

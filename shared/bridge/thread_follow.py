@@ -70,6 +70,9 @@ class StartAt(enum.Enum):
 
     LIVE = "live"  # no Last-Event-ID: the run in progress (from its start), then new runs
     FIRST = "first"  # -1, 0, -: every run of the thread, each from what its stream retains
+    # The thread streaming protocol without `since`: the run in progress, else the newest
+    # run (so a stream opened just after `run.start` sees a run that already ended).
+    LATEST = "latest"
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +246,8 @@ class ThreadFollower:
             return _Step(0, newest or 0)
         if inflight is not None:
             return _Step(inflight - 1, inflight)
+        if start is StartAt.LATEST and newest:
+            return _Step(newest - 1, newest)
         return _Step(newest or 0, 0)
 
     def _mark(self, key: str) -> str:
@@ -290,10 +295,10 @@ class ThreadFollower:
                 for item in batch:
                     if isinstance(item, Event):
                         if item.event == END_EVENT:
-                            out.append(_run_done(run_id, _status_of(item.data)))
+                            out.append(_run_done(run_id, _status_of(item.data), item.n))
                             yield out
                             return
-                        out.append(Event(event_id(run_id, item.id), item.event, item.data))
+                        out.append(Event(event_id(run_id, item.id), item.event, item.data, item.n))
                     elif isinstance(item, Gap):
                         gap = item
                         out.append(_thread_gap(item))
@@ -347,10 +352,11 @@ def _status_of(end_data: str) -> RunStatus | str | None:
     return str(status) if status is not None else None
 
 
-def _run_done(run_id: str, status: RunStatus | str | None) -> Event:
-    """The official `run_done` marker, with the run's terminal status."""
+def _run_done(run_id: str, status: RunStatus | str | None, n: int = 0) -> Event:
+    """The official `run_done` marker, with the run's terminal status (`n`: the position
+    of the run's `end` in its stream, when it was read)."""
     data = {"status": "run_done", "run_id": run_id, "run_status": status}
-    return Event(event_id(run_id, DONE), "metadata", serde.dumps_str(data))
+    return Event(event_id(run_id, DONE), "metadata", serde.dumps_str(data), n)
 
 
 def _thread_gap(gap: Gap) -> Gap:

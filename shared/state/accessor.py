@@ -140,6 +140,10 @@ class HistoryPage:
         """The page as one JSON array."""
         return b"[" + b",".join(self.states) + b"]"
 
+    def decoded(self) -> list[dict[str, Any]]:
+        """The page's states as objects."""
+        return [serde.loads(state) for state in self.states]
+
 
 def snapshot_to_json(snap: StateSnapshot) -> dict[str, Any]:
     """The LangGraph API's ThreadState shape."""

@@ -592,3 +592,34 @@ def test_b1_the_hub_keeps_its_connection_between_streams_for_its_linger(
         wait_for(lambda: not connected(conn_id), interval=0.02, what="the connection to close")
     finally:
         closing.close()
+
+
+@pytest.mark.parametrize("maxlen", [1000, 10])
+def test_b4_b5_a_position_is_a_cursor_exactly(
+    settings: Settings, rclient: redis.Redis, maxlen: int
+) -> None:
+    """B4/B5 for the thread streaming protocol's `since` (an entry's position `n`): reading
+    after `cursor_before_entry(n)` starts exactly at entry n, for every n still retained (the
+    oldest one included, through the trimmed mark); a position whose entry was trimmed, or
+    that was never published, is None (the reader's gap), never a silent skip."""
+    b = make_bridge(settings, rclient, stream_maxlen=maxlen)
+    run = str(uuid.uuid4())
+    value = b.lease(run, 1)
+    ids = b.publish(run, value, [ev(i) for i in range(40)])
+    sub = b.subscriber()
+    oldest = int(rclient.xrange(b.keys.stream(run), count=1)[0][1][b"n"])
+    assert (oldest > 1) == (maxlen == 10)
+    for n in range(1, 42):
+        cursor = sub.cursor_before_entry(run, n)
+        if n == 1:  # from the very first event: checked, a gap when it was trimmed
+            assert cursor == BEFORE_FIRST
+            if oldest > 1:
+                assert isinstance(b.read_all(run, cursor, terminal=False)[0], Gap)
+                continue
+        elif n < oldest or n > 40:
+            assert cursor is None, n
+            continue
+        assert cursor is not None, n
+        got = b.read_all(run, cursor, terminal=False)
+        first = next(g for g in got if isinstance(g, Event))
+        assert (first.id, first.n) == (ids[n - 1], n)
