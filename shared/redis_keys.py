@@ -166,6 +166,34 @@ class MemoryKeys:
         return self._k(f"batch:{token}")
 
 
+@dataclass(frozen=True)
+class McpKeys:
+    """Key names of the MCP front end (app/protocols/mcp/): its sessions and the tool calls
+    in flight, hash-tagged per session."""
+
+    prefix: str
+
+    def session(self, session_id: str) -> str:
+        """Hash of one MCP session (`Mcp-Session-Id`): its caller and protocol version."""
+        return f"{self.prefix}mcp:{{{session_id}}}:session"
+
+    def call(self, session_id: str, request_id: int | str) -> str:
+        """The run of one `tools/call` in flight (JSON), or a cancel that came before it:
+        what `notifications/cancelled` for that request id ends, at any web process. An
+        integer id and a string id are different requests (`1` is not `"1"`)."""
+        rid = (
+            f"i{request_id}"
+            if isinstance(request_id, int)
+            else "s" + hashlib.sha256(request_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        )
+        return f"{self.prefix}mcp:{{{session_id}}}:call:{rid}"
+
+
+MCP_CALL_TTL_S = 86_400
+"""A tool call's record outlives any call that waits for its run (it is deleted when the
+call ends): it bounds the orphan of a web process that died mid-call."""
+
+
 CANCEL_TTL_S = 3600
 """How long a cancel request waits for a worker to see it."""
 
