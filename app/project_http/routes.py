@@ -8,8 +8,10 @@ token usage, the thread stream, compaction); `runs` is /runs (crons included, as
 official server files them), /threads/{id}/runs/... and the two WebSockets (they create and
 join runs); `meta` is /openapi.json, /info, /metrics and /docs (threadrun has no /docs), and
 /ok stays (it answers {"ok": true} without checks here anyway); `ui` is the chat page (/,
-/ui and its files). threadrun has no /mcp or /a2a routes: those flags are accepted and
-remove nothing. /memory and /ops belong to no official group and stay.
+/ui and its files, and the generative UI's /ui/{graph_id}); `mcp` is /mcp and `a2a` is /a2a/...
+and the agent cards under /.well-known (app/protocols/). The thread streaming protocol's
+routes are under /threads, as the official server files them. /memory and /ops belong to
+no official group and stay.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def section_of(rule: str) -> str | None:
         return "meta"
     if rule == "/" or _under(rule, "/ui"):
         return "ui"
+    if rule.startswith("/.well-known/agent"):  # the A2A agent card at the root
+        return "a2a"
     for group in ("assistants", "store", "mcp", "a2a"):
         if _under(rule, f"/{group}"):
             return group

@@ -47,6 +47,9 @@ from shared.settings import Settings
         ("/ops/api/runs", None),
         ("/memory/facts", None),
         ("/storefront", None),
+        ("/a2a/<assistant_id>", "a2a"),
+        ("/a2a/<assistant_id>/.well-known/agent-card.json", "a2a"),
+        ("/.well-known/agent-card.json", "a2a"),
     ],
 )
 def test_section_of(rule: str, group: str | None) -> None:
