@@ -178,8 +178,9 @@ def refuse_public_open_mode(settings: Settings, auth: Authenticator) -> None:
         )
 
 
-PUBLIC_BLUEPRINTS = frozenset({"meta", "openapi", "ui"})
-"""Health, the OpenAPI document and the chat page's files need no credentials."""
+PUBLIC_BLUEPRINTS = frozenset({"meta", "openapi", "ui", "genui_assets"})
+"""Health, the OpenAPI document, the chat page's files and the generative UI bundles' files
+(loaded by `<script src>`, as the official server serves them) need no credentials."""
 SELF_AUTHENTICATING = frozenset({"ws", "ops"})
 """Blueprints whose every view authenticates itself: the WebSocket upgrade and the ops page
 accept `?api_key=`; /metrics may be public by setting."""

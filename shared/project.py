@@ -216,6 +216,29 @@ class WebhooksSection(_Section):
     headers: dict[str, str] | None = None
 
 
+# --- ui (generative UI) -------------------------------------------------------------
+
+
+class UiConfigSection(_Section):
+    """`ui_config`: modules the bundles leave to the page, besides React and the SDK."""
+
+    shared: list[str] = Field(default_factory=list)
+
+    @field_validator("shared")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not name.strip() or name != name.strip():
+                raise ValueError(f"{name!r} is not a module name")
+        return value
+
+
+UI_SOURCE_SUFFIXES = (".tsx", ".jsx", ".ts", ".js")
+"""What a `ui` entry may name: a module whose default export maps names to components."""
+UI_RESERVED_NAMES = frozenset({"static"})
+"""`/ui/static/...` is the chat page's own files (app/api/ui.py)."""
+
+
 # --- the file -----------------------------------------------------------------------
 
 
@@ -258,7 +281,7 @@ class ProjectConfig(_Section):
     http: HttpSection | None = None
     webhooks: WebhooksSection | None = None
     ui: dict[str, str] | None = None
-    ui_config: dict[str, Any] | None = None
+    ui_config: UiConfigSection | None = None
     encryption: dict[str, Any] | None = None
     priority: dict[str, Any] | None = None
     # build-only (BUILD_ONLY_KEYS): typed loosely, never read
@@ -287,8 +310,6 @@ REFUSED: dict[tuple[str, ...], str] = {
     ),
     ("encryption",): "encryption of checkpoints at rest is not supported",
     ("priority",): "custom run priority handlers are not supported (runs are fair per user)",
-    ("ui",): "generative UI components are not served yet",
-    ("ui_config",): "generative UI components are not served yet",
 }
 """Keys that are valid for the official server but that threadrun cannot honour: set, they
 stop the start with the reason (a configured behaviour silently missing is worse)."""
@@ -318,6 +339,14 @@ class Project:
     def thread_ttl(self) -> ThreadTTLSection | None:
         section = self.config.checkpointer_section
         return section.ttl if section else None
+
+    @property
+    def ui_config(self) -> UiConfigSection:
+        return self.config.ui_config or UiConfigSection()
+
+    def ui_sources(self) -> dict[str, Path]:
+        """`ui`: name -> the component module it names (absolute; checked at parse)."""
+        return {name: (self.base / file).resolve() for name, file in (self.config.ui or {}).items()}
 
     def graph_specs(self) -> dict[str, str]:
         """Graph id -> its `file.py:var` / `module:var` spec."""
@@ -380,6 +409,22 @@ def _refusals(path: Path, raw: dict[str, Any]) -> None:
             raise ProjectConfigError(f"{path}: {'.'.join(keys)!r} is set, but {why}")
 
 
+def _check_ui(project: Project) -> None:
+    """Every `ui` entry names an existing component module under a usable name."""
+    for name, file in (project.config.ui or {}).items():
+        where = f"{project.path}: 'ui.{name}'"
+        if not name or "/" in name or name in UI_RESERVED_NAMES:
+            taken = " (the chat page's files live at /ui/static)" if name == "static" else ""
+            raise ProjectConfigError(f"{where}: not a usable component name{taken}")
+        source = (project.base / file).resolve()
+        if source.suffix not in UI_SOURCE_SUFFIXES:
+            raise ProjectConfigError(
+                f"{where} names {file!r}: not one of {', '.join(UI_SOURCE_SUFFIXES)}"
+            )
+        if not source.is_file():
+            raise ProjectConfigError(f"{where} names {file!r}: {source} does not exist")
+
+
 def parse_project(path: Path) -> Project:
     """Read and validate a project file (no caching, no side effects)."""
     path = Path(path).resolve()
@@ -398,7 +443,9 @@ def parse_project(path: Path) -> Project:
     except ValidationError as exc:
         raise ProjectConfigError(_explain(path, exc)) from exc
     _refusals(path, raw)
-    return Project(path, config)
+    project = Project(path, config)
+    _check_ui(project)
+    return project
 
 
 _cache: dict[Path, tuple[float, Project]] = {}

@@ -24,6 +24,8 @@ _STATIC_FILES = frozenset(
         # Vendored, unmodified builds (app/static/vendor/README.md has versions and licences).
         "vendor/marked.umd.js",
         "vendor/purify.min.js",
+        "vendor/react.production.min.js",  # generative UI (docs/genui.md), loaded on demand
+        "vendor/react-dom.production.min.js",
     }
 )
 

@@ -19,6 +19,13 @@
  *   - after `end`, the transcript is rendered once more from GET /threads/{id}/state, so what
  *     the page shows is the durable state.
  *
+ * Generative UI (docs/genui.md): the thread's UI messages (`values.ui`, live `custom` events
+ * of `push_ui_message` / `delete_ui_message`) are rendered as LoadExternalComponent does:
+ * POST /ui/{graph} for the tags, inserted in a shadow root, then the bundle's `render`. The
+ * page's CSP runs no inline handler, so the tags are read as XML (inert) and their script's
+ * `load` listener is attached here instead of the `onload` attribute. React is loaded on
+ * demand, for the first UI message only.
+ *
  * Debug query parameters: `?tokens=60&delay=20` send config.configurable {tokens,
  * token_delay_ms} (knobs of the built-in model), `?transport=sse` forces SSE,
  * `?api_key=` sets (and remembers) the key. `window.threadrunTest` is a small hook for
@@ -34,7 +41,7 @@
   const SILENT_SOCKET_MS = 15000; // 3 heartbeat intervals without any frame: the socket is dead
   const BACKOFF_BASE_MS = 250;
   const BACKOFF_MAX_MS = 8000;
-  const STREAM_MODES = ["messages-tuple", "updates", "values"];
+  const STREAM_MODES = ["messages-tuple", "updates", "values", "custom"];
   const TERMINAL = new Set(["success", "error", "timeout", "interrupted"]);
   const INFLIGHT = new Set(["pending", "running"]);
   const INCOMPLETE_DETAIL =
@@ -76,6 +83,7 @@
     live: new Map(), // message id -> {text, toolCalls}: assistant text still streaming
     optimistic: null, // the user's message before the server echoes it
     artifacts: [], // from values.artifacts, if the graph has the channel
+    ui: [], // generative UI messages: values.ui, then live `custom` ui / remove-ui events
     run: null, // the run this page follows (see newRun)
     status: "idle",
     detail: "",
@@ -554,12 +562,14 @@
     const nodes = [];
     const keys = new Set();
     const known = new Set();
+    const ui = uiPlacement();
     S.durable.forEach((m, i) => {
       if (m.id) known.add(m.id);
       if (!isShown(m)) return;
       const key = m.id ? `m:${m.id}` : `i:${i}`;
       keys.add(key);
       nodes.push(keep(key, m, () => messageNode(m, { optimistic: Boolean(m._optimistic) })));
+      nodes.push(...ui.after(m.id));
     });
     if (S.optimistic) {
       const o = S.optimistic;
@@ -581,6 +591,8 @@
         })
       );
     }
+    nodes.push(...ui.rest());
+    ui.dropOthers();
     for (const k of rendered.keys()) if (!keys.has(k)) rendered.delete(k);
     place(el.transcript, nodes);
     place(el.notices, S.notice ? [noticeNode(S.notice)] : []);
@@ -709,6 +721,7 @@
       for (const m of S.durable) if (m.id) S.live.delete(m.id);
     }
     if (Array.isArray(values.artifacts)) S.artifacts = values.artifacts.slice();
+    if (Array.isArray(values.ui)) S.ui = values.ui.filter((u) => u && u.type === "ui");
   }
 
   function materializeOptimistic() {
@@ -738,10 +751,214 @@
     S.next = state && Array.isArray(state.next) ? state.next : [];
     S.durable = [];
     S.artifacts = [];
+    S.ui = [];
     S.live.clear();
     S.optimistic = null;
     setDurable(state && state.values);
     render();
+  }
+
+  // ---------------------------------------------------------------- generative UI -------
+  // The contract of @langchain/langgraph-sdk/react-ui: a bundle built for `ui.<graph>` is an
+  // IIFE defining window.__LGUI_<graph>.render(component, shadowRootId), which takes React
+  // from globalThis[Symbol.for("LGUI_REQUIRE")] and hands the component and the element to
+  // draw into to window[Symbol.for("LGUI_EXT_STORE")].respond(shadowRootId, comp, el).
+  const REACT_FILES = ["vendor/react.production.min.js", "vendor/react-dom.production.min.js"];
+  const uiHosts = new Map(); // ui message id -> host {li, ns, name, props, sig, shadowId, root, comp}
+  const uiByShadow = new Map(); // shadowRootId -> host
+  const uiTags = new Map(); // `${graph}\n${name}` -> Promise of the tags (one POST per pair)
+  const graphOf = new Map(); // assistant id -> graph id (loadAssistants)
+  let reactReady = null;
+  let shadowSeq = 0;
+
+  /** ui_message_reducer of langgraph.graph.ui, for one live event. */
+  function applyUiEvent(ev) {
+    if (!ev || typeof ev !== "object" || !ev.id) return;
+    if (ev.type === "remove-ui") {
+      S.ui = S.ui.filter((u) => u.id !== ev.id);
+    } else if (ev.type === "ui") {
+      const i = S.ui.findIndex((u) => u.id === ev.id);
+      if (i < 0) S.ui.push(ev);
+      else if (ev.metadata && ev.metadata.merge) S.ui[i] = { ...ev, props: { ...S.ui[i].props, ...ev.props } };
+      else S.ui[i] = ev;
+    }
+  }
+
+  function uiNamespace() {
+    const t = knownThread(S.threadId);
+    const fromThread = t && t.metadata && t.metadata.graph_id;
+    return fromThread || graphOf.get(el.assistant.value) || el.assistant.value || "";
+  }
+
+  /** Where each UI message goes: after the shown message it names, else at the end. */
+  function uiPlacement() {
+    const ns = uiNamespace();
+    const shown = new Set(S.durable.filter(isShown).map((m) => m.id).filter(Boolean));
+    const byMsg = new Map();
+    const rest = [];
+    const used = new Set();
+    for (const u of S.ui) {
+      const mid = u.metadata && u.metadata.message_id;
+      if (mid && shown.has(mid)) byMsg.set(mid, [...(byMsg.get(mid) || []), u]);
+      else rest.push(u);
+    }
+    const nodesOf = (list) =>
+      list.map((u) => {
+        used.add(u.id);
+        return uiNode(u, ns);
+      });
+    return {
+      after: (id) => (id && byMsg.has(id) ? nodesOf(byMsg.get(id)) : []),
+      rest: () => nodesOf(rest),
+      dropOthers() {
+        for (const [id, h] of uiHosts) if (!used.has(id)) dropHost(id, h);
+      },
+    };
+  }
+
+  function dropHost(id, h) {
+    uiHosts.delete(id);
+    uiByShadow.delete(h.shadowId);
+    if (h.root) setTimeout(() => h.root.unmount(), 0); // not inside a React render
+  }
+
+  function uiNode(u, ns) {
+    const sig = JSON.stringify([u.name, u.props || {}]);
+    const old = uiHosts.get(u.id);
+    if (old && old.ns === ns && old.name === u.name) {
+      if (old.sig !== sig) {
+        Object.assign(old, { props: u.props || {}, sig });
+        drawHost(old); // new props, same component instance (a `merge` update)
+      }
+      return old.li;
+    }
+    if (old) dropHost(u.id, old);
+    const li = node("li", "genui");
+    li.dataset.uiId = u.id;
+    li.dataset.uiName = u.name;
+    const holder = node("div", "genui-host");
+    holder.id = `genui-${(shadowSeq += 1)}`;
+    li.append(holder);
+    const h = { li, ns, name: u.name, props: u.props || {}, sig, shadowId: holder.id, root: null, comp: null };
+    uiHosts.set(u.id, h);
+    uiByShadow.set(h.shadowId, h);
+    loadComponent(h, holder);
+    return li;
+  }
+
+  function loadScript(src) {
+    return new Promise((resolve, reject) => {
+      const s = document.createElement("script");
+      s.src = src;
+      s.onload = resolve;
+      s.onerror = () => reject(new Error(`could not load ${src}`));
+      document.head.append(s);
+    });
+  }
+
+  /** React, ReactDOM and the react-ui globals the bundles expect (once per page). */
+  function ensureReact() {
+    reactReady =
+      reactReady ||
+      (async () => {
+        for (const f of REACT_FILES) await loadScript(`${BASE}/ui/static/${f}`);
+        const { React, ReactDOM } = window;
+        const jsx = (type, props, key) => React.createElement(type, key === undefined ? props : { ...props, key });
+        const runtime = { jsx, jsxs: jsx, jsxDEV: jsx, Fragment: React.Fragment };
+        const reactUi = {
+          useStreamContext() {
+            throw new Error("useStreamContext is not available on threadrun's chat page");
+          },
+        };
+        window[Symbol.for("LGUI_EXT_STORE")] = {
+          respond(shadowId, comp, target) {
+            const h = uiByShadow.get(shadowId);
+            if (!h) return;
+            h.comp = comp;
+            h.root = ReactDOM.createRoot(target);
+            drawHost(h);
+          },
+        };
+        window[Symbol.for("LGUI_REQUIRE")] = (name) => {
+          if (name === "react") return React;
+          if (name === "react-dom" || name === "react-dom/client") return ReactDOM;
+          if (name === "react/jsx-runtime" || name === "react/jsx-dev-runtime") return runtime;
+          if (name === "@langchain/langgraph-sdk/react-ui") return reactUi;
+          const extra = window[Symbol.for("LGUI_REQUIRE_EXTRA")];
+          if (extra && typeof extra === "object" && name in extra) return extra[name];
+          throw new Error(`Unknown module...: ${name}`);
+        };
+      })();
+    return reactReady;
+  }
+
+  function drawHost(h) {
+    if (!h.root) return;
+    if (typeof h.comp !== "function" && !(h.comp && typeof h.comp === "object")) {
+      uiNote(h, `The UI of ${h.ns} has no component “${h.name}”.`);
+      return;
+    }
+    h.root.render(window.React.createElement(h.comp, h.props));
+  }
+
+  function uiNote(h, text) {
+    h.li.classList.add("genui-error");
+    const note = h.li.querySelector(".genui-note") || h.li.appendChild(node("div", "genui-note"));
+    note.textContent = text;
+  }
+
+  function componentTags(ns, name) {
+    const key = `${ns}\n${name}`;
+    if (!uiTags.has(key)) {
+      const p = (async () => {
+        const resp = await fetch(`${BASE}/ui/${encodeURIComponent(ns)}`, {
+          method: "POST",
+          headers: { ...authHeaders(), Accept: "text/html", "Content-Type": "application/json" },
+          body: JSON.stringify({ name }),
+        });
+        if (!resp.ok) throw new Error(resp.status === 404 ? `no UI for ${ns}` : `${resp.status} ${resp.statusText}`);
+        return resp.text();
+      })();
+      p.catch(() => uiTags.delete(key)); // a later message tries again
+      uiTags.set(key, p);
+    }
+    return uiTags.get(key);
+  }
+
+  async function loadComponent(h, holder) {
+    try {
+      await ensureReact();
+      const html = await componentTags(h.ns, h.name);
+      const shadow = holder.attachShadow({ mode: "open" });
+      // Read as XML (the tags are well-formed): nothing runs and no HTML event handler is
+      // compiled, which the page's CSP would refuse (and report) for the tags' inline
+      // `onload`; the `load` listener below stands in for it.
+      const doc = new DOMParser().parseFromString(`<tags>${html}</tags>`, "application/xml");
+      if (doc.querySelector("parsererror")) throw new Error("the server's tags are not well-formed");
+      for (const l of doc.querySelectorAll("link[rel=stylesheet][href]")) {
+        const link = document.createElement("link");
+        link.rel = "stylesheet";
+        link.href = l.getAttribute("href");
+        shadow.append(link);
+      }
+      const bundle = `__LGUI_${h.ns.replace(/[^a-zA-Z0-9]/g, "_")}`;
+      for (const s of doc.querySelectorAll("script[src]")) {
+        const script = document.createElement("script");
+        script.src = s.getAttribute("src");
+        script.addEventListener("load", () => {
+          if (uiByShadow.get(h.shadowId) !== h || !document.getElementById(h.shadowId)) return;
+          try {
+            window[bundle].render(h.name, h.shadowId);
+          } catch (e) {
+            uiNote(h, `The component “${h.name}” failed: ${e.message}`);
+          }
+        });
+        script.addEventListener("error", () => uiNote(h, `Could not load the UI of ${h.ns}.`));
+        shadow.append(script);
+      }
+    } catch (e) {
+      uiNote(h, `Could not load the component “${h.name}”: ${e.message}`);
+    }
   }
 
   // ---------------------------------------------------------------- threads -------------
@@ -942,6 +1159,7 @@
     S.live.clear();
     S.optimistic = null;
     S.artifacts = [];
+    S.ui = [];
     S.notice = null;
     S.next = [];
     closePreview();
@@ -988,6 +1206,7 @@
     S.live.clear();
     S.optimistic = null;
     S.artifacts = [];
+    S.ui = [];
     S.notice = null;
     S.next = [];
     closePreview();
@@ -1233,6 +1452,8 @@
           for (const a of update.artifacts) if (!S.artifacts.includes(a)) S.artifacts.push(a);
         }
       }
+    } else if (base === "custom") {
+      applyUiEvent(data);
     } else if (base === "metadata") {
       if (data && data.attempt) run.attempt = data.attempt;
     } else if (base === "error") {
@@ -1772,6 +1993,18 @@
       T.skipSizeCheck = Boolean(on);
     },
     limits: () => S.limits,
+    /** The generative UI shown: id, component and its rendered text, per UI message. */
+    genui: () =>
+      Array.from(el.transcript.querySelectorAll("li.genui")).map((li) => {
+        const root = li.querySelector(".genui-host").shadowRoot;
+        const note = li.querySelector(".genui-note");
+        return {
+          id: li.dataset.uiId,
+          name: li.dataset.uiName,
+          text: root ? root.textContent : "",
+          error: note ? note.textContent : null,
+        };
+      }),
     /** Raw concatenation of the AIMessageChunk contents applied, per message id. */
     streamed() {
       const out = {};
@@ -1802,6 +2035,7 @@
         ...items.map((a) => {
           const o = node("option", "", a.name || a.graph_id);
           o.value = a.assistant_id;
+          graphOf.set(a.assistant_id, a.graph_id);
           return o;
         })
       );
