@@ -118,7 +118,7 @@ fmt: install ## ruff format and ruff check --fix
 	$(PY) -m ruff format $(LINT_PATHS)
 	$(PY) -m ruff check --fix $(LINT_PATHS)
 
-bench: install ## the internals, checkpoint-mode, memory, store, project-auth, assistants, cron, webhook, stream-memory, system CPU-per-run and first-token benchmarks (bench/internals.py, checkpoints.py, memory.py, store.py, authz.py, assistants.py, crons.py, sweep.py, webhooks.py, stream_memory.py, system_cpu.py, first_token.py)
+bench: install ## the internals, checkpoint-mode, memory, store, project-auth, assistants, cron, webhook, stream-memory, system CPU-per-run, first-token and protocol benchmarks (bench/internals.py, checkpoints.py, memory.py, store.py, authz.py, assistants.py, crons.py, sweep.py, webhooks.py, stream_memory.py, system_cpu.py, first_token.py, thread_stream.py, mcp.py, a2a.py, genui.py)
 	$(PY) -m bench.internals
 	$(PY) -m bench.checkpoints
 	$(PY) -m bench.memory
@@ -131,6 +131,10 @@ bench: install ## the internals, checkpoint-mode, memory, store, project-auth, a
 	$(PY) -m bench.stream_memory
 	$(PY) -m bench.system_cpu
 	$(PY) -m bench.first_token
+	$(PY) -m bench.thread_stream
+	$(PY) -m bench.mcp
+	$(PY) -m bench.a2a
+	$(PY) -m bench.genui
 
 # The chaos run brings its own Redis, Sentinels and PostgreSQL in network namespaces (root
 # only); it never touches the machine's services. SEED replays a schedule.

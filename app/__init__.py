@@ -15,7 +15,18 @@ def create_app(settings: Settings | None = None) -> Flask:
     # and LangChain (through the providers' preflight) pulls in ssl and urllib3, which a
     # gevent worker must patch before they are imported.
     from app import auth, cors, errors, limits, public_ids
-    from app.api import artifacts, assistants, events, meta, openapi, runs, state, threads, ui
+    from app.api import (
+        artifacts,
+        assistants,
+        events,
+        genui,
+        meta,
+        openapi,
+        runs,
+        state,
+        threads,
+        ui,
+    )
     from app.services import Services
     from app.streaming import ws
     from shared.agent.providers import require_models
@@ -47,6 +58,8 @@ def create_app(settings: Settings | None = None) -> Flask:
         runs.bp,
         events.bp,
         ui.bp,
+        genui.bp,  # generative UI: builds langgraph.json's `ui` when registered
+        genui.assets_bp,
         openapi.bp,
     ):
         app.register_blueprint(bp)
@@ -66,6 +79,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.api import thread_stream
 
     app.register_blueprint(thread_stream.bp)  # GET /threads/{id}/stream: follow a thread
+    from app import protocols
+
+    protocols.init_app(app)  # the thread streaming protocol, MCP and A2A (app/protocols/)
     from app import project_http
 
     # Last: `http.disable_*` removes registered rules; `http.app` and `http.mount_prefix`

@@ -260,6 +260,13 @@ class Settings(BaseSettings):
         description="A cancel without wait answers once the run's owner has stopped it, or "
         "after this long with the run still running (0: at once).",
     )
+    interrupt_settle_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="The thread streaming protocol's `input.respond` (and a `run.start` "
+        "resuming) may arrive while the run that asked is still being finished: it waits up "
+        "to this long for the thread to settle before checking the interrupt it names.",
+    )
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
 
     # --- leases (L) -----------------------------------------------------------------
@@ -380,6 +387,55 @@ class Settings(BaseSettings):
         description="A thread stream between runs re-reads the runs table this often "
         "(a new run wakes it at once through Redis; this covers a lost notice and a "
         "deleted thread).",
+    )
+
+    # --- A2A (app/protocols/a2a/) ------------------------------------------------------
+    a2a_default_assistant: str | None = Field(
+        default=None,
+        max_length=256,
+        description="The assistant (id or graph) /.well-known/agent-card.json describes "
+        "without ?assistant_id=; unset: the system assistant of the project's first graph.",
+    )
+    a2a_task_scan_runs: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        description="Newest runs of a context (thread) read to find a task's latest run "
+        "(a task resumed after input-required runs again on the same thread).",
+    )
+
+    # --- generative UI (langgraph.json `ui`, shared/genui/) ---------------------------
+    genui_dir: Path | None = Field(
+        default=None,
+        description="Where esbuild is installed and the `ui` bundles are cached;"
+        " unset = data_dir/genui.",
+    )
+    genui_esbuild_version: str = Field(
+        default="0.28.2",
+        pattern=r"^\d+\.\d+\.\d+$",
+        description="The esbuild the web installs from the npm registry to bundle `ui`.",
+    )
+    genui_build_timeout_s: float = Field(
+        default=180.0,
+        gt=0,
+        description="Longest wait for the npm install of esbuild or one bundle's build.",
+    )
+
+    # --- MCP at /mcp (app/protocols/mcp/) ------------------------------------------------
+    mcp_session_ttl_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="An MCP session (`Mcp-Session-Id`, kept in Redis) ends this long after its "
+        "last request; the client then gets 404 and initializes again.",
+    )
+    mcp_max_tools: int = Field(
+        default=1000,
+        ge=1,
+        description="Assistants considered for MCP tools per caller (the newest beyond it are "
+        "not listed).",
+    )
+    mcp_tools_page_size: int = Field(
+        default=100, ge=1, description="Tools per `tools/list` page (`nextCursor` for more)."
     )
 
     # --- operations: ops view, metrics, logs, Flower ----------------------------------

@@ -24,8 +24,15 @@ _PARAM = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
 ERROR = {"$ref": "#/components/schemas/Error"}
 
 
-def _error_responses() -> dict[str, Any]:
-    content = {"application/json": {"schema": ERROR}}
+JSONRPC_ERROR = {"$ref": "#/components/schemas/JsonRpcError"}
+JSONRPC_TAGS = frozenset({"mcp", "a2a"})
+"""The JSON-RPC protocols (app/protocols/): their 4xx answers are JSON-RPC error objects
+once a request reached the protocol, the common Error before (authentication, limits)."""
+
+
+def _error_responses(jsonrpc: bool = False) -> dict[str, Any]:
+    schema = {"oneOf": [ERROR, JSONRPC_ERROR]} if jsonrpc else ERROR
+    content = {"application/json": {"schema": schema}}
     return {
         code: {"description": why, "content": content}
         for code, why in (
@@ -56,9 +63,23 @@ def _specs(app: Flask) -> dict[str, ViewSpec]:
     }
 
 
+def _answers(spec: ViewSpec, jsonrpc: bool) -> dict[str, Any]:
+    """The view's own answers; a JSON-RPC protocol's 4xx may be its error object."""
+    if not jsonrpc:
+        return spec.answers
+    out = {}
+    for status, answer in spec.answers.items():
+        if int(status) >= 400 and "application/json" in answer.get("content", {}):
+            schema = {"oneOf": [ERROR, JSONRPC_ERROR]}
+            answer = {**answer, "content": {"application/json": {"schema": schema}}}
+        out[status] = answer
+    return out
+
+
 def _operation(
     endpoint: str, method: str, arguments: list[str], spec: ViewSpec, refs: Any
 ) -> dict[str, Any]:
+    jsonrpc = endpoint.split(".")[0] in JSONRPC_TAGS
     op: dict[str, Any] = {
         "operationId": f"{endpoint.replace('.', '_')}_{method.lower()}",
         "tags": [endpoint.split(".")[0]],
@@ -68,8 +89,8 @@ def _operation(
         ],
         "responses": {
             "200": {"description": "OK", "content": {spec.media: {}}},
-            **spec.answers,
-            **_error_responses(),
+            **_answers(spec, jsonrpc),
+            **_error_responses(jsonrpc),
         },
     }
     if spec.body is not None:
@@ -113,10 +134,23 @@ def build(app: Flask) -> dict[str, Any]:
         },
         "required": ["error", "message"],
     }
+    components["JsonRpcError"] = {
+        "type": "object",
+        "properties": {
+            "jsonrpc": {"const": "2.0"},
+            "id": {},
+            "error": {
+                "type": "object",
+                "properties": {"code": {"type": "integer"}, "message": {"type": "string"}},
+                "required": ["code", "message"],
+            },
+        },
+        "required": ["jsonrpc", "error"],
+    }
     paths: dict[str, dict[str, Any]] = {}
     for rule in app.url_map.iter_rules():
         spec = specs.get(rule.endpoint)
-        if spec is None:
+        if spec is None or rule.websocket:  # a WebSocket is not an OpenAPI operation
             continue
         path = _PARAM.sub(r"{\1}", rule.rule)
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):

@@ -60,6 +60,7 @@ SHARED_FLOORS: dict[str, int] = {
     "webhooks": 1,
     "ops": 1,
     "retention": 1,
+    "genui": 1,
     # process tooling (2)
     "tools": 2,
 }
@@ -91,6 +92,7 @@ APP_FLOORS: dict[str, int] = {
     "app.streaming.ws_frames": 5,
     "app.streaming.ws_socket": 0,
     "app.api": 6,
+    "app.protocols": 7,  # thread streaming protocol, MCP, A2A: front ends beside the REST API
     "app.streaming.ws": 7,
     "app": 8,  # the factory wires everything
     "app.gunicorn_conf": 8,
