@@ -647,7 +647,12 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
     if attempt.run.deletes_thread:
         await keep_result(rt, attempt, settled)
     # (4) `end`, after the status is committed (A1: no stream closes before that).
-    end = {"run_id": attempt.run_id, "status": settled.status}
+    end: JSONObject = {"run_id": attempt.run_id, "status": settled.status}
+    if attempt.run.kwargs.get("protocol_events"):
+        # How the run left its thread (an interrupt waits for input), which the thread
+        # streaming protocol tells at the run's end, whenever it is read (its runs only:
+        # the REST API's `end` keeps the shape it has always had).
+        end["thread_status"] = settled.thread_status
     await publish_end(rt, attempt, sink, serde.dumps(end))
     try:
         await rt.leases.release(attempt.run_id, attempt.lease, ended=True)

@@ -110,6 +110,12 @@ class ProtocolTranslator:
                 params["data"] = data[0]
             if not isinstance(params["data"], Mapping) or "event" not in params["data"]:
                 return []  # a legacy whole-message tuple: the protocol has no shape for it
+        elif method == "lifecycle" and isinstance(data, Mapping) and "namespace" in data:
+            # LangGraph's lifecycle payload names the subgraph; on the wire that is the
+            # event's namespace (the mux's own scope is its parent's).
+            body = dict(data)
+            params["namespace"] = list(body.pop("namespace") or [])
+            params["data"] = body
         elif method == "checkpoints":
             checkpoint = _checkpoint(data)
             if checkpoint is None:

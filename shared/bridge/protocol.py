@@ -37,7 +37,7 @@ from shared import serde
 from shared.bridge.base import END_EVENT, Event, Gap, Heartbeat
 from shared.bridge.subscriber import StreamSubscriber
 from shared.bridge.thread_follow import StartAt, ThreadCursor, ThreadFollower
-from shared.vocab import PROTOCOL_METHODS, RunStatus
+from shared.vocab import PROTOCOL_METHODS, RunStatus, ThreadStatus
 
 RUN_SHIFT = 30
 ENTRY_SHIFT = 5
@@ -115,7 +115,9 @@ class ProtocolRun:
         if name == "metadata":
             data = _loads(event.data)
             if isinstance(data, Mapping) and data.get("status") == "run_done":
-                self._end(out, data.get("run_status"), on_hold)
+                left = data.get("thread_status")
+                held = (lambda: left == ThreadStatus.INTERRUPTED) if left is not None else on_hold
+                self._end(out, data.get("run_status"), held)
             elif n == 1:
                 out.lifecycle("running")
         elif name == "error":
@@ -155,9 +157,12 @@ def _published(out: _Out, method: str, params: dict[str, Any]) -> None:
             return  # the interrupt is told with the `values` that follows
         interrupts = data.pop("__interrupt__")
     namespace = list(params.setdefault("namespace", []))
-    out.add(method, params)
     if method != "values" or not interrupts:
+        out.add(method, params)
         return
+    # The `values` an interrupt rides on repeats the state before it: the interrupt's
+    # `input.requested` (and the root's `interrupted`) stand in its place, as the official
+    # server sends them.
     for item in interrupts:
         interrupt_id = item.get("id") if isinstance(item, Mapping) else None
         if isinstance(interrupt_id, str):

@@ -295,7 +295,7 @@ class ThreadFollower:
                 for item in batch:
                     if isinstance(item, Event):
                         if item.event == END_EVENT:
-                            out.append(_run_done(run_id, _status_of(item.data), item.n))
+                            out.append(_run_done(run_id, *_end_of(item.data), item.n))
                             yield out
                             return
                         out.append(Event(event_id(run_id, item.id), item.event, item.data, item.n))
@@ -343,19 +343,29 @@ class ThreadFollower:
         return status is None or status.terminal
 
 
-def _status_of(end_data: str) -> RunStatus | str | None:
+def _end_of(end_data: str) -> tuple[RunStatus | str | None, str | None]:
+    """(the run's status, the thread status it left) of an `end` event's data."""
     try:
         data = serde.loads(end_data)
     except ValueError:
-        return None
-    status = data.get("status") if isinstance(data, dict) else None
-    return str(status) if status is not None else None
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    status, thread_status = data.get("status"), data.get("thread_status")
+    return (
+        str(status) if status is not None else None,
+        str(thread_status) if thread_status is not None else None,
+    )
 
 
-def _run_done(run_id: str, status: RunStatus | str | None, n: int = 0) -> Event:
-    """The official `run_done` marker, with the run's terminal status (`n`: the position
-    of the run's `end` in its stream, when it was read)."""
-    data = {"status": "run_done", "run_id": run_id, "run_status": status}
+def _run_done(
+    run_id: str, status: RunStatus | str | None, thread_status: str | None = None, n: int = 0
+) -> Event:
+    """The official `run_done` marker, with the run's terminal status (and, read from its
+    `end`, the thread status it left; `n`: that `end`'s position in the run's stream)."""
+    data: dict[str, Any] = {"status": "run_done", "run_id": run_id, "run_status": status}
+    if thread_status is not None:
+        data["thread_status"] = thread_status
     return Event(event_id(run_id, DONE), "metadata", serde.dumps_str(data), n)
 
 

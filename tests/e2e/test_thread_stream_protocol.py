@@ -8,20 +8,23 @@ thread refused (A4)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis
+import simple_websocket
 from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import LangGraphClient
 
 from shared.redis_keys import Keys
 from shared.tools.testing import Cluster
-from tests.e2e.conftest import ALICE, BOB, human
+from tests.e2e.conftest import ALICE, BOB, ClusterFactory, human
 from tests.e2e.conftest import run_sdk as run
 
 pytestmark = pytest.mark.e2e
@@ -358,3 +361,54 @@ def test_a4_another_users_thread_is_not_found(graphs_cluster: Cluster) -> None:
         f"{graphs_cluster.url}/threads/{thread_id}/stream/events", json={"channels": ["values"]}
     )
     assert r.status_code == 401
+    # The WebSocket: bob's upgrade is accepted (a browser cannot read a refused upgrade's
+    # status), then closed with 4000 + 404 before any frame.
+    ws_url = graphs_cluster.url.replace("http", "ws") + f"/threads/{thread_id}/stream/events"
+    ws = simple_websocket.Client.connect(ws_url, headers={"x-api-key": BOB})
+    try:
+        with pytest.raises(simple_websocket.ConnectionClosed) as closed:
+            ws.receive(timeout=10)
+        assert closed.value.reason == 4404
+    finally:
+        with contextlib.suppress(simple_websocket.ConnectionClosed):
+            ws.close()
+
+
+PROTOCOL_PROJECT = Path(__file__).resolve().parents[1] / "fixtures" / "protocol_project"
+
+
+def test_a_subgraph_streams_under_its_namespace(private_cluster: ClusterFactory) -> None:
+    """A subgraph's events carry its namespace (`step:<task>`), its lifecycle `started` and
+    `completed` there; a subscription to that namespace gets only them, one to the root
+    with depth 0 none of them (the SDK's own `matches_subscription` on the server)."""
+    config = {"THREADRUN_CONFIG": str(PROTOCOL_PROJECT / "langgraph.json")}
+    with private_cluster("protocol-nested", config) as cluster:
+        cluster.start()
+        thread_id = str(uuid.uuid4())
+        with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=20) as c:
+            command(c, thread_id, "run.start", {"assistant_id": "nested", "input": human("hi")})
+            everything = list(sse(c, thread_id, {"channels": ALL}, until="completed"))
+            sub = list(
+                sse(
+                    c,
+                    thread_id,
+                    {"channels": ["messages", "lifecycle"], "namespaces": [["step"]]},
+                    count=11,
+                )
+            )
+            root = list(
+                sse(
+                    c,
+                    thread_id,
+                    {"channels": ["messages", "lifecycle"], "namespaces": [[]], "depth": 0},
+                    until="completed",
+                )
+            )
+    nested = [d for _, d in everything if d["params"]["namespace"]]
+    (namespace,) = {tuple(d["params"]["namespace"]) for d in nested}
+    assert len(namespace) == 1 and namespace[0].startswith("step:")
+    lifecycles = [d["params"]["data"]["event"] for d in nested if d["method"] == "lifecycle"]
+    assert lifecycles == ["started", "completed"]
+    assert {d["method"] for _, d in sub} == {"messages", "lifecycle"}
+    assert all(tuple(d["params"]["namespace"]) == namespace for _, d in sub)
+    assert [d["params"]["data"]["event"] for _, d in root] == ["running", "completed"]

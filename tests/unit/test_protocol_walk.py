@@ -120,15 +120,32 @@ def test_the_root_lifecycle_frames_a_run() -> None:
 
 
 def test_an_interrupt_requests_input_and_pauses_the_root() -> None:
-    """The `values` carrying an interrupt gives `input.requested` (its id and value), then
-    the root's `interrupted`; the run's successful end adds nothing while the thread waits."""
+    """The `values` carrying an interrupt gives, in its place, `input.requested` (its id and
+    value) and the root's `interrupted` (as the official server sends them); the run's
+    successful end adds nothing while the thread waits."""
     got = feed(protocol_run(), a_run(0, True, RunStatus.SUCCESS), on_hold=True)
     methods = [e["method"] for e in got]
-    assert methods == ["lifecycle", "values", "values", "input.requested", "lifecycle"]
-    request = got[3]["params"]["data"]
+    assert methods == ["lifecycle", "values", "input.requested", "lifecycle"]
+    request = got[2]["params"]["data"]
     assert request["interrupt_id"] == "i-1" and request["payload"] == {"question": "approve?"}
-    assert "interrupts" not in got[2]["params"]
     assert got[-1]["params"]["data"]["event"] == "interrupted"
+
+
+def test_the_end_says_what_the_run_left_whenever_it_is_read() -> None:
+    """A run's `end` carries the thread status it left: an interrupted run's end adds no
+    `completed`, read while the thread still waits or after it was resumed; without that
+    (an `end` from before, or none), the thread's status now decides."""
+    held = {"status": "run_done", "run_id": RUN, "run_status": "success"}
+    for on_hold in (True, False):
+        ended = Event(
+            f"{RUN}:done", "metadata", serde.dumps_str({**held, "thread_status": "interrupted"}), 9
+        )
+        assert protocol_run().feed(ended, lambda h=on_hold: h) == []  # type: ignore[misc]
+        idle = Event(
+            f"{RUN}:done", "metadata", serde.dumps_str({**held, "thread_status": "idle"}), 9
+        )
+        (done_,) = protocol_run().feed(idle, lambda h=on_hold: h)  # type: ignore[misc]
+        assert done_["params"]["data"]["event"] == "completed"
 
 
 def test_a_failed_run_says_why() -> None:
