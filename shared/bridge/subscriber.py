@@ -88,6 +88,11 @@ class EntryDecoder:
         ]
 
 
+SEEK_SLACK = 64
+SEEK_TRIES = 4
+"""`cursor_before_entry` reads this many entries more than it needs, as often, so that a
+run publishing fast while it reads does not make it miss the entry it looks for."""
+
 UNSTARTED_END_ID = "0-1"
 """The id of the `end` a subscriber gets for a run that ended before it started (it has no
 stream): resuming after it gives the same `end` again."""
@@ -201,9 +206,9 @@ class StreamSubscriber:
         entries carry it: the thread streaming protocol's `since`); None when entry `n` or
         a later one is gone or was never published, which is a gap for the reader.
 
-        The entry before `n` is found from whichever end of the stream is nearer (a
-        reconnect's cursor is usually near the end): at most half the retained entries are
-        read, and none past what is needed."""
+        The entry before `n` is looked for from whichever end of the stream is nearer (a
+        reconnect's cursor is usually near the end), by the positions entries carry, never
+        by counting: a live run appends and trims while this reads."""
         if n <= 1:
             return BEFORE_FIRST  # from the very first event (a gap if it was trimmed)
         k = self._keys
@@ -220,16 +225,19 @@ class StreamSubscriber:
         if want == n0 - 1:
             return trimmed.decode() if trimmed else None
         from_start, from_end = want - n0 + 1, int(count) - want + 1
-        if from_start <= from_end:
-            got: Any = self._client.xrange(k.stream(run_id), count=from_start)
-            entry = got[-1] if len(got) == from_start else None
-        else:
-            got = self._client.xrevrange(k.stream(run_id), count=from_end)
-            entry = got[-1] if len(got) == from_end else None
-        if entry is None or int(_fields(entry)[1][b"n"]) != want:
-            return None  # trimmed or lost meanwhile: the reader gets its gap
-        return str(_fields(entry)[0])
-
+        for _ in range(SEEK_TRIES):
+            if from_start <= from_end:  # what was appended meanwhile is beyond the read
+                got: Any = self._client.xrange(k.stream(run_id), count=from_start + SEEK_SLACK)
+            else:
+                got = self._client.xrevrange(k.stream(run_id), count=from_end + SEEK_SLACK)
+            positions = [(int(_fields(e)[1][b"n"]), e) for e in got]
+            entry = next((e for p, e in positions if p == want), None)
+            if entry is not None:
+                return _fields(entry)[0]
+            if from_start <= from_end or not positions or min(p for p, _ in positions) <= want:
+                return None  # it was trimmed (or lost) meanwhile: the reader gets its gap
+            from_end = max(p for p, _ in positions) - want + 1  # the run went on: read more
+        return None
     def check_cursor(self, run_id: str, last_event_id: str | None) -> str:
         """Validate a client cursor before any bytes are sent (400 instead of a broken stream)."""
         cursor = parse_cursor(last_event_id)
