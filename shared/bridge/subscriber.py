@@ -238,6 +238,7 @@ class StreamSubscriber:
                 return None  # it was trimmed (or lost) meanwhile: the reader gets its gap
             from_end = max(p for p, _ in positions) - want + 1  # the run went on: read more
         return None
+
     def check_cursor(self, run_id: str, last_event_id: str | None) -> str:
         """Validate a client cursor before any bytes are sent (400 instead of a broken stream)."""
         cursor = parse_cursor(last_event_id)
