@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import redis
@@ -11,6 +12,7 @@ from shared import redis_clients
 from shared.agent.graphs import GraphRegistry
 from shared.assistants.manager import AssistantManager
 from shared.assistants.store import AssistantStore
+from shared.bridge.base import StreamItem
 from shared.bridge.hub import SubscriptionHub
 from shared.bridge.subscriber import StreamSubscriber
 from shared.bridge.thread_follow import ThreadFollower
@@ -134,6 +136,19 @@ class Services:
                 heartbeat_s=settings.stream_heartbeat_s,
                 poll_s=settings.thread_stream_poll_s,
             ),
+        )
+
+    def run_batches(
+        self, run_id: str, cursor: str | None, *, admitted: bool = False
+    ) -> Iterator[list[StreamItem]]:
+        """A run's stream after `cursor`, batch by batch, ended as a run stream ends (its
+        `end`, or a gap; an unstarted run's durable end): what every protocol follows."""
+        return self.subscriber.subscribe_batches(
+            run_id,
+            cursor,
+            is_terminal=lambda: self.runs.is_terminal(run_id),
+            unstarted_end=lambda: self.runs.unstarted_end(run_id),
+            admitted=admitted,
         )
 
 

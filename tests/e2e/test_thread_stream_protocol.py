@@ -71,13 +71,18 @@ def test_the_async_sdk_streams_a_run(graphs_cluster: Cluster, transport: str) ->
     assert len(texts[0].split()) == 5  # the five tokens asked for
 
 
-def test_the_sync_sdk_answers_an_interrupt(graphs_cluster: Cluster) -> None:
+@pytest.mark.parametrize("transport", ["sse", "websocket"])
+def test_the_sync_sdk_answers_an_interrupt(graphs_cluster: Cluster, transport: str) -> None:
     """The sync client: the `approval` graph's interrupt arrives as `input.requested`
     (`thread.interrupts`), `run.respond` answers it with `input.respond`, and the resumed
     run's output says what was approved."""
     client = get_sync_client(url=graphs_cluster.url, api_key=ALICE)
     try:
-        with client.threads.stream(assistant_id="approval", headers=AUTH) as thread:
+        with client.threads.stream(
+            assistant_id="approval",
+            headers=AUTH,
+            transport=transport,  # type: ignore[arg-type]
+        ) as thread:
             thread.run.start(input=human("may I?"))
             for _ in thread.values:
                 pass  # ends when the run pauses

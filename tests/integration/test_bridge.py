@@ -620,6 +620,5 @@ def test_b4_b5_a_position_is_a_cursor_exactly(
             assert cursor is None, n
             continue
         assert cursor is not None, n
-        got = b.read_all(run, cursor, terminal=False)
-        first = next(g for g in got if isinstance(g, Event))
-        assert (first.id, first.n) == (ids[n - 1], n)
+        first = next(iter(sub.subscribe(run, cursor, is_terminal=lambda: False)))
+        assert isinstance(first, Event) and (first.id, first.n) == (ids[n - 1], n)

@@ -40,13 +40,7 @@ def follow(
     svc = current_services()
     last_id: str | None = None
     gap: Gap | None = None
-    for batch in svc.subscriber.subscribe_batches(
-        run_id,
-        cursor,
-        is_terminal=lambda: svc.runs.is_terminal(run_id),
-        unstarted_end=lambda: svc.runs.unstarted_end(run_id),
-        admitted=admitted,
-    ):
+    for batch in svc.run_batches(run_id, cursor, admitted=admitted):
         for item in batch:
             if isinstance(item, Heartbeat):
                 yield Out(None)

@@ -155,13 +155,7 @@ class RunFollow:
 
     def __iter__(self) -> Iterator[Progress | None]:
         svc, run_id = self._svc, self.run.run_id
-        batches = svc.subscriber.subscribe_batches(
-            run_id,
-            BEFORE_FIRST,
-            is_terminal=lambda: svc.runs.is_terminal(run_id),
-            unstarted_end=lambda: svc.runs.unstarted_end(run_id),
-            admitted=True,
-        )
+        batches = svc.run_batches(run_id, BEFORE_FIRST, admitted=True)
         for batch in batches:
             events = [i for i in batch if isinstance(i, Event) and i.event != END_EVENT]
             if events:
