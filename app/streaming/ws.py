@@ -36,7 +36,6 @@ from app import public_ids
 from app.admission import admit_run
 from app.api.shapes import run_json
 from app.auth import authenticate, principal
-from app.cors import check_ws_origin
 from app.errors import (
     DENIED_CODES,
     SERVICE_ERRORS,
@@ -48,11 +47,12 @@ from app.errors import (
 )
 from app.http import validate
 from app.ids import checked_run_id
-from app.limits import ConnectionSlot, TokenBucket, limiter
+from app.limits import ConnectionSlot, TokenBucket
 from app.schemas import RunCreate
 from app.services import Services, current_services
 from app.streaming import frames
 from app.streaming.frames import EndFrame, HeartbeatFrame
+from app.streaming.upgrade import guard
 from app.streaming.ws_frames import (
     CancelFrame,
     FrameError,
@@ -105,26 +105,7 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(bp)
 
 
-# --- the upgrade: authenticate before accepting --------------------------------------------
-
-
-@bp.before_request
-def _authenticate_upgrade() -> None:
-    """A4 before the socket exists: an unauthenticated upgrade gets a 401 JSON response.
-
-    Browsers cannot set headers on a WebSocket, so `?api_key=` is accepted as well (it ends up
-    in access logs; prefer the header where the client can send one).
-    """
-    check_ws_origin(current_services().settings)
-    g.principal = authenticate(extra_key=request.args.get("api_key"))
-    g.ws_conn = limiter().acquire_connection(g.principal.subject)  # 429 before the upgrade
-
-
-@bp.teardown_request
-def _release_connection(_exc: BaseException | None) -> None:
-    conn: ConnectionSlot | None = g.pop("ws_conn", None)
-    if conn is not None:
-        conn.release()
+guard(bp)  # authenticated and counted before the socket exists (app/streaming/upgrade.py)
 
 
 @sock.route("/ws", bp=bp)

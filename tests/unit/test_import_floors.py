@@ -91,6 +91,7 @@ APP_FLOORS: dict[str, int] = {
     "app.streaming.sse": 5,
     "app.streaming.ws_frames": 5,
     "app.streaming.ws_socket": 0,
+    "app.streaming.upgrade": 4,  # every WebSocket's authentication and connection slot
     "app.api": 6,
     "app.protocols": 7,  # thread streaming protocol, MCP, A2A: front ends beside the REST API
     "app.streaming.ws": 7,

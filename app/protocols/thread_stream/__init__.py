@@ -22,17 +22,15 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from flask import Blueprint, Flask, Response, g, request, stream_with_context
+from flask import Blueprint, Flask, Response, stream_with_context
 from flask_sock import Sock
 from langgraph_sdk.stream.subscription import matches_subscription
 from simple_websocket import ConnectionClosed, Server
 
 from app import public_ids
 from app.api.threads import owned_thread
-from app.auth import authenticate, principal
-from app.cors import check_ws_origin
+from app.auth import principal
 from app.http import body, streams_events
-from app.limits import ConnectionSlot, limiter
 from app.protocols.thread_stream import commands
 from app.protocols.thread_stream.commands import CommandError, Handler, answer, error, success
 from app.protocols.thread_stream.schemas import Command, EventStreamRequest
@@ -40,6 +38,7 @@ from app.protocols.thread_stream.source import StoreSource
 from app.responses import json_response
 from app.services import Services, current_services
 from app.streaming.sse import HEARTBEAT
+from app.streaming.upgrade import guard
 from shared import serde
 from shared.bridge.base import Heartbeat
 from shared.bridge.protocol import ProtocolItem, ProtocolWalk
@@ -51,6 +50,7 @@ log = logging.getLogger(__name__)
 bp = Blueprint("thread_stream_protocol", __name__)
 ws_bp = Blueprint("thread_stream_protocol_ws", __name__)
 sock = Sock()  # routes on ws_bp only; the server options are the app's (app/streaming/ws.py)
+guard(ws_bp)  # authenticated and counted before the socket exists, as the chat socket is
 
 _NOT_ON_HTTP = (
     "subscriptions belong to a connection: POST /threads/{id}/stream/events with the filter,"
@@ -133,22 +133,6 @@ def _sse(batches: Iterator[list[ProtocolItem]], wanted: dict[str, Any]) -> Itera
 
 
 # --- WebSocket ----------------------------------------------------------------------------
-@ws_bp.before_request
-def _authenticate_upgrade() -> None:
-    """Authenticated before the socket exists, as the chat WebSocket is (A4): a 401 JSON
-    answer to the upgrade; a connection slot of the caller's (429 when none is left)."""
-    check_ws_origin(current_services().settings)
-    g.principal = authenticate(extra_key=request.args.get("api_key"))
-    g.ws_conn = limiter().acquire_connection(g.principal.subject)
-
-
-@ws_bp.teardown_request
-def _release_connection(_exc: BaseException | None) -> None:
-    conn: ConnectionSlot | None = g.pop("ws_conn", None)
-    if conn is not None:
-        conn.release()
-
-
 @sock.route("/threads/<thread_id>/stream/events", bp=ws_bp)
 def stream_socket(ws: Server, thread_id: str) -> None:
     """Commands in, answers and the subscriptions' events out."""
