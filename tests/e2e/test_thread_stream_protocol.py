@@ -123,6 +123,14 @@ def test_the_websocket_answers_an_interrupt(graphs_cluster: Cluster) -> None:
 
 
 # --- raw HTTP: exact resume, gaps ------------------------------------------------------------
+def chat(
+    c: httpx.Client, thread_id: str, text: str, tokens: int, delay_ms: float = 0, cid: int = 1
+) -> Any:
+    """`run.start` of the built-in chat agent: `tokens` tokens, `delay_ms` apart."""
+    params = {"assistant_id": "lead_agent", "input": human(text), "config": knobs(tokens, delay_ms)}
+    return command(c, thread_id, "run.start", params, cid)
+
+
 def command(c: httpx.Client, thread_id: str, method: str, params: Any, cid: int = 1) -> Any:
     r = c.post(
         f"/threads/{thread_id}/commands", json={"id": cid, "method": method, "params": params}
@@ -171,12 +179,7 @@ def test_b4_a_reconnect_after_any_seq_resumes_exactly(graphs_cluster: Cluster) -
     both runs (same ids, same order, none twice), across the run boundary."""
     thread_id = str(uuid.uuid4())
     with httpx.Client(base_url=graphs_cluster.url, headers=AUTH, timeout=20) as c:
-        first = command(
-            c,
-            thread_id,
-            "run.start",
-            {"assistant_id": "lead_agent", "input": human("one"), "config": knobs(12, 15)},
-        )
+        first = chat(c, thread_id, "one", 12, 15)
         assert first["type"] == "success"
         pieces: list[dict[str, Any]] = []
         since = None
@@ -196,13 +199,7 @@ def test_b4_a_reconnect_after_any_seq_resumes_exactly(graphs_cluster: Cluster) -
                 if d["method"] == "lifecycle" and d["params"]["data"]["event"] == "completed"
             ]
             if len(done) == 1 and not second_started:
-                command(
-                    c,
-                    thread_id,
-                    "run.start",
-                    {"assistant_id": "lead_agent", "input": human("two"), "config": knobs(6, 15)},
-                    cid=2,
-                )
+                chat(c, thread_id, "two", 6, 15, cid=2)
                 second_started = True
             if len(done) == 2:
                 break
@@ -233,12 +230,7 @@ def test_b5_a_cursor_whose_events_are_gone_gets_a_gap(graphs_cluster: Cluster) -
     stream after it."""
     thread_id = str(uuid.uuid4())
     with httpx.Client(base_url=graphs_cluster.url, headers=AUTH, timeout=20) as c:
-        started = command(
-            c,
-            thread_id,
-            "run.start",
-            {"assistant_id": "lead_agent", "input": human("x"), "config": knobs(3)},
-        )
+        started = chat(c, thread_id, "x", 3)
         run_id = started["result"]["run_id"]
         got = list(sse(c, thread_id, {"channels": ["lifecycle", "values"]}, until="completed"))
         middle = got[1][1]["seq"]
@@ -248,13 +240,7 @@ def test_b5_a_cursor_whose_events_are_gone_gets_a_gap(graphs_cluster: Cluster) -
             assert r.delete(keys.stream(run_id), keys.stream_meta(run_id)) == 2
         finally:
             r.close()
-        command(
-            c,
-            thread_id,
-            "run.start",
-            {"assistant_id": "lead_agent", "input": human("y"), "config": knobs(2)},
-            cid=2,
-        )
+        chat(c, thread_id, "y", 2, cid=2)
         after = list(
             sse(c, thread_id, {"channels": ["lifecycle"], "since": middle}, until="completed")
         )
@@ -271,12 +257,7 @@ def test_state_commands_and_a_fork(graphs_cluster: Cluster) -> None:
     `before`), and `state.fork` from a checkpoint: a new run on the thread from there."""
     thread_id = str(uuid.uuid4())
     with httpx.Client(base_url=graphs_cluster.url, headers=AUTH, timeout=20) as c:
-        command(
-            c,
-            thread_id,
-            "run.start",
-            {"assistant_id": "lead_agent", "input": human("x"), "config": knobs(2)},
-        )
+        chat(c, thread_id, "x", 2)
         list(sse(c, thread_id, {"channels": ["lifecycle"]}, until="completed"))
         state = command(c, thread_id, "state.get", {"namespace": [], "keys": ["messages"]})[
             "result"
@@ -317,12 +298,7 @@ def test_bad_commands_get_clear_errors(graphs_cluster: Cluster) -> None:
         assert bad["error"] == "invalid_argument" and "assistant_id" in bad["message"]
         bad = command(c, thread_id, "state.listCheckpoints", {"limit": True})
         assert bad["error"] == "invalid_argument" and "limit" in bad["message"]
-        command(
-            c,
-            thread_id,
-            "run.start",
-            {"assistant_id": "lead_agent", "input": human("x"), "config": knobs(1)},
-        )
+        chat(c, thread_id, "x", 1)
         list(sse(c, thread_id, {"channels": ["lifecycle"]}, until="completed"))
         nope = command(
             c, thread_id, "input.respond", {"namespace": [], "interrupt_id": "x", "response": 1}
@@ -348,12 +324,7 @@ def test_a4_another_users_thread_is_not_found(graphs_cluster: Cluster) -> None:
     """A4: bob's commands and streams on alice's thread are 404s; a stream without a key 401."""
     thread_id = str(uuid.uuid4())
     with httpx.Client(base_url=graphs_cluster.url, headers=AUTH, timeout=20) as c:
-        command(
-            c,
-            thread_id,
-            "run.start",
-            {"assistant_id": "lead_agent", "input": human("x"), "config": knobs(1)},
-        )
+        chat(c, thread_id, "x", 1)
     with httpx.Client(base_url=graphs_cluster.url, headers={"x-api-key": BOB}, timeout=20) as c:
         r = c.post(f"/threads/{thread_id}/stream/events", json={"channels": ["values"]})
         assert r.status_code == 404

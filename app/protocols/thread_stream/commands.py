@@ -42,7 +42,7 @@ from shared.errors import (
     ThreadrunError,
     ValidationFailed,
 )
-from shared.runs.model import Run, ThreadStatus
+from shared.runs.model import Run, Thread, ThreadStatus
 from shared.vocab import MultitaskStrategy
 
 SETTLE_POLL_S = 0.05
@@ -150,22 +150,26 @@ def _admit(thread_id: str, fields: dict[str, Any]) -> Run:
     return admit_run(principal().user_id, wanted, raw=fields)
 
 
-def _waiting(thread_id: str, *, settle: bool = False) -> list[str]:
-    """The ids of the interrupts the caller's thread waits on ([] for a missing thread).
+def _settled(thread_id: str, *, settle: bool = False) -> Thread | None:
+    """The caller's thread (None when it is missing).
 
     A client may answer an interrupt as soon as its event arrives, while the run that asked
-    is still being finished (the thread busy): that settles within moments, so the check
-    waits for it (`settle`), up to `interrupt_settle_s`."""
+    is still being finished (the thread busy): that settles within moments, so with
+    `settle` this waits for it, up to `interrupt_settle_s`."""
     until = time.monotonic() + (current_services().settings.interrupt_settle_s if settle else 0)
     while True:
         try:
             thread = owned_thread(thread_id)
         except ThreadNotFound:
-            return []
+            return None
         if thread.status is not ThreadStatus.BUSY or time.monotonic() >= until:
-            break
+            return thread
         time.sleep(SETTLE_POLL_S)
-    if thread.status is not ThreadStatus.INTERRUPTED:
+
+
+def _waiting_on(thread: Thread | None) -> list[str]:
+    """The ids of the interrupts the thread waits on."""
+    if thread is None or thread.status is not ThreadStatus.INTERRUPTED:
         return []
     state = current_services().state.get(thread.thread_id, graph_id_of(thread))
     return [i["id"] for i in state.get("interrupts") or [] if isinstance(i, dict) and "id" in i]
@@ -180,7 +184,7 @@ def run_start(thread_id: str, params: dict[str, Any]) -> dict[str, Any]:
         "multitask_strategy": _strategy(params),
     }
     value = params.get("input")
-    if value is not None and _waiting(thread_id):
+    if value is not None and _waiting_on(_settled(thread_id)):
         fields["command"] = {"resume": value}
     else:
         fields["input"] = value
@@ -190,8 +194,8 @@ def run_start(thread_id: str, params: dict[str, Any]) -> dict[str, Any]:
     return {"run_id": _admit(thread_id, fields).run_id}
 
 
-def _thread_assistant(thread_id: str) -> str:
-    thread = owned_thread(thread_id)
+def _thread_assistant(thread: Thread) -> str:
+    """The assistant of the thread's runs (the one its newest run used)."""
     assistant = thread.metadata.get("assistant_id")
     if not isinstance(assistant, str):
         raise CommandError("no_such_run", "no run has been started on this thread")
@@ -201,7 +205,8 @@ def _thread_assistant(thread_id: str) -> str:
 def input_respond(thread_id: str, params: dict[str, Any]) -> dict[str, Any]:
     """`input.respond`: resume the named interrupts (one or several) in one run."""
     entries = params.get("responses") or [params]
-    waiting = set(_waiting(thread_id, settle=True))
+    thread = _settled(thread_id, settle=True)
+    waiting = set(_waiting_on(thread))
     resume: dict[str, Any] = {}
     for entry in entries:
         interrupt_id = entry["interrupt_id"]
@@ -210,6 +215,7 @@ def input_respond(thread_id: str, params: dict[str, Any]) -> dict[str, Any]:
                 "no_such_interrupt", f"the thread does not wait on interrupt {interrupt_id!r}"
             )
         resume[interrupt_id] = entry.get("response")
+    assert thread is not None  # a missing thread waits on nothing: refused above
     command: dict[str, Any] = {"resume": resume}
     for key in ("update", "goto"):
         if params.get(key) is not None:
@@ -217,7 +223,7 @@ def input_respond(thread_id: str, params: dict[str, Any]) -> dict[str, Any]:
     run = _admit(
         thread_id,
         {
-            "assistant_id": _thread_assistant(thread_id),
+            "assistant_id": _thread_assistant(thread),
             "command": command,
             "config": params.get("config"),
             "metadata": params.get("metadata") or {},
@@ -234,7 +240,7 @@ def input_inject(thread_id: str, params: dict[str, Any]) -> dict[str, Any]:
     run = _admit(
         thread_id,
         {
-            "assistant_id": _thread_assistant(thread_id),
+            "assistant_id": _thread_assistant(owned_thread(thread_id)),
             "input": {"messages": [dict(params["message"])]},
             "multitask_strategy": DEFAULT_STRATEGY,
         },
@@ -250,7 +256,7 @@ def state_fork(thread_id: str, params: dict[str, Any]) -> dict[str, Any]:
     run = _admit(
         thread_id,
         {
-            "assistant_id": _thread_assistant(thread_id),
+            "assistant_id": _thread_assistant(thread),
             "input": params.get("input"),
             "config": params.get("config"),
             "checkpoint_id": params["checkpoint_id"],
