@@ -33,7 +33,7 @@ TEST_DB ?= threadrun_test
 TEST_REDIS_DB ?= 1
 DEVSERVICES_ENV := $(PY) -m shared.tools.devservices env --db-name $(TEST_DB) --redis-db $(TEST_REDIS_DB)
 
-.PHONY: chromium help venv lock install run flower test test-unit test-integration test-e2e test-chaos chaos lint fmt bench scale-bench clean migrate services-env services-stop
+.PHONY: chromium help venv lock install run dev worker flower test test-unit test-integration test-e2e test-chaos chaos lint fmt bench scale-bench clean migrate services-env services-stop
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -77,8 +77,14 @@ ifneq ($(strip $(EXTRAS)),)
 	$(PY) -m pip install --disable-pip-version-check -q -c $(CONSTRAINTS) -e './$(CLIENT)' -e '.[$(EXTRAS)]'
 endif
 
-run: install ## start services, migrations, web and workers (Ctrl-C stops everything)
+run: install ## start services, migrations, web and workers (Ctrl-C stops everything; a child that dies is restarted)
 	$(PY) -m shared.tools.supervisor
+
+dev: install ## make run with the dev loop: web and workers restart when the graphs' files change
+	THREADRUN_RELOAD=true $(PY) -m shared.tools.supervisor
+
+worker: install ## one more runs worker against the services of a running `make run` (Ctrl-C stops it)
+	$(PY) -m shared.tools.supervisor --worker-only
 
 # Resolve the services (starting embedded daemons only if needed), run pytest, stop what we
 # started, and exit with pytest's code. pytest's 5 (no tests collected) is a failure too.

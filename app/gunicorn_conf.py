@@ -81,3 +81,18 @@ def worker_exit(server: object, worker: object) -> None:
 
     project_http.close(getattr(worker, "wsgi", None))  # the custom app's lifespan shutdown
     close_pools()
+    _forget_logging_handlers()
+
+
+def _forget_logging_handlers() -> None:
+    """Flush the log handlers and drop logging's weak references to them. Each reference's
+    callback (`logging._removeHandlerRef`) would otherwise run when its handler is collected
+    during interpreter teardown, take logging's lock, and call gevent's `get_ident` after
+    gevent's module globals are gone: `TypeError: 'NoneType' object is not callable`, once
+    per handler at every stop (SPEC H1). A dropped weak reference never calls back."""
+    import logging
+
+    logging.shutdown()
+    refs = getattr(logging, "_handlerList", None)  # private, present since Python 2.x
+    if isinstance(refs, list):
+        refs.clear()

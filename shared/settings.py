@@ -242,6 +242,33 @@ class Settings(BaseSettings):
         default=32, ge=1, description="Concurrent runs per worker process."
     )
     shutdown_grace_s: float = Field(default=5.0, ge=0)
+    runs_workers: int = Field(
+        default=1, ge=1, description="`make run`: how many `runs` worker processes to start."
+    )
+    memory_workers: int = Field(
+        default=1, ge=1, description="`make run`: how many `memory` worker processes to start."
+    )
+    supervisor_backoff_s: float = Field(
+        default=0.5, gt=0, description="`make run`: wait before the first restart of a child."
+    )
+    supervisor_backoff_max_s: float = Field(
+        default=10.0, gt=0, description="`make run`: longest wait between restarts of a child."
+    )
+    supervisor_max_restarts: int = Field(
+        default=5,
+        ge=0,
+        description="`make run`: more exits than this of one child within "
+        "`supervisor_restart_window_s` is a crash loop: that child stays down, the rest serve "
+        "(0: no restarts, a dying child stops everything).",
+    )
+    supervisor_restart_window_s: float = Field(
+        default=60.0, gt=0, description="`make run`: the window of the crash-loop rule."
+    )
+    reload: bool = Field(
+        default=False,
+        description="`make run` restarts web and workers when the served graphs' files change "
+        "(the dev loop; `make dev`).",
+    )
     run_after_seconds_max: float = Field(
         default=30 * 86_400,
         gt=0,

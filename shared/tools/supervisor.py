@@ -4,7 +4,12 @@
 ``python -m shared.db.migrate``, starts gunicorn and the two Celery workers as child processes with
 prefixed output, prints one line once ``GET /ok`` answers 200, and on Ctrl-C / SIGTERM stops the
 children (SIGTERM, a grace period, SIGKILL) and the embedded services it started. A child that dies
-on its own stops everything with a nonzero exit code. Before anything starts, the `dependencies` of
+on its own is restarted with backoff, and a child in a crash loop stays down with one message while
+the rest keep serving (SPEC H1; ``shared.tools.restart_policy``, THREADRUN_SUPERVISOR_*); with
+THREADRUN_SUPERVISOR_MAX_RESTARTS=0 a dying child stops everything with a nonzero exit code.
+THREADRUN_RUNS_WORKERS / THREADRUN_MEMORY_WORKERS start that many workers; THREADRUN_RELOAD=true
+(``make dev``) restarts them all when the graphs' files change (``shared.tools.reload_watch``);
+``--worker-only`` (``make worker``) becomes one more runs worker. Before anything starts, the `dependencies` of
 the project file that the venv lacks are pip-installed (``shared.tools.project_deps``).
 
 Every child (migrations, web, workers, scheduler, Flower) gets the resolved service settings
@@ -40,6 +45,8 @@ from shared.project import activate
 from shared.settings import Settings
 from shared.tools.devservices import DevServicesError, parent_death_signal, redact, resolve_services
 from shared.tools.project_deps import ensure as ensure_dependencies
+from shared.tools.reload_watch import ReloadWatch, watched_roots
+from shared.tools.restart_policy import RestartOutcome, RestartPolicy
 
 DEFAULT_GRACE_S = 10.0
 
@@ -121,6 +128,30 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
                 [*celery, "-Q", "webhooks", "-c", hooks_c, "-n", "webhooks@%h", *tail],
             )
         ]
+
+    def node(
+        kind: str, node_name: str, queues: str, concurrency: int, count: int
+    ) -> list[ChildSpec]:
+        """``count`` Celery workers of one kind, each with its own node name."""
+        return [
+            ChildSpec(
+                _numbered(kind, i),
+                [
+                    *celery,
+                    "-Q",
+                    queues,
+                    "-c",
+                    str(concurrency),
+                    "-n",
+                    f"{_numbered(node_name, i)}@%h",
+                    *tail,
+                ],
+            )
+            for i in range(count)
+        ]
+
+    runs = node("worker", "runs", "runs", settings.worker_concurrency, settings.runs_workers)
+    memory = node("memory", "memory", memory_q, memory_c, settings.memory_workers)
     return [
         ChildSpec(
             "web",
@@ -135,16 +166,35 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
                 bind_address(settings.host, settings.port),
             ],
         ),  # fmt: skip
-        ChildSpec(
-            "worker",
-            [*celery, "-Q", "runs", "-c", str(settings.worker_concurrency), "-n", "runs@%h", *tail],
-        ),
-        ChildSpec(
-            "memory", [*celery, "-Q", memory_q, "-c", str(memory_c), "-n", "memory@%h", *tail]
-        ),
+        *runs,
+        *memory,
         scheduler_spec(),
         *webhooks,
     ]
+
+
+def _numbered(name: str, index: int) -> str:
+    """``name`` for the first of its kind, ``name2``, ``name3``... for the others (the Celery
+    node names must differ: two nodes of one name on a host confuse `celery inspect`)."""
+    return name if index == 0 else f"{name}{index + 1}"
+
+
+def exit_status(code: int) -> str:
+    """A child's exit status for a log line: ``code 3`` or ``signal SIGKILL (code -9)``."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-code).name} (code {code})"
+    return f"code {code}"
+
+
+def policy_factory(settings: Settings) -> Callable[[], RestartPolicy]:
+    """A fresh RestartPolicy per child, from the THREADRUN_SUPERVISOR_* settings."""
+    return lambda: RestartPolicy(
+        backoff_s=settings.supervisor_backoff_s,
+        backoff_max_s=settings.supervisor_backoff_max_s,
+        max_restarts=settings.supervisor_max_restarts,
+        window_s=settings.supervisor_restart_window_s,
+    )
 
 
 def scheduler_spec() -> ChildSpec:
@@ -161,6 +211,26 @@ SCHEDULER_ARGS = [
     "workers.cron_beat:CronScheduler",
 ]
 """`celery` arguments of the scheduler process (make run, compose, k8s, tests)."""
+
+
+def extra_worker_spec(settings: Settings, suffix: str) -> ChildSpec:
+    """One more `runs` worker (``make worker``) with a node name of its own (``runs-<suffix>``)."""
+    runs = next(s for s in default_specs(settings, {}) if s.name == "worker")
+    argv = list(runs.argv)
+    argv[argv.index("-n") + 1] = f"runs-{suffix}@%h"
+    return ChildSpec("worker", argv)
+
+
+def exec_extra_worker(settings: Settings) -> int:
+    """``make worker``: become one more runs worker against the services of a running stack
+    (found, never started: an extra worker with a Redis of its own would serve nobody)."""
+    try:
+        services = resolve_services(settings, allow_embedded=False)
+    except DevServicesError as exc:
+        print(f"supervisor | error: {exc} (start the stack first: make run)", file=sys.stderr)
+        return 1
+    spec = extra_worker_spec(settings, str(os.getpid()))
+    os.execve(spec.argv[0], list(spec.argv), child_env(services.env))
 
 
 def flower_spec(settings: Settings) -> ChildSpec:
@@ -235,6 +305,8 @@ class Supervisor:
         output: Output | None = None,
         grace_s: float = DEFAULT_GRACE_S,
         poll_s: float = 0.1,
+        policy: Callable[[], RestartPolicy] | None = None,
+        reload: Callable[[], bool] | None = None,
     ) -> None:
         self.specs = list(specs)
         self.env = dict(os.environ if env is None else env)
@@ -247,6 +319,13 @@ class Supervisor:
         self.stop_requested = threading.Event()
         self.kill_requested = threading.Event()
         self.failed: list[Child] = []
+        self.policy = policy
+        self.policies: dict[str, RestartPolicy] = {}
+        self.pending: dict[str, tuple[float, ChildSpec]] = {}
+        """Children waiting out their backoff: name -> (monotonic time to start, spec)."""
+        self.given_up: list[str] = []
+        self.reload = reload
+        """The dev loop's check (THREADRUN_RELOAD): True when the graphs' files changed."""
 
     def say(self, text: str) -> None:
         """A message of the supervisor itself."""
@@ -307,17 +386,29 @@ class Supervisor:
         on_ready: Callable[[], None] | None = None,
         ready_timeout_s: float = 120.0,
     ) -> int:
-        """Block until a stop is requested (0) or a child exits on its own (nonzero)."""
+        """Block until a stop is requested (0) or a child exits on its own (nonzero).
+
+        With a restart policy a child that exits is restarted after its backoff instead, and
+        only when every child has given up (a crash loop each) does this return nonzero.
+        """
         deadline = time.monotonic() + ready_timeout_s
         is_ready = ready is None
         while not self.stop_requested.is_set():
-            for child in self.children:
+            for child in list(self.children):
                 code = child.proc.poll()
                 if code is not None:
                     self._reap(child)
-                    self.say(f"{child.spec.name} exited unexpectedly (code {code}); stopping")
-                    self.failed.append(child)
-                    return code if code > 0 else 1
+                    if self.policy is None:
+                        self.say(f"{child.spec.name} exited unexpectedly (code {code}); stopping")
+                        self.failed.append(child)
+                        return code if code > 0 else 1
+                    self._on_exit(child, code)
+            self._start_due()
+            if self.reload is not None and self.reload():
+                self.restart_all("the graphs' files changed")
+            if not self.children and not self.pending:
+                self.say("every child has stopped; stopping")
+                return 1
             if not is_ready and ready is not None:
                 if ready():
                     is_ready = True
@@ -328,6 +419,46 @@ class Supervisor:
                     return 1
             self.stop_requested.wait(self.poll_s)
         return 0
+
+    def restart_all(self, why: str) -> None:
+        """Stop every child gracefully (SIGTERM: Celery's warm shutdown hands its runs back)
+        and start them all again, with fresh restart policies."""
+        self.say(f"{why}; restarting web and workers")
+        self.stop()
+        self.policies.clear()
+        self.given_up.clear()
+        self.start()
+
+    def _on_exit(self, child: Child, code: int) -> None:
+        """Schedule a restart of a child that exited, or give up on it (a crash loop)."""
+        assert self.policy is not None
+        self.children.remove(child)
+        name = child.spec.name
+        policy = self.policies.setdefault(name, self.policy())
+        decision = policy.on_exit(time.monotonic())
+        if decision.outcome is RestartOutcome.GIVE_UP:
+            self.failed.append(child)
+            self.given_up.append(name)
+            self.say(
+                f"{name} is in a crash loop ({decision.exits_in_window} exits in "
+                f"{policy.window_s:g} s, last {exit_status(code)}); not restarting it, the rest "
+                "keep serving"
+            )
+            return
+        self.pending[name] = (time.monotonic() + decision.delay_s, child.spec)
+        self.say(
+            f"{name} exited unexpectedly ({exit_status(code)}); restarting it in "
+            f"{decision.delay_s:g} s"
+        )
+
+    def _start_due(self) -> None:
+        """Start the children whose backoff is over."""
+        now = time.monotonic()
+        for name, (at, spec) in list(self.pending.items()):
+            if at <= now:
+                del self.pending[name]
+                child = self.spawn(spec)
+                self.say(f"restarted {name} (pid {child.proc.pid})")
 
     def _reap(self, child: Child) -> None:
         """Record the exit code, kill leftovers of its process group and drain its output."""
@@ -356,6 +487,7 @@ class Supervisor:
         for child in self.children:
             self._reap(child)
         self.children.clear()
+        self.pending.clear()
 
 
 def install_signal_handlers(supervisor: Supervisor) -> None:
@@ -385,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     if "--flower-only" in flags:
         spec = flower_spec(settings)
         os.execve(spec.argv[0], list(spec.argv), {**env, **flower_env(settings)})
+    if "--worker-only" in flags:
+        return exec_extra_worker(settings)
     grace = _float_env(env, "THREADRUN_STOP_GRACE_S", DEFAULT_GRACE_S)
     ready_timeout = _float_env(env, "THREADRUN_READY_TIMEOUT_S", 120.0)
     specs = default_specs(settings)
@@ -398,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     from shared.agent.providers import preflight  # langchain: only when about to start
 
     try:  # the project file first: its `env` may hold the providers' keys
-        activate(settings.config)
+        project = activate(settings.config)
     except ConfigError as exc:
         out.line("supervisor", f"error: {exc}")
         return 1
@@ -439,7 +573,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         cenv = child_env(services.env)
         cenv.update(flower_env(settings))
-        sup = Supervisor(specs, env=cenv, output=out, grace_s=grace)
+        policy = policy_factory(settings) if settings.supervisor_max_restarts > 0 else None
+        reload = None
+        if settings.reload:
+            watch = ReloadWatch(watched_roots(project, settings.config))
+            reload = watch.changed
+            out.line("supervisor", f"reload on: watching {', '.join(map(str, watch.roots))}")
+        sup = Supervisor(specs, env=cenv, output=out, grace_s=grace, policy=policy, reload=reload)
         install_signal_handlers(sup)
         code = sup.run_to_completion(migrate_spec())
         if code is None:

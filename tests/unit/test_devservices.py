@@ -632,6 +632,8 @@ PORT = ds.free_port()
 
 def run_main(mode: str, send_sigterm: bool, marks: Path, port: int = PORT) -> tuple[int, str]:
     env = {**os.environ, "THREADRUN_HOST": "127.0.0.1", "THREADRUN_PORT": str(port)}
+    if mode == "worker-dies":  # no restarts: the old stop-everything rule (restarts: SPEC H1)
+        env["THREADRUN_SUPERVISOR_MAX_RESTARTS"] = "0"
     proc = subprocess.Popen(
         [PY, "-c", MAIN_HARNESS, mode, str(marks)],
         cwd=PROJECT_ROOT,
