@@ -340,8 +340,10 @@ function drawRuns(o) {
       setText(st.children[0], r.status, `pill ${stuck ? "bad" : r.status}`);
       setText(st.children[1], statusNote(r), "note");
       setText(cell(tr, 4), r.owner || "–");
-      const lease = r.lease.held ? dur(r.lease.ttl_s) : r.status === "running" ? "expired" : "–";
-      setText(cell(tr, 5), lease, r.lease_expired ? "num bad" : "num");
+      let lease = r.lease.held ? dur(r.lease.ttl_s) : r.status === "running" ? "expired" : "–";
+      if (r.orphaned) lease = `orphaned: owner gone, recovers in ${dur(r.recovers_in_s)}`;
+      tr.classList.toggle("orphaned", !!r.orphaned);
+      setText(cell(tr, 5), lease, r.lease_expired || r.orphaned ? "num bad" : "num");
       setText(cell(tr, 6), r.attempt);
       setText(cell(tr, 7), dur(now - Date.parse(r.created_at) / 1000));
       updateActions(cell(tr, 8), r);

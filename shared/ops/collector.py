@@ -50,6 +50,33 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def live_processes(workers: list[dict[str, Any]]) -> frozenset[tuple[str, str]]:
+    """(host, pid) of the workers that answered the broadcast."""
+    return frozenset((str(w["host"]), str(w["pid"])) for w in workers if w.get("pid") is not None)
+
+
+def orphan_state(
+    *,
+    status: str,
+    owner: str | None,
+    live: frozenset[tuple[str, str]],
+    lease_left_s: float | None,
+    idle_s: float,
+    lease_ttl_s: float,
+    reaper_interval_s: float,
+) -> tuple[bool, float | None]:
+    """H2: is this run orphaned (running, and its owner `host:pid:…` is no live worker), and
+    within how many seconds the reaper picks it up: it takes a running run once its lease is
+    gone and its row is a lease TTL old, on a pass every `reaper_interval_s`."""
+    if status != RunStatus.RUNNING or not owner:
+        return False, None
+    parts = owner.split(":")
+    if len(parts) >= 2 and (parts[0], parts[1]) in live:
+        return False, None
+    wait = max(lease_left_s or 0.0, lease_ttl_s - idle_s, 0.0) + reaper_interval_s
+    return True, round(wait, 1)
+
+
 class WorkerInspector:
     """Celery workers answering a broadcast, cached for a short while."""
 
@@ -167,6 +194,7 @@ class OpsCollector:
         return out
 
     def _with_leases(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        live = live_processes(self.inspector.workers()) if rows else frozenset()
         pipe = self.redis.pipeline(transaction=False)
         for r in rows:
             pipe.get(self.keys.lease(r["run_id"]))
@@ -187,9 +215,21 @@ class OpsCollector:
                 due=bool(r.get("due", True)),
                 lease_ttl_s=self.settings.lease_ttl_s,
             )
+            lease_left = pttl / 1000 if pttl and pttl > 0 else None
+            orphaned, recovers_in = orphan_state(
+                status=r["status"],
+                owner=r.get("owner"),
+                live=live,
+                lease_left_s=lease_left,
+                idle_s=float(r.get("idle_s") or 0.0),
+                lease_ttl_s=self.settings.lease_ttl_s,
+                reaper_interval_s=self.settings.reaper_interval_s,
+            )
             out.append(
                 {
                     **r,
+                    "orphaned": orphaned,
+                    "recovers_in_s": recovers_in,
                     "lease": {
                         "held": value is not None,
                         "epoch": lease_epoch,
@@ -387,6 +427,7 @@ class OpsCollector:
             self._workers_tile(MEMORY_QUEUE, online, q, "memory updates are not extracted"),
             self._webhooks_tile(online, q),
             self._stuck_tile(),
+            self._orphans_tile(),
             self._failures_tile(s.ops_failure_window_s),
             self._queue_age_tile(q),
             self._crons_tile(),
@@ -451,6 +492,26 @@ class OpsCollector:
             parts.append(f"{len(lost)} pending and never dispatched")
         reason = "; ".join(parts) + " (the reaper recovers them if a worker runs; or requeue)"
         return self._tile("stuck", "stuck runs", n, "bad", reason)
+
+    def orphaned_runs(self) -> list[dict[str, Any]]:
+        """H2: running runs whose owner is no live worker, with `recovers_in_s`."""
+        return [r for r in self.runs(status=RunStatus.RUNNING) if r["orphaned"]]
+
+    def _orphans_tile(self) -> dict[str, Any]:
+        orphans = self.orphaned_runs()
+        if not orphans:
+            return self._tile(
+                "orphaned", "orphaned runs", 0, "ok", "every running run's owner is live"
+            )
+        n = len(orphans)
+        owners = sorted({str(r.get("owner")) for r in orphans})
+        latest = max(float(r["recovers_in_s"] or 0.0) for r in orphans)
+        reason = (
+            f"{n} running run{'s' if n != 1 else ''} owned by no live worker "
+            f"({', '.join(owners)}): the reaper recovers {'them' if n != 1 else 'it'} "
+            f"within {int(latest + 0.5)}s"  # rounded as the page rounds
+        )
+        return self._tile("orphaned", "orphaned runs", n, "bad", reason)
 
     def _failures_tile(self, window_s: float) -> dict[str, Any]:
         ended = self.store.ended_by_status(window_s)
