@@ -54,6 +54,7 @@
     cancelled: "cancelled",
     error: "error",
     done: "done",
+    waiting: "waiting for you",
   };
 
   // ---------------------------------------------------------------- configuration -------
@@ -245,13 +246,14 @@
   // GET /info names the server's limits; a message above them is refused here, naming the
   // limit, instead of being sent and refused (or the socket closed) by the server.
   /** A run request; `text` null: no input, the run continues from the thread's checkpoint. */
-  function requestBody(text, assistantId = null) {
+  function requestBody(text, assistantId = null, resumeValue = undefined) {
     const body = {
       assistant_id: assistantId || el.assistant.value || "lead_agent",
       stream_mode: STREAM_MODES,
       on_disconnect: "continue",
     };
     if (text !== null) body.input = { messages: [{ role: "user", content: text }] };
+    if (resumeValue !== undefined) body.command = { resume: resumeValue };
     if (Object.keys(configurable).length) body.config = { configurable: { ...configurable } };
     return body;
   }
@@ -514,6 +516,170 @@
     return li;
   }
 
+  // ---------------------------------------------------------------- interrupts (H3) -----
+  /** The thread's pending interrupts, from its state (so a reload or a second tab shows
+   *  the same card): each task's `interrupts` [{id, value}]. */
+  function pendingInterrupts(state) {
+    const out = [];
+    for (const t of (state && state.tasks) || []) {
+      for (const i of t.interrupts || []) out.push(i);
+    }
+    return out;
+  }
+
+  /** Which answer an interrupt wants: LangChain's HumanInTheLoopMiddleware (`hitl`),
+   *  agent-chat-ui's inbox HumanInterrupt list (`inbox`), or a plain question (`plain`). */
+  function interruptKind(value) {
+    if (value && typeof value === "object" && Array.isArray(value.action_requests)) return "hitl";
+    const first = Array.isArray(value) ? value[0] : value;
+    if (first && typeof first === "object" && first.action_request) return "inbox";
+    return "plain";
+  }
+
+  /** The tool calls a review card edits: [{name, args, description, allowed}]. */
+  function reviewActions(value, kind) {
+    if (kind === "hitl") {
+      const configs = value.review_configs || [];
+      return value.action_requests.map((a, i) => {
+        const cfg = configs.find((c) => c.action_name === a.name) || configs[i] || {};
+        return {
+          name: a.name,
+          args: a.args || {},
+          description: a.description || "",
+          allowed: cfg.allowed_decisions || ["approve", "edit", "reject"],
+        };
+      });
+    }
+    const list = Array.isArray(value) ? value : [value];
+    return list.map((h) => {
+      const cfg = h.config || {};
+      const allowed = [];
+      if (cfg.allow_accept !== false) allowed.push("approve");
+      if (cfg.allow_edit) allowed.push("edit");
+      if (cfg.allow_respond || cfg.allow_ignore) allowed.push("reject");
+      return { name: h.action_request.action, args: h.action_request.args || {}, description: h.description || "", allowed };
+    });
+  }
+
+  /** The resume value of a decision, in the shape the interrupt's kind expects. */
+  function resumeFor(kind, decision, actions, edited, message) {
+    if (kind === "hitl") {
+      return {
+        decisions: actions.map((a, i) => {
+          if (decision === "approve") return { type: "approve" };
+          if (decision === "edit") return { type: "edit", edited_action: { name: a.name, args: edited[i] } };
+          return { type: "reject", message: message || "Rejected by the user." };
+        }),
+      };
+    }
+    return actions.map((a, i) => {
+      if (decision === "approve") return { type: "accept", args: null };
+      if (decision === "edit") return { type: "edit", args: { action: a.name, args: edited[i] } };
+      return message ? { type: "response", args: message } : { type: "ignore", args: null };
+    });
+  }
+
+  let interruptCache = null; // {sig, li}: a re-render keeps what is typed in the card
+
+  function interruptCard(intr) {
+    const sig = `${intr.id}|${JSON.stringify(intr.value)}`;
+    if (interruptCache && interruptCache.sig === sig) return interruptCache.li;
+    const value = intr.value;
+    const kind = interruptKind(value);
+    const li = node("li", "notice interrupt-card");
+    li.dataset.kind = "interrupt";
+    li.dataset.interruptKind = kind;
+    li.append(node("span", "n-icon", "?"));
+    const box = node("div", "n-text");
+    box.append(node("div", "n-title", "Waiting for you"));
+    const row = node("div", "i-actions");
+    const button = (label, cls, fn) => {
+      const b = node("button", cls, label);
+      b.type = "button";
+      b.addEventListener("click", fn);
+      row.append(b);
+      return b;
+    };
+    if (kind === "plain") {
+      const q = typeof value === "string" ? value : (value && (value.question || value.message)) || "";
+      box.append(node("div", "i-question", q || "The assistant asks for an answer."));
+      if (typeof value !== "string" && value !== null && value !== undefined) {
+        box.append(node("pre", "i-value", JSON.stringify(value, null, 2)));
+      }
+      const answer = node("textarea", "i-answer");
+      answer.rows = 2;
+      answer.setAttribute("aria-label", "your answer");
+      box.append(answer);
+      button("Answer", "i-answer-btn", () => {
+        const text = answer.value.trim();
+        if (text) resumeWith(text, text);
+      });
+    } else {
+      const actions = reviewActions(value, kind);
+      const fields = [];
+      actions.forEach((a) => {
+        const fs = node("fieldset", "i-tool");
+        fs.append(node("legend", "", `Run tool ${a.name}?`));
+        if (a.description) fs.append(node("div", "i-question", a.description));
+        const inputs = {};
+        for (const [k, v] of Object.entries(a.args)) {
+          const lab = node("label", "i-arg");
+          lab.append(node("span", "", k));
+          const inp = node("input");
+          inp.name = k;
+          inp.value = typeof v === "string" ? v : JSON.stringify(v);
+          inp.dataset.json = typeof v === "string" ? "" : "1";
+          lab.append(inp);
+          fs.append(lab);
+          inputs[k] = inp;
+        }
+        fields.push(inputs);
+        box.append(fs);
+      });
+      const message = node("input", "i-reason");
+      message.placeholder = "reason (sent with Reject)";
+      message.setAttribute("aria-label", "reason for rejecting");
+      box.append(message);
+      const edited = () =>
+        fields.map((inputs) => {
+          const out = {};
+          for (const [k, inp] of Object.entries(inputs)) {
+            if (!inp.dataset.json) out[k] = inp.value;
+            else {
+              try {
+                out[k] = JSON.parse(inp.value);
+              } catch {
+                out[k] = inp.value;
+              }
+            }
+          }
+          return out;
+        });
+      const allowed = new Set(actions.flatMap((a) => a.allowed));
+      const decide = (d, label) => resumeWith(resumeFor(kind, d, actions, edited(), message.value.trim()), label);
+      if (allowed.has("approve")) button("Approve", "i-approve", () => decide("approve", "Approved"));
+      if (allowed.has("edit")) button("Edit and run", "i-edit", () => decide("edit", "Approved with edits"));
+      if (allowed.has("reject")) button("Reject", "i-reject", () => decide("reject", "Rejected"));
+    }
+    box.append(row);
+    li.append(box);
+    interruptCache = { sig, li };
+    return li;
+  }
+
+  /** Answer the pending interrupt: a run with `command: {resume}` and no input. */
+  function resumeWith(resumeValue, label) {
+    if (S.run && !S.run.ended && !S.run.abandoned) return;
+    S.interrupts = [];
+    interruptCache = null;
+    send(label, { resume: true, resumeValue, assistantId: S.interruptAssistant || null });
+  }
+
+  function pendingKind() {
+    const p = (S.interrupts || [])[0];
+    return p ? interruptKind(p.value) : null;
+  }
+
   function noticeNode(n) {
     const li = node("li", "notice");
     li.dataset.kind = n.kind || "error";
@@ -595,8 +761,11 @@
     ui.dropOthers();
     for (const k of rendered.keys()) if (!keys.has(k)) rendered.delete(k);
     place(el.transcript, nodes);
-    place(el.notices, S.notice ? [noticeNode(S.notice)] : []);
-    el.welcome.hidden = nodes.length > 0 || Boolean(S.notice);
+    const cards = S.notice ? [noticeNode(S.notice)] : [];
+    const pending = S.run && !S.run.ended ? null : (S.interrupts || [])[0];
+    if (pending) cards.push(interruptCard(pending));
+    place(el.notices, cards);
+    el.welcome.hidden = nodes.length > 0 || cards.length > 0;
     if (atBottom) sc.scrollTop = sc.scrollHeight;
     renderArtifacts();
     updateControls();
@@ -749,6 +918,7 @@
     const state = await api("GET", `/threads/${threadId}/state`);
     if (S.threadId !== threadId) return;
     S.next = state && Array.isArray(state.next) ? state.next : [];
+    S.interrupts = pendingInterrupts(state);
     S.durable = [];
     S.artifacts = [];
     S.ui = [];
@@ -1012,6 +1182,8 @@
     li.append(node("span", "t-title", threadTitle(t)));
     const meta = node("span", "t-meta");
     if (t.status === "busy") meta.append(node("span", "t-busy", "answering…"));
+    else if (t.interrupts && Object.keys(t.interrupts).length) meta.append(node("span", "t-waiting", "waiting for you"));
+    else if (t.status === "interrupted") meta.append(node("span", "", "stopped"));
     else if (t.status && t.status !== "idle") meta.append(node("span", "", t.status));
     meta.append(node("span", "", ago(t.updated_at)));
     li.append(meta);
@@ -1162,6 +1334,7 @@
     S.ui = [];
     S.notice = null;
     S.next = [];
+    S.interrupts = [];
     closePreview();
     history.replaceState(null, "", `${location.pathname}${location.search}`);
     setStatus("idle");
@@ -1209,6 +1382,7 @@
     S.ui = [];
     S.notice = null;
     S.next = [];
+    S.interrupts = [];
     closePreview();
     renderThreads();
     render();
@@ -1231,6 +1405,12 @@
           S.notice = modelErrorNotice(errorText(last.error), lastUserText(), last.assistant_id);
           render();
         }
+      }
+      if (S.threadId === threadId && !S.run && (S.interrupts || []).length) {
+        // The resume continues the graph that paused: the latest run's assistant.
+        const latest = (runs || []).slice().sort((a, b) => (a.created_at < b.created_at ? 1 : -1))[0];
+        S.interruptAssistant = latest ? latest.assistant_id : null;
+        setStatus("waiting", "The assistant is waiting for your answer in the card below.");
       }
     } catch (e) {
       if (S.threadId === threadId) setStatus("error", `Could not load the thread: ${e.message}`);
@@ -1310,7 +1490,7 @@
 
   /** Send `text` as the next message; with `resume`, start a run with no input instead (the
    *  thread's checkpoint continues; `text` is the message it answers, nothing is added). */
-  async function send(text, { resume = false, assistantId = null } = {}) {
+  async function send(text, { resume = false, assistantId = null, resumeValue = undefined } = {}) {
     if (S.run && !S.run.ended && !S.run.abandoned) return;
     const problem = resume ? null : sizeProblem(text);
     if (problem) {
@@ -1342,7 +1522,7 @@
     }
     const threadId = S.threadId;
     const firstMessage = !resume && !S.durable.some((m) => msgType(m) === "human");
-    const body = requestBody(resume ? null : text, resume ? assistantId : null);
+    const body = requestBody(resume ? null : text, resume ? assistantId : null, resumeValue);
     S.run = newRun(null, threadId);
     S.run.text = text;
     S.run.assistantId = body.assistant_id;
@@ -1481,7 +1661,9 @@
     }
     if (S.run !== run) return;
     S.run = null;
-    if (status === "success") setStatus("done");
+    if ((S.interrupts || []).length) S.interruptAssistant = run.assistantId || null;
+    if ((S.interrupts || []).length) setStatus("waiting", "The assistant is waiting for your answer in the card below.");
+    else if (status === "success") setStatus("done");
     else if (status === "interrupted") {
       setStatus("cancelled", "The run was stopped. The transcript shows what it had saved before that.");
     }
@@ -2101,9 +2283,16 @@
         return;
       }
       if (el.send.disabled) return;
+      const pk = pendingKind();
+      if (pk && pk !== "plain") {
+        S.notice = { kind: "hint", title: "A tool call waits for your review", detail: "Use Approve, Edit or Reject on the card below; the message stays in the box." };
+        render();
+        return;
+      }
       el.input.value = "";
       checkComposer();
-      send(text);
+      if (pk === "plain") resumeWith(text, text);
+      else send(text);
     });
     let checkQueued = false;
     el.input.addEventListener("input", () => {
