@@ -77,7 +77,12 @@ def _answers(spec: ViewSpec, jsonrpc: bool) -> dict[str, Any]:
 
 
 def _operation(
-    endpoint: str, method: str, arguments: list[str], spec: ViewSpec, refs: Any
+    endpoint: str,
+    method: str,
+    arguments: list[str],
+    spec: ViewSpec,
+    refs: Any,
+    components: dict[str, Any],
 ) -> dict[str, Any]:
     jsonrpc = endpoint.split(".")[0] in JSONRPC_TAGS
     op: dict[str, Any] = {
@@ -102,7 +107,10 @@ def _operation(
             "content": {"application/json": {"schema": schema}},
         }
     if spec.query is not None:
-        schema = spec.query.model_json_schema()
+        # The query model's own component (built with the others, so that the enums and
+        # models its fields name are components too and every `$ref` resolves).
+        ref = refs[(spec.query, "validation")]["$ref"]
+        schema = components[ref.rsplit("/", 1)[1]]
         for name, prop in schema.get("properties", {}).items():
             op["parameters"].append(
                 {
@@ -155,7 +163,7 @@ def build(app: Flask) -> dict[str, Any]:
         path = _PARAM.sub(r"{\1}", rule.rule)
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             names = _PARAM.findall(rule.rule)  # in path order (`rule.arguments` is a set)
-            op = _operation(rule.endpoint, method, names, spec, refs)
+            op = _operation(rule.endpoint, method, names, spec, refs, components)
             paths.setdefault(path, {})[method.lower()] = op
     schemes: dict[str, Any] = {"apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
     security: list[Any] = [{"apiKey": []}]

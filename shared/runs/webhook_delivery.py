@@ -119,7 +119,7 @@ class WebhookService:
             DELIVERY_HEADER: run_id,
             ATTEMPT_HEADER: str(claim.attempt),
             EVENT_HEADER: "run.ended",
-            SIGNATURE_HEADER: signature_header(self._secret, body),
+            SIGNATURE_HEADER: signature_header(self._secret, body, delivery_id=run_id),
         }
         result = self.sender.post(claim.url, body, headers)
         delay = self._backoff.next_delay(result.outcome, claim.attempt, result.retry_after_s)

@@ -84,9 +84,16 @@ RANGES: tuple[tuple[Refusal, tuple[IPNetwork, ...]], ...] = (
 )
 
 
+_SIIT = ipaddress.ip_network("::ffff:0:0:0/96")  # IPv4-translated (RFC 2765): ::ffff:0:a.b.c.d
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # the well-known NAT64 prefix (RFC 6052)
+_LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")  # local-use NAT64 (RFC 8215)
+
+
 def embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 one carries (IPv4-mapped, IPv4-compatible, NAT64, 6to4),
-    which is where a packet to it really goes; None for none."""
+    """The IPv4 address an IPv6 one carries (IPv4-mapped, IPv4-translated (SIIT),
+    IPv4-compatible, NAT64, 6to4), which is where a packet to it really goes; None for none.
+    (Teredo carries two, see `teredo_ipv4s`; a local-use NAT64 address carries one where
+    its operator's prefix length puts it, so it is refused whole, see `classify`.)"""
     if not isinstance(address, ipaddress.IPv6Address):
         return None
     if address.ipv4_mapped is not None:
@@ -96,19 +103,39 @@ def embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
     packed = address.packed
     if packed[:12] == bytes(12) and int(address) > 1:  # ::a.b.c.d (deprecated compatible)
         return ipaddress.IPv4Address(packed[12:])
-    if address in _NAT64:
+    if address in _SIIT or address in _NAT64:
         return ipaddress.IPv4Address(packed[12:])
     return None
 
 
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+def teredo_ipv4s(address: IPAddress) -> tuple[ipaddress.IPv4Address, ...]:
+    """The server and (de-obfuscated) client IPv4 addresses of a Teredo address
+    (2001::/32), empty for any other."""
+    if not isinstance(address, ipaddress.IPv6Address) or address.teredo is None:
+        return ()
+    return address.teredo
 
 
 def classify(address: IPAddress) -> Refusal | None:
-    """Why the address is refused by default, or None for a public unicast address."""
+    """Why the address is refused by default, or None for a public unicast address.
+
+    An IPv6 address that carries an IPv4 one is judged by the IPv4 policy; a Teredo
+    address by its embedded IPv4s first and then by its own (reserved) range; a local-use
+    NAT64 address (64:ff9b:1::/48, which reaches whatever the local translator maps, at
+    an offset its operator chose) is refused whole, as reserved, or with the reason of
+    the IPv4 address its last 32 bits name in the /96 layout."""
     inner = embedded_ipv4(address)
     if inner is not None:
         return classify(inner)
+    for carried in teredo_ipv4s(address):
+        reason = classify(carried)
+        if reason is not None:
+            return reason
+    if address in _LOCAL_NAT64:
+        packed = address.packed
+        if packed[6:12] == bytes(6):  # the /96 layout: the IPv4 address is the last 32 bits
+            return classify(ipaddress.IPv4Address(packed[12:])) or Refusal.RESERVED
+        return Refusal.RESERVED
     if address in METADATA_ADDRESSES:
         return Refusal.METADATA
     for refusal, networks in RANGES:

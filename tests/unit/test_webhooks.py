@@ -165,10 +165,11 @@ def test_admission_refuses_only_literal_ips() -> None:
 def test_signature_verifies_with_the_client_helper() -> None:
     """Webhooks: the server's signature verifies with threadrun.webhooks.verify."""
     body = b'{"run_id":"r","values":{"x":1}}'
-    header = signing.signature_header(b"s3cret", body, timestamp=1_700_000_000)
-    headers = {"x-threadrun-signature": header}  # any case
-    assert client_webhooks.verify("s3cret", headers, body, now=1_700_000_100) == 1_700_000_000
-    assert client_webhooks.sign("s3cret", body, 1_700_000_000) == header
+    header = signing.signature_header(b"s3cret", body, delivery_id="r", timestamp=1_700_000_000)
+    headers = {"x-threadrun-signature": header, "x-threadrun-delivery": "r"}  # any case
+    verified = client_webhooks.verify("s3cret", headers, body, now=1_700_000_100)
+    assert verified == client_webhooks.VerifiedDelivery(1_700_000_000, "r")
+    assert client_webhooks.sign("s3cret", body, "r", 1_700_000_000) == header
 
 
 @pytest.mark.parametrize(
@@ -182,15 +183,18 @@ def test_signature_verifies_with_the_client_helper() -> None:
 )
 def test_signature_refusals(secret: str, body: bytes, now: int, match: str) -> None:
     """Webhooks: another secret, another body, or a stale timestamp (replay) is refused."""
-    header = signing.signature_header(b"s3cret", b"{}", timestamp=1_700_000_000)
+    header = signing.signature_header(b"s3cret", b"{}", delivery_id="d", timestamp=1_700_000_000)
+    headers = {signing.SIGNATURE_HEADER: header, signing.DELIVERY_HEADER: "d"}
     with pytest.raises(client_webhooks.WebhookVerificationError, match=match):
-        client_webhooks.verify(secret, {signing.SIGNATURE_HEADER: header}, body, 300, now=now)
+        client_webhooks.verify(secret, headers, body, 300, now=now)
 
 
 @pytest.mark.parametrize("header", [None, "", "garbage", "t=1", "v1=ab", "t=x,v1=ab"])
 def test_malformed_signature_headers(header: str | None) -> None:
     """Webhooks: a missing or malformed header is a verification error, never a crash."""
-    headers = {} if header is None else {signing.SIGNATURE_HEADER: header}
+    headers = {signing.DELIVERY_HEADER: "d"}
+    if header is not None:
+        headers[signing.SIGNATURE_HEADER] = header
     with pytest.raises(client_webhooks.WebhookVerificationError):
         client_webhooks.verify("s", headers, b"{}", now=1)
 
@@ -198,8 +202,9 @@ def test_malformed_signature_headers(header: str | None) -> None:
 @given(st.binary(max_size=512), st.integers(0, 2**40))
 def test_sign_then_verify_roundtrip(body: bytes, ts: int) -> None:
     """Webhooks: for any body and timestamp, what is signed verifies within tolerance."""
-    header = signing.signature_header(b"k", body, timestamp=ts)
-    assert client_webhooks.verify(b"k", {signing.SIGNATURE_HEADER: header}, body, now=ts) == ts
+    header = signing.signature_header(b"k", body, delivery_id="d", timestamp=ts)
+    headers = {signing.SIGNATURE_HEADER: header, signing.DELIVERY_HEADER: "d"}
+    assert client_webhooks.verify(b"k", headers, body, now=ts).timestamp == ts
 
 
 # --- retries ---------------------------------------------------------------------------------
