@@ -18,12 +18,14 @@ Sources:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import contextvars
 import importlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -87,9 +89,35 @@ class WorkerInspector:
         self._lock = threading.Lock()
         self._at = 0.0
         self._value: list[dict[str, Any]] = []
+        # The pinned answer of the current context (a request's greenlet or thread).
+        self._pin: contextvars.ContextVar[list[list[dict[str, Any]]] | None] = (
+            contextvars.ContextVar(f"ops-pin-{id(self)}", default=None)
+        )
+
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Within the block, every `workers()` of this context is the first answer: one view
+        (the overview, health) asks the workers once, whatever the cache time, so its panels
+        agree and it waits one broadcast, not one per panel. Nested blocks share the outer pin."""
+        if self._pin.get() is not None:
+            yield
+            return
+        token = self._pin.set([])
+        try:
+            yield
+        finally:
+            self._pin.reset(token)
 
     def workers(self) -> list[dict[str, Any]]:
         """[{name, host, pid, queues}] of the workers that answered."""
+        held = self._pin.get()
+        if held is None:
+            return self._cached()
+        if not held:
+            held.append(self._cached())
+        return held[0]
+
+    def _cached(self) -> list[dict[str, Any]]:
         with self._lock:
             if time.monotonic() - self._at < self._cache_s:
                 return self._value
@@ -178,23 +206,26 @@ class OpsCollector:
         """Runs with their lease: owner, epoch, lease epoch, time left, attempt."""
         limit = limit or self.settings.ops_runs_limit
         if status is None:
-            rows = self.store.inflight_runs(limit)
-        else:
-            rows = self.store.list_runs(status=status, limit=limit)
-        return self._with_leases(rows)
+            return self._with_leases(lambda: self.store.inflight_runs(limit))
+        return self._with_leases(lambda: self.store.list_runs(status=status, limit=limit))
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         """One run with its lease, stream and ops audit."""
-        row = self.store.get_run(run_id)
-        if row is None:
+        found = self._with_leases(lambda: [r] if (r := self.store.get_run(run_id)) else [])
+        if not found:
             return None
-        out = self._with_leases([row])[0]
+        out = found[0]
         out["stream"] = self.streams([run_id])[0]
         out["audit"] = self.store.list_audit(run_id=run_id, limit=50)
         return out
 
-    def _with_leases(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        live = live_processes(self.inspector.workers()) if rows else frozenset()
+    def _with_leases(self, fetch: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """The rows `fetch` reads, each with its lease read right after them. The live workers
+        are asked first: the broadcast waits its timeout, and a row read before it would be
+        that much older than its lease (a run that ended meanwhile would show `running`
+        with no lease)."""
+        live = live_processes(self.inspector.workers())
+        rows = fetch()
         pipe = self.redis.pipeline(transaction=False)
         for r in rows:
             pipe.get(self.keys.lease(r["run_id"]))
@@ -257,7 +288,7 @@ class OpsCollector:
             raise ValueError("a run id prefix is 1 to 32 hex digits (dashes allowed)")
         low = digits.ljust(32, "0")
         high = digits.ljust(32, "f")
-        return self._with_leases(self.store.runs_by_prefix(low, high, limit))
+        return self._with_leases(lambda: self.store.runs_by_prefix(low, high, limit))
 
     def failures(self, limit: int = 20, window_s: float | None = None) -> list[dict[str, Any]]:
         """Runs that ended `error`/`timeout` within the window, latest first, with their
@@ -418,6 +449,15 @@ class OpsCollector:
         """Is anything wrong? One tile per question, each `ok`, `warn` or `bad` with its
         reason as a sentence (the page must not rely on colour alone), and the verdict;
         `graphs` beside them: each graph's load state (`graphs()`)."""
+        with self.inspector.pinned():
+            return self._health(workers_online, queues, graphs)
+
+    def _health(
+        self,
+        workers_online: dict[str, int] | None,
+        queues: dict[str, dict[str, Any]] | None,
+        graphs: list[dict[str, Any]] | None,
+    ) -> dict[str, Any]:
         s = self.settings
         online = workers_online if workers_online is not None else self.workers_online()
         q = queues if queues is not None else self.queues()
@@ -567,7 +607,11 @@ class OpsCollector:
 
     # -- everything -------------------------------------------------------------------------
     def overview(self) -> dict[str, Any]:
-        """The whole ops view in one document."""
+        """The whole ops view in one document, from one worker broadcast."""
+        with self.inspector.pinned():
+            return self._overview()
+
+    def _overview(self) -> dict[str, Any]:
         memory = self.memory()
         conns = self.connections()
         runs = self.runs()

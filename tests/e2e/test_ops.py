@@ -177,7 +177,7 @@ def test_inflight_run_lease_stream_and_sse_subscriber(
 ) -> None:
     """A running run shows owner/epoch/lease time left/attempt; an SSE join is counted as an
     open connection and as a subscriber of the run's stream."""
-    run = new_run(ops_cluster, tokens=150, delay_ms=20)
+    run = new_run(ops_cluster, tokens=1000, delay_ms=20)  # runs until cancelled at the end
     rid, tid = run["run_id"], run["thread_id"]
     wait_status(store, rid, frozenset({"running"}))
     with (

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from shared.ops.collector import live_processes, orphan_state
+from typing import Any
+
+from shared.ops.collector import WorkerInspector, live_processes, orphan_state
 
 LIVE = live_processes([{"host": "h", "pid": 10}, {"host": "h", "pid": None}])
 
@@ -41,3 +43,28 @@ def test_h2_pending_or_ownerless_runs_are_not_orphaned() -> None:
     """H2: only a running run has an owner to lose."""
     assert state("pending", None, None, 0.0) == (False, None)
     assert state("running", None, None, 0.0) == (False, None)
+
+
+class CountingInspector(WorkerInspector):
+    """A WorkerInspector whose broadcast is counted instead of sent."""
+
+    def __init__(self) -> None:
+        super().__init__(celery=None, timeout_s=0.5, cache_s=0.0)  # type: ignore[arg-type]
+        self.asked = 0
+
+    def _inspect(self) -> list[dict[str, Any]]:
+        self.asked += 1
+        return [{"host": "h", "pid": self.asked}]
+
+
+def test_h2_one_view_asks_the_workers_once() -> None:
+    """H2: within `pinned()` (one overview or health document) every panel gets the same
+    answer from one broadcast, nested blocks included; outside it the cache rules again."""
+    insp = CountingInspector()
+    with insp.pinned():
+        first = insp.workers()
+        with insp.pinned():
+            assert insp.workers() is first
+        assert insp.workers() is first
+    assert insp.asked == 1
+    assert insp.workers() != first and insp.asked == 2
