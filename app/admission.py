@@ -28,9 +28,10 @@ from flask import request
 from app import authz
 from app.auth import principal
 from app.errors import LimitExceeded
-from app.limits import RunSlot, check_run_sizes, limiter
+from app.limits import check_run_sizes, limiter
 from app.services import current_project, current_services
 from shared.errors import AssistantNotFound, ThreadNotFound
+from shared.runs.limits import RunSlot
 from shared.runs.model import Run, RunRequest
 
 AUTH_KEYS = ("langgraph_auth_user", "langgraph_auth_user_id", "langgraph_auth_permissions")

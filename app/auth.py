@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from flask import Flask, current_app, g, request
 from werkzeug.exceptions import Forbidden, Unauthorized
 
-from shared.auth.keys import ApiKeyStore, CachedKeyResolver, is_managed_key
+from shared.auth.keys import ApiKeyStore, CachedKeyResolver, is_managed_key, no_credentials
 from shared.auth.tokens import InvalidToken, JwtVerifier, looks_like_jwt
 from shared.authz.decide import Authorizer, RequestParts, run_sync
 from shared.authz.loader import load_authorizer
@@ -88,9 +88,7 @@ class Authenticator:
 
     def unconfigured(self) -> bool:
         """No credential source at all (env keys, JWT or an active stored key)."""
-        return (
-            not self.settings.api_key_map and self.verifier is None and not self.keys.any_active()
-        )
+        return no_credentials(self.settings, self.keys)
 
     def identify(self, presented: str | None) -> Principal:
         """The caller of the API: the project's `@auth.authenticate` when it has one, else

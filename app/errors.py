@@ -27,6 +27,7 @@ from shared.errors import (
     ConfigError,
     Conflict,
     LeaseLost,
+    LimitExceeded,
     NotFound,
     PermissionDenied,
     StreamCursorInvalid,
@@ -43,39 +44,12 @@ __all__ = [
     "SERVICE_ERRORS",
     "Reply",
     "error_body",
+    "limit_body",
     "register",
     "reply_for",
     "unavailable_service",
     "validation_failed",
 ]
-
-
-class LimitExceeded(ThreadrunError):
-    """A request over one of the per-user limits (app/limits.py): 429 with Retry-After
-    (rates, counts) or 422 (sizes), naming the limit (its settings field) and the field."""
-
-    def __init__(
-        self,
-        limit: str,
-        message: str,
-        *,
-        status: int = 429,
-        retry_after: int | None = None,
-        field: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.limit = limit
-        self.status = status
-        self.retry_after = retry_after
-        self.field = field
-
-    def body(self) -> dict[str, object]:
-        """The JSON error."""
-        out = error_body("limit_exceeded", str(self), self.field)
-        out["limit"] = self.limit
-        if self.retry_after is not None:
-            out["retry_after"] = self.retry_after
-        return out
 
 
 class Reply(NamedTuple):
@@ -86,9 +60,19 @@ class Reply(NamedTuple):
     headers: dict[str, str] | None = None
 
 
+def limit_body(exc: LimitExceeded) -> dict[str, object]:
+    """The JSON error of a per-user limit: naming the limit (its settings field), the field
+    and, for rates and counts, when to retry."""
+    out = error_body("limit_exceeded", str(exc), exc.field)
+    out["limit"] = exc.limit
+    if exc.retry_after is not None:
+        out["retry_after"] = exc.retry_after
+    return out
+
+
 def _limited(exc: LimitExceeded) -> Reply:
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-    return Reply(exc.status, exc.body(), headers)
+    return Reply(exc.status, limit_body(exc), headers)
 
 
 def _data_error(exc: psycopg.errors.DataError) -> Reply:

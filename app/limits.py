@@ -17,7 +17,6 @@ raw body; run admission (rate, active-run slot) is app/admission.py's.
 from __future__ import annotations
 
 import logging
-import math
 import socket
 import time
 import uuid
@@ -33,11 +32,12 @@ from gevent import monkey as gevent_monkey
 from werkzeug.exceptions import RequestTimeout
 
 from app.auth import principal
-from app.errors import LimitExceeded
 from app.http import checks_raw, spec_of
 from app.services import Services
 from shared import lua, serde
-from shared.redis_keys import ACTIVE_SET_TTL_MS, LimitKeys
+from shared.errors import LimitExceeded
+from shared.redis_keys import LimitKeys
+from shared.runs.limits import RunSlot, unlimited_slot
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -137,32 +137,6 @@ def check_metadata_size(value: Any, settings: Settings, field_name: str = "metad
 
 
 @dataclass
-class RunSlot:
-    """A reserved active-run slot; `bind` it to the admitted run or `release` it."""
-
-    limiter: Limiter
-    user_id: str
-    token: str
-    done: bool = False
-
-    def bind(self, run_id: str) -> None:
-        """The admission succeeded: the slot now counts this run until it ends."""
-        if not self.done:
-            self.done = True
-            k = self.limiter.keys
-            self.limiter.bind_run(
-                keys=[k.active(self.user_id), k.reserved(self.user_id), k.ended(self.user_id)],
-                args=[self.token, run_id, ACTIVE_SET_TTL_MS],
-            )
-
-    def release(self) -> None:
-        """The admission failed: free the reservation."""
-        if not self.done:
-            self.done = True
-            self.limiter.redis.zrem(self.limiter.keys.reserved(self.user_id), self.token)
-
-
-@dataclass
 class ConnectionSlot:
     """One open SSE stream or WebSocket of a user (or one heavy read in flight: `key`),
     renewed while it lives."""
@@ -219,9 +193,7 @@ class Limiter:
         self.settings = services.settings
         self.redis = services.redis
         self.keys = LimitKeys(self.settings.redis_prefix)
-        self._rate = lua.register(self.redis, "limit_rate")
-        self._reserve = lua.register(self.redis, "limit_reserve_run")
-        self.bind_run = lua.register(self.redis, "limit_bind_run")
+        self.runs = services.run_limits
         self._acquire_conn = lua.register(self.redis, "limit_acquire_connection")
         self.renew_conn = lua.register(self.redis, "limit_renew_connection")
 
@@ -233,58 +205,16 @@ class Limiter:
         return self.settings.limit_local_user or not principal().local
 
     def check_run_rate(self, user_id: str, runs: int = 1) -> None:
-        """`runs_per_minute` per user (GCRA: a burst of the full minute, then steady);
-        a batch of `runs` conforms as a whole or is refused without counting."""
-        if not self.throttled():
-            return
-        self._gcra(
-            self.keys.rate(user_id),
-            "runs_per_minute",
-            self.settings.runs_per_minute,
-            "runs per minute",
-            runs,
-        )
-
-    def _gcra(self, key: str, name: str, limit: int, what: str, n: int = 1) -> None:
-        """`limit` per minute on `key` (GCRA: a burst of the full minute, then steady); `n`
-        at once conform as a whole or are refused without counting."""
-        interval = 60_000 / limit
-        allowed, wait_ms = self._rate(keys=[key], args=[interval, interval * (limit - 1), n])
-        if not allowed:
-            raise LimitExceeded(
-                name,
-                f"at most {limit} {what} per user",
-                retry_after=max(1, math.ceil(int(wait_ms) / 1000)),
-            )
+        """`runs_per_minute` per user (shared/runs/limits.py), for a throttled caller."""
+        if self.throttled():
+            self.runs.check_rate(user_id, runs)
 
     def reserve_run(self, user_id: str) -> RunSlot:
-        """A slot under `max_active_runs` (pending + running runs of the user), or 429.
-
-        A run leaves the set when it ends (finalize, cancel of a pending run, the reaper);
-        as a safety net, when the set is full, members whose run has ended (one query for
-        all of them) are pruned and the reservation is tried once more.
-        """
+        """A slot under `max_active_runs` (shared/runs/limits.py) for a throttled caller,
+        or 429; for any other a slot that binds and releases nothing."""
         if not self.throttled():
-            return RunSlot(self, user_id, "", done=True)  # bind and release do nothing
-        limit = self.settings.max_active_runs
-        token = f"r:{uuid.uuid4().hex}"
-        keys = [self.keys.active(user_id), self.keys.reserved(user_id)]
-        args: list[str | int] = [limit, token, int(self.settings.limit_slot_ttl_s * 1000)]
-        for attempt in range(2):
-            out = self._reserve(keys=keys, args=args)
-            if int(out[0]) == 1:
-                return RunSlot(self, user_id, token)
-            if attempt == 0:
-                members = [x.decode() if isinstance(x, bytes) else str(x) for x in out[1:]]
-                ended = self.services.runs.ended_among(members)
-                if not ended:
-                    break
-                self.redis.zrem(keys[0], *ended)
-        raise LimitExceeded(
-            "max_active_runs",
-            f"at most {limit} pending or running runs per user",
-            retry_after=self.settings.active_runs_retry_after_s,
-        )
+            return unlimited_slot(user_id)
+        return self.runs.reserve(user_id)
 
     def acquire_connection(self, user_id: str) -> ConnectionSlot:
         """A slot under `max_connections_per_user` (open SSE streams + WebSockets), or 429."""
@@ -301,7 +231,7 @@ class Limiter:
         `max_heavy_reads_per_user`, or 429: a few users reading huge histories must not
         stall everyone else's reads on the web processes and PostgreSQL."""
         if self.throttled():
-            self._gcra(
+            self.runs.gcra(
                 self.keys.heavy_rate(user_id),
                 "heavy_reads_per_minute",
                 self.settings.heavy_reads_per_minute,

@@ -24,6 +24,7 @@ from shared.ops.store import OpsStore
 from shared.project import Project
 from shared.redis_keys import Keys
 from shared.retention import policy as retention_policy
+from shared.runs.limits import RunLimits
 from shared.runs.manager import RunManager
 from shared.runs.store import RunStore
 from shared.runs.taskqueue import Dispatcher, make_celery
@@ -52,6 +53,7 @@ class Services:
     audit: OpsStore  # the audit trail (`ops_audit`): ops actions and thread deletions
     crons: CronManager  # crons; fired by the scheduler (workers/cron_beat.py)
     follower: ThreadFollower  # thread streams (GET /threads/{id}/stream)
+    run_limits: RunLimits  # runs_per_minute, max_active_runs (shared with the cron firings)
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -128,6 +130,7 @@ class Services:
                 min_interval_s=settings.cron_min_interval_s,
                 batch_size=settings.cron_batch_size,
             ),
+            run_limits=RunLimits(client, settings, manager.ended_among),
             follower=ThreadFollower(
                 subscriber,
                 store,

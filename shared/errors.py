@@ -1,11 +1,11 @@
 """The error hierarchy: one root, grouped by kind. The API maps these to HTTP in one place.
 
 Kinds: `ValidationFailed` (a request, 4xx), `NotFound` (404), `PermissionDenied` (403),
-`Conflict` (409), `StoreError` (a store could not finish), `UpstreamFailed` (a model a request depends on,
-502) and `ConfigError` (the process cannot run as configured). Errors of other layers
-subclass the root or a kind where they are defined (`app.errors.LimitExceeded`,
-`shared.agent.graphs.GraphNotFound`, …); `app.errors.REPLIES` gives each its HTTP status
-and body. The HTTP client's errors (`threadrun.errors.ThreadrunClientError`, which the CLI's
+`Conflict` (409), `LimitExceeded` (a per-user limit, 429 or 422), `StoreError` (a store could
+not finish), `UpstreamFailed` (a model a request depends on, 502) and `ConfigError` (the
+process cannot run as configured). Errors of other layers subclass the root or a kind where
+they are defined (`shared.agent.graphs.GraphNotFound`, …); `app.errors.REPLIES` gives each
+its HTTP status and body. The HTTP client's errors (`threadrun.errors.ThreadrunClientError`, which the CLI's
 `OpsError` joins) are a root of their own: they describe the server's answer as a client
 program sees it (`code` is None when the answer had no JSON body), not our errors.
 """
@@ -70,6 +70,29 @@ class Conflict(ThreadrunError):
     """The request conflicts with the current state (409)."""
 
     code = "conflict"
+
+
+class LimitExceeded(ThreadrunError):
+    """A request over one of the per-user limits (shared/runs/limits.py for run admission,
+    app/limits.py for the rest): 429 with Retry-After (rates, counts) or 422 (sizes), naming
+    the limit (its settings field) and the field."""
+
+    code = "limit_exceeded"
+
+    def __init__(
+        self,
+        limit: str,
+        message: str,
+        *,
+        status: int = 429,
+        retry_after: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.status = status
+        self.retry_after = retry_after
+        self.field = field
 
 
 class ThreadBusy(Conflict):

@@ -44,6 +44,7 @@ from shared import redis_clients
 from shared.agent.graphs import GraphRegistry
 from shared.assistants.manager import AssistantManager
 from shared.assistants.store import AssistantStore
+from shared.auth.keys import ApiKeyStore, CachedKeyResolver, no_credentials
 from shared.crons.manager import CronManager
 from shared.crons.store import CronStore
 from shared.db import make_pool
@@ -52,6 +53,7 @@ from shared.redis_keys import Keys
 from shared.retention import policy as retention_policy
 from shared.retention.removal import ThreadRemover
 from shared.retention.sweeper import ThreadSweeper
+from shared.runs.limits import RunLimits
 from shared.runs.manager import RunManager
 from shared.runs.store import RunStore
 from shared.runs.taskqueue import Dispatcher, make_celery
@@ -70,10 +72,12 @@ def build_cron_manager(settings: Settings) -> CronManager:
     activate(settings.config)  # the project's `env` before its graphs import
     pool = make_pool(settings, name="cron-scheduler", max_size=4)
     assistants = AssistantManager(AssistantStore(pool), GraphRegistry.from_config(settings.config))
+    client = redis_clients.sync_client(settings)
+    stored_keys = CachedKeyResolver(ApiKeyStore(pool), settings.api_key_cache_ttl_s)
     runs = RunManager(
         RunStore(pool, default_ttl=retention_policy.default_ttl(settings)),
         Dispatcher(make_celery(settings)),
-        redis_clients.sync_client(settings),
+        client,
         Keys(settings.redis_prefix),
         assistants=assistants,
         default_strategy=settings.default_multitask_strategy,
@@ -85,6 +89,14 @@ def build_cron_manager(settings: Settings) -> CronManager:
         max_per_user=settings.cron_max_per_user,
         min_interval_s=settings.cron_min_interval_s,
         batch_size=settings.cron_batch_size,
+        limits=RunLimits(client, settings, runs.ended_among),
+        # As on the API, the one user of local single-user mode (no credentials at all) is
+        # not throttled unless `limit_local_user` asks.
+        throttled=lambda subject: (
+            settings.limit_local_user
+            or subject != settings.local_user
+            or not no_credentials(settings, stored_keys)
+        ),
     )
 
 
@@ -148,9 +160,11 @@ class CronScheduler(Scheduler):  # type: ignore[misc]  # celery ships no annotat
             report = self._crons.tick(budget_s=max(s.cron_tick_s, 1.0))
             if report.fired or report.skipped:
                 log.info(
-                    "cron tick: %d admitted, %d rejected, %d failed, %d already fired",
+                    "cron tick: %d admitted, %d rejected, %d over a run limit, %d failed,"
+                    " %d already fired",
                     report.admitted,
                     report.rejected,
+                    report.limited,
                     report.failed,
                     report.skipped,
                 )

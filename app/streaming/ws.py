@@ -41,6 +41,7 @@ from app.errors import (
     SERVICE_ERRORS,
     SERVICE_RETRY_AFTER_S,
     LimitExceeded,
+    limit_body,
     log_unavailable,
     unavailable_message,
     unavailable_service,
@@ -407,7 +408,12 @@ class _Session:
             self.error(exc.code, str(exc), request_id, field=exc.field)
         except LimitExceeded as exc:
             self.send_obj(
-                {**exc.body(), "type": "error", "code": "limit_exceeded", "request_id": request_id}
+                {
+                    **limit_body(exc),
+                    "type": "error",
+                    "code": "limit_exceeded",
+                    "request_id": request_id,
+                }
             )
         except Denied as exc:  # the project's auth handlers refused (shared/authz/)
             self.error(DENIED_CODES.get(exc.status, "auth_error"), exc.detail, request_id)

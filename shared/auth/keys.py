@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 from cachetools import TTLCache
 
+from shared.settings import Settings
+
 KEY_SCHEME = "trk_"
 ROLES = ("user", "ops")
 
@@ -172,3 +174,15 @@ class CachedKeyResolver:
         with self._lock:
             self._any["any"] = found
         return found
+
+
+def no_credentials(settings: Settings, keys: ApiKeyStore | CachedKeyResolver) -> bool:
+    """No credential source at all: no env key, no JWT secret or public key, no active
+    stored key. With a loopback bind that is local single-user mode (app/auth.py); the cron
+    scheduler asks the same question to know whether a firing's owner is its one user."""
+    return (
+        not settings.api_key_map
+        and settings.jwt_secret is None
+        and settings.jwt_public_key_file is None
+        and not keys.any_active()
+    )

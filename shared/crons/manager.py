@@ -3,6 +3,13 @@
 Each firing is an ordinary admission through `RunManager` (the assistant the cron's owner
 may use, `multitask_strategy`, the delay limit), written inside the firing transaction of
 `CronStore.fire_due`, and dispatched after commit exactly as `RunManager.admit` dispatches.
+
+A firing counts against its owner's per-user run limits like every admission (A3, A4:
+`runs_per_minute`, `max_active_runs`, shared/runs/limits.py): the slot is reserved before
+the admission, bound to the run once the batch committed, released when no run came of it
+(a batch that rolls back leaves reservations that expire after `limit_slot_ttl_s`). A
+firing over a limit admits nothing and is recorded `limited`, with the limit's message:
+the tick is spent, as for `rejected`, and the next tick tries again.
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import DictRow
 
+from shared.authz.users import run_subject
 from shared.crons import schedule as sched
 from shared.crons.model import Cron, CronPatch, CronSpec, FiringOutcome, request_to_json
 from shared.crons.store import CronStore, Fired
 from shared.errors import ValidationFailed
+from shared.runs.limits import RunLimits, RunSlot
 from shared.runs.manager import RunManager
 from shared.runs.store import Admission
 from shared.vocab import JSONObject
@@ -43,13 +52,14 @@ class TickReport:
     batches: int = 0
     admitted: int = 0
     rejected: int = 0
+    limited: int = 0  # the owner was at a per-user run limit
     failed: int = 0
     skipped: int = 0  # ticks whose firing row already existed (fired by another scheduler)
 
     @property
     def fired(self) -> int:
         """Ticks this tick handled, whatever came of them."""
-        return self.admitted + self.rejected + self.failed
+        return self.admitted + self.rejected + self.limited + self.failed
 
 
 class CronManager:
@@ -64,9 +74,17 @@ class CronManager:
         min_interval_s: float = 60.0,
         batch_size: int = 100,
         clock: Clock = utc_now,
+        limits: RunLimits | None = None,
+        throttled: Callable[[str], bool] = lambda subject: True,
     ) -> None:
+        """`limits`: the per-user run limits the firings count against (None: none, for
+        the web's manager, which never fires); `throttled(subject)`: whether they apply to
+        that user (not to the one user of local single-user mode, as on the API)."""
         self.store = store
         self._runs = runs
+        self._limits = limits
+        self._throttled = throttled
+        self._slots: dict[tuple[str, dt.datetime], RunSlot] = {}  # a batch's reservations
         self._max_per_user = max_per_user
         self._min_interval_s = min_interval_s
         self._batch_size = batch_size
@@ -169,9 +187,13 @@ class CronManager:
         report = TickReport()
         deadline = None if budget_s is None else time.monotonic() + budget_s
         while True:
-            fired = self.store.fire_due(
-                self._batch_size, self._admit, self._advance, before_commit=before_commit
-            )
+            try:
+                fired = self.store.fire_due(
+                    self._batch_size, self._admit, self._advance, before_commit=before_commit
+                )
+            except BaseException:
+                self._release_slots()  # rolled back: no run holds them
+                raise
             report.batches += 1
             for f in fired:
                 self._after_commit(f, report)
@@ -181,9 +203,24 @@ class CronManager:
                 return report
 
     def _admit(self, conn: psycopg.Connection[DictRow], cron: Cron) -> Admission:
-        """The firing's run: on the cron's thread, or on a new temporary thread of its own."""
+        """The firing's run: on the cron's thread, or on a new temporary thread of its own,
+        under its owner's run limits (LimitExceeded: the firing is `limited`)."""
         thread_id = cron.thread_id or str(uuid.uuid4())
-        return self._runs.admit_in(conn, cron.user_id, cron.run_request(thread_id))
+        request = cron.run_request(thread_id)
+        subject = run_subject(cron.user_id, request.config) or cron.user_id
+        if self._limits is not None and self._throttled(subject):
+            self._limits.check_rate(subject)
+            assert cron.next_run_at is not None  # selected as due
+            self._slots[(cron.cron_id, cron.next_run_at)] = self._limits.reserve(subject)
+        return self._runs.admit_in(conn, cron.user_id, request)
+
+    def _release_slots(self) -> None:
+        for slot in self._slots.values():
+            try:
+                slot.release()
+            except Exception:
+                log.warning("could not release a cron firing's run slot", exc_info=True)
+        self._slots.clear()
 
     @staticmethod
     def _advance(cron: Cron, now: dt.datetime) -> dt.datetime | None:
@@ -201,12 +238,23 @@ class CronManager:
         run = None
         if fired.admission is not None:
             run = self._runs.after_commit(fired.admission)
+        slot = self._slots.pop((fired.cron.cron_id, fired.tick_at), None)
+        if slot is not None:
+            try:
+                if run is not None:
+                    slot.bind(run.run_id)
+                else:
+                    slot.release()
+            except Exception:
+                log.warning("could not settle a cron firing's run slot", exc_info=True)
         if fired.outcome is None:
             report.skipped += 1
         elif fired.outcome is FiringOutcome.ADMITTED:
             report.admitted += 1
         elif fired.outcome is FiringOutcome.REJECTED:
             report.rejected += 1
+        elif fired.outcome is FiringOutcome.LIMITED:
+            report.limited += 1
         else:
             report.failed += 1
         log.info(

@@ -60,6 +60,7 @@ class FiringOutcome(enum.StrEnum):
 
     ADMITTED = "admitted"  # a run was created (and dispatched, or queued behind another)
     REJECTED = "rejected"  # multitask_strategy=reject on a busy thread: the tick is spent
+    LIMITED = "limited"  # the owner was at a per-user run limit (A3, A4): the tick is spent
     FAILED = "failed"  # the run could not be admitted (assistant gone, …): the tick is spent
 
 

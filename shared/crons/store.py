@@ -41,7 +41,7 @@ from shared.crons.model import (
     request_to_json,
 )
 from shared.db import DictPool
-from shared.errors import ThreadNotFound, ThreadrunError
+from shared.errors import LimitExceeded, ThreadNotFound, ThreadrunError
 from shared.runs.store import Admission
 from shared.vocab import JSONObject
 
@@ -339,12 +339,17 @@ class CronStore:
             return Fired(cron, tick, None, next_run_at)
         admission: Admission | None = None
         error: str | None = None
+        limited = False
         try:
             with conn.transaction():  # a savepoint: a failed admission undoes only itself
                 admission = admit(conn, cron)
+        except LimitExceeded as exc:
+            error, limited = str(exc), True
         except ThreadrunError as exc:
             error = str(exc)
-        if admission is None:
+        if limited:
+            outcome = FiringOutcome.LIMITED
+        elif admission is None:
             outcome = FiringOutcome.FAILED
         elif admission.run is None:
             outcome = FiringOutcome.REJECTED

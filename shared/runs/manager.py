@@ -13,6 +13,7 @@ from psycopg.rows import DictRow
 
 from shared import lua
 from shared.assistants.model import Assistant
+from shared.authz.users import run_subject
 from shared.errors import (
     AssistantNotFound,
     CheckpointNotFound,
@@ -251,7 +252,11 @@ class RunManager:
         if outcome in (CancelOutcome.REQUESTED, CancelOutcome.ALREADY_REQUESTED):
             self._signal_cancel(run_id, action)
         elif outcome is CancelOutcome.CANCELLED:  # ended here, never claimed: what a
-            self.release_active(owner, [run_id])  # worker's finalize would do is ours
+            # worker's finalize would do is ours, for whom the run counted (the project's
+            # user under a tenant of `auth.path`, else the owner)
+            ended = self.store.get_run_by_id(run_id)
+            subject = run_subject(owner, ended.config if ended else None) or owner
+            self.release_active(subject, [run_id])
             self._dispatcher.dispatch_webhook(run_id)
         if next_run:
             self._dispatcher.dispatch_quietly(next_run)

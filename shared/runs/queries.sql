@@ -363,7 +363,7 @@ WHERE status = 'running' AND updated_at < now() - make_interval(secs => %(min_ag
 UPDATE runs SET status = 'error', error = %(error)s, ended_at = now(), updated_at = now(),
        owner = %(owner)s, owner_epoch = owner_epoch + 1
 WHERE run_id = %(run_id)s AND owner_epoch = %(epoch)s AND status = 'running'
-RETURNING thread_id, owner_epoch,
+RETURNING thread_id, owner_epoch, config,
           (SELECT t.owner FROM threads t WHERE t.thread_id = runs.thread_id) AS user_id
 
 -- name: requeue_expired

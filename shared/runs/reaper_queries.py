@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.authz.users import run_subject
 from shared.runs.queries import query
 from shared.runs.store_base import StoreBase, json_param, lock_timeout
 from shared.runs.thread_queue import settle_in
@@ -26,7 +27,7 @@ REQUEUE_EXPIRED_SQL = query("requeue_expired")
 @dataclass(frozen=True, slots=True)
 class Expired:
     """A run the reaper ended: its new epoch (now the reaper's), the error, the next run,
-    and the user whose active runs it counted against."""
+    and the user whose active runs it counted against (`run_subject`)."""
 
     epoch: int
     error: JSONObject
@@ -112,4 +113,6 @@ class ReaperQueries(StoreBase):
                 conn, run_id, thread_id, RunStatus.ERROR, {"reason": reason, "epoch": epoch}
             )
             nxt = settle_in(conn, thread_id, ThreadStatus.ERROR)
-        return Expired(int(row["owner_epoch"]), error, nxt, row["user_id"])
+        # Whom the run counted against (A4): the project's user under a tenant, else the owner.
+        subject = run_subject(row["user_id"], row["config"])
+        return Expired(int(row["owner_epoch"]), error, nxt, subject)

@@ -262,3 +262,43 @@ def test_two_schedulers_one_killed_fire_each_tick_once(private_cluster: ClusterF
         assert {r["cron_id"]: r["n"] for r in per_cron} == fired  # one run per firing, no more
         after = [r for r in rows if r["tick_at"].timestamp() > killed_at + 1]
         assert {str(r["cron_id"]) for r in after} == set(map(str, ids))  # B fired on alone
+
+
+def test_a4_cron_firings_and_api_runs_share_the_active_run_limit(
+    private_cluster: ClusterFactory,
+) -> None:
+    """A4 through the real scheduler: `max_active_runs` 2 and no worker (runs stay pending),
+    4 of alice's crons due every second on threads of their own: never more than 2 of her
+    runs exist, the other firings are recorded `limited` naming the limit, and her next
+    API run is a 429 naming `max_active_runs`; bob, under no cron, still runs."""
+    env = {**FAST_LEASES, **FAST_CRONS, "THREADRUN_MAX_ACTIVE_RUNS": "2"}
+    with private_cluster("crons-limits", env) as c:
+        c.side_by_side(c.start_web, c.start_scheduler)
+
+        async def four_crons(client: LangGraphClient) -> list[str]:
+            out = []
+            for _ in range(4):
+                thread = await client.threads.create()
+                cron = await client.crons.create_for_thread(
+                    thread["thread_id"], "lead_agent", schedule=EVERY_SECOND, input=human("t")
+                )
+                out.append(cron["cron_id"])
+            return out
+
+        ids = run(four_crons, c.url)
+        limited = wait_for(
+            lambda: [f for cid in ids for f in firings(c, cid) if f["outcome"] == "limited"][3:],
+            timeout=30,
+            what="firings over the active-run limit",
+            detail=lambda: c.tails(20),
+        )
+        assert all("at most 2 pending or running runs" in f["error"] for f in limited)
+        with psycopg.connect(c.settings.dsn) as conn:
+            (alices,) = conn.execute(
+                "SELECT count(*) FROM runs JOIN threads USING (thread_id)"
+                " WHERE threads.owner = 'alice'"
+            ).fetchone() or (0,)
+        assert alices == 2
+        refused = post(c, "/runs", {"assistant_id": "lead_agent", "input": human("x")})
+        assert refused.status_code == 429 and refused.json()["limit"] == "max_active_runs"
+        assert post(c, "/threads", {}, key=BOB).status_code == 200

@@ -18,10 +18,12 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 import simple_websocket
 from langgraph_sdk import get_sync_client
 from langgraph_sdk.errors import APIStatusError
 
+from shared.redis_keys import LimitKeys
 from shared.tools.testing import Cluster
 from tests.e2e.conftest import ClusterFactory
 
@@ -137,6 +139,24 @@ def test_runs_carry_the_user_and_limits_count_per_identity(auth_cluster: Cluster
     )
     assert status_of(lambda: bob.runs.cancel_many(status="all")) == 403  # across threads
     assert alice.runs.get(thread["thread_id"], run["run_id"])["status"] == "success"
+
+
+def test_a4_a_cancelled_pending_run_leaves_its_identitys_active_set(auth_cluster: Cluster) -> None:
+    """A4 under one tenant: every project user's runs are stored under the tenant, but they
+    count against the user's own active set, and a pending run cancelled (ended without a
+    worker) leaves that set, not the tenant's."""
+    alice = client(auth_cluster, "tok-alice")
+    thread = alice.threads.create()
+    run = alice.runs.create(thread["thread_id"], "whoami", input={}, after_seconds=600)
+    rds = redis.Redis.from_url(auth_cluster.settings.redis_url)
+    try:
+        key = LimitKeys(auth_cluster.settings.redis_prefix).active("alice")
+        assert rds.zscore(key, run["run_id"]) is not None  # pending: counts for alice
+        alice.runs.cancel(thread["thread_id"], run["run_id"])
+        assert alice.runs.get(thread["thread_id"], run["run_id"])["status"] == "interrupted"
+        assert rds.zscore(key, run["run_id"]) is None
+    finally:
+        rds.close()
 
 
 def test_a_thread_a_run_creates_is_its_creators(auth_cluster: Cluster) -> None:

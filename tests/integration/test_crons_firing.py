@@ -4,7 +4,8 @@ Exactly one run per due tick, enforced by the database: two firers racing over t
 due crons, a firer that reads a stale cron (the firing row's primary key refuses the second
 firing, not a lock), and a firer process SIGKILLed while it holds the firing transaction;
 missed ticks fire once; disabled, ended, deleted crons and crons of a deleted thread do not
-fire; a busy thread under `reject` spends the tick.
+fire; a busy thread under `reject` spends the tick; firings count against their owner's
+per-user run limits like every admission.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -32,8 +34,9 @@ from shared.crons.manager import CronManager, TickReport
 from shared.crons.model import CronSpec, FiringOutcome
 from shared.crons.store import CronStore
 from shared.db import make_pool
-from shared.errors import ThreadNotFound
+from shared.errors import LimitExceeded, ThreadNotFound
 from shared.redis_keys import Keys
+from shared.runs.limits import RunLimits
 from shared.runs.manager import RunManager
 from shared.runs.model import MultitaskStrategy, OnCompletion, RunRequest
 from shared.runs.store import RunStore
@@ -354,3 +357,75 @@ def test_creating_a_cron_on_a_thread_being_deleted_is_a_404_never_a_500(
             row = left.fetchone()
         assert row is not None and row["n"] == 0, tid
     assert errors == [], errors
+
+
+def limited_crons(
+    crons: CronManager, settings: Settings, *, throttled: bool = True, **limits: int
+) -> tuple[CronManager, RunLimits]:
+    """The fixture's manager with the per-user run limits of `settings` updated by `limits`."""
+    client = crons._runs._redis
+    run_limits = RunLimits(client, settings.model_copy(update=limits), crons._runs.ended_among)
+    manager = CronManager(
+        crons.store,
+        crons._runs,
+        max_per_user=10_000,
+        batch_size=7,
+        limits=run_limits,
+        throttled=lambda subject: throttled,
+    )
+    return manager, run_limits
+
+
+def test_a3_a4_cron_firings_count_against_the_owners_active_run_limit(
+    crons: CronManager, cpool: ConnectionPool, settings: Settings
+) -> None:
+    """A4: every way a run is admitted counts against the same per-user limit: 5 due crons
+    of a user with `max_active_runs` 3 admit 3 runs and record 2 firings `limited`; the 3
+    runs are the user's active set (no reservation left over), so the API's next admission
+    is refused too; once they end, the next tick admits again."""
+    owner = f"limited-{uuid.uuid4().hex[:8]}"
+    manager, run_limits = limited_crons(crons, settings, max_active_runs=3)
+    ids = [manager.create(owner, spec()).cron_id for _ in range(5)]
+    make_due(cpool, ids)
+    report = manager.tick()
+    assert (report.admitted, report.limited, report.failed) == (3, 2, 0)
+    outcomes = sorted(f["outcome"] for cid in ids for f in manager.store.firings(cid))
+    assert outcomes == ["admitted"] * 3 + ["limited"] * 2
+    limited = [f for cid in ids for f in manager.store.firings(cid) if f["outcome"] == "limited"]
+    assert all("at most 3 pending or running runs" in f["error"] for f in limited)
+    admitted = {str(r["run_id"]) for cid in ids for r in runs_of(cpool, cid)}
+    assert len(admitted) == 3
+    active = {m.decode() for m in client_of(manager).zrange(run_limits.keys.active(owner), 0, -1)}
+    assert active == admitted
+    assert client_of(manager).zcard(run_limits.keys.reserved(owner)) == 0
+    with pytest.raises(LimitExceeded, match="at most 3 pending or running runs"):
+        run_limits.reserve(owner)  # what the API's next run of this user gets
+
+    crons._runs.release_active(owner, admitted)  # the runs ended (finalize does this)
+    make_due(cpool, ids, ago_s=120)  # another tick
+    assert manager.tick().admitted == 3
+
+
+def test_a3_cron_firings_count_against_the_owners_run_rate(
+    crons: CronManager, cpool: ConnectionPool, settings: Settings
+) -> None:
+    """A3: `runs_per_minute` 2 and 4 due crons: 2 runs, 2 firings `limited` naming the rate;
+    a user the limits do not apply to (local single-user mode) fires all of its crons."""
+    owner = f"rated-{uuid.uuid4().hex[:8]}"
+    manager, _ = limited_crons(crons, settings, runs_per_minute=2)
+    ids = [manager.create(owner, spec()).cron_id for _ in range(4)]
+    make_due(cpool, ids)
+    report = manager.tick()
+    assert (report.admitted, report.limited) == (2, 2)
+    errors = [f["error"] for cid in ids for f in manager.store.firings(cid) if f["error"]]
+    assert errors and all("at most 2 runs per minute" in e for e in errors)
+
+    free, _ = limited_crons(crons, settings, throttled=False, runs_per_minute=2)
+    other = f"local-{uuid.uuid4().hex[:8]}"
+    ids = [free.create(other, spec()).cron_id for _ in range(4)]
+    make_due(cpool, ids)
+    assert free.tick().admitted == 4
+
+
+def client_of(manager: CronManager) -> redis.Redis:
+    return manager._runs._redis

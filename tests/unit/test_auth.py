@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from app.auth import is_loopback
+from app.errors import limit_body
 from app.cors import origins, same_origin
 from app.limits import LimitExceeded, TokenBucket, check_metadata_size, check_run_sizes
 from shared.auth.keys import hash_key, is_managed_key, new_key
@@ -183,7 +184,7 @@ def test_a3_run_sizes_name_the_limit_and_field() -> None:
         with pytest.raises(LimitExceeded) as err:
             check_run_sizes(data, s)
         assert (err.value.limit, err.value.field, err.value.status) == (limit, field, 422)
-        assert err.value.body()["limit"] == limit
+        assert limit_body(err.value)["limit"] == limit
     with pytest.raises(LimitExceeded):
         check_metadata_size({"k": "v" * 100}, s)
 
