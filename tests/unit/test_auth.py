@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from app.auth import is_loopback
-from app.errors import limit_body
 from app.cors import origins, same_origin
+from app.errors import limit_body
 from app.limits import LimitExceeded, TokenBucket, check_metadata_size, check_run_sizes
 from shared.auth.keys import hash_key, is_managed_key, new_key
 from shared.auth.tokens import InvalidToken, JwtVerifier, looks_like_jwt
