@@ -44,7 +44,7 @@ from shared import redis_clients
 from shared.agent.graphs import GraphRegistry
 from shared.assistants.manager import AssistantManager
 from shared.assistants.store import AssistantStore
-from shared.auth.keys import ApiKeyStore, CachedKeyResolver, no_credentials
+from shared.auth.keys import ApiKeyStore, CachedKeyResolver, OwnerCredentials, no_credentials
 from shared.crons.manager import CronManager
 from shared.crons.store import CronStore
 from shared.db import make_pool
@@ -69,11 +69,15 @@ probe) fails when it is older than S seconds: a wedged scheduler is restarted.""
 def build_cron_manager(settings: Settings) -> CronManager:
     """The scheduler's CronManager: its own small pool (a firing transaction holds one
     connection, assistant lookups take another) and a RunManager like the web's."""
-    activate(settings.config)  # the project's `env` before its graphs import
+    project = activate(settings.config)  # the project's `env` before its graphs import
     pool = make_pool(settings, name="cron-scheduler", max_size=4)
     assistants = AssistantManager(AssistantStore(pool), GraphRegistry.from_config(settings.config))
     client = redis_clients.sync_client(settings)
-    stored_keys = CachedKeyResolver(ApiKeyStore(pool), settings.api_key_cache_ttl_s)
+    key_store = ApiKeyStore(pool)
+    stored_keys = CachedKeyResolver(key_store, settings.api_key_cache_ttl_s)
+    owners = OwnerCredentials(
+        settings, key_store, settings.api_key_cache_ttl_s, project_auth=bool(project.auth.path)
+    )
     runs = RunManager(
         RunStore(pool, default_ttl=retention_policy.default_ttl(settings)),
         Dispatcher(make_celery(settings)),
@@ -90,6 +94,7 @@ def build_cron_manager(settings: Settings) -> CronManager:
         min_interval_s=settings.cron_min_interval_s,
         batch_size=settings.cron_batch_size,
         limits=RunLimits(client, settings, runs.ended_among),
+        owner_valid=owners.valid,
         # As on the API, the one user of local single-user mode (no credentials at all) is
         # not throttled unless `limit_local_user` asks.
         throttled=lambda subject: (
@@ -160,11 +165,12 @@ class CronScheduler(Scheduler):  # type: ignore[misc]  # celery ships no annotat
             report = self._crons.tick(budget_s=max(s.cron_tick_s, 1.0))
             if report.fired or report.skipped:
                 log.info(
-                    "cron tick: %d admitted, %d rejected, %d over a run limit, %d failed,"
-                    " %d already fired",
+                    "cron tick: %d admitted, %d rejected, %d over a run limit, %d disabled,"
+                    " %d failed, %d already fired",
                     report.admitted,
                     report.rejected,
                     report.limited,
+                    report.disabled,
                     report.failed,
                     report.skipped,
                 )

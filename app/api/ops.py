@@ -26,6 +26,7 @@ from app.auth import authenticate_builtin, require_ops
 from app.http import body, query, returns
 from app.responses import json_response
 from shared import logs, metrics
+from shared.crons.store import CronStore
 from shared.db import make_pool
 from shared.errors import RunNotFound, ValidationFailed
 from shared.ops.actions import OpsActions
@@ -68,6 +69,14 @@ class OpsAuditQuery(_Strict):
     """GET /ops/api/audit."""
 
     run_id: uuid.UUID | None = None
+    limit: int = Field(default=100, ge=1, le=1000)
+
+
+class OpsCronsQuery(_Strict):
+    """GET /ops/api/crons: any user's crons, or `user_id`'s; `enabled` filters."""
+
+    user_id: str | None = Field(default=None, min_length=1, max_length=200)
+    enabled: bool | None = None
     limit: int = Field(default=100, ge=1, le=1000)
 
 
@@ -117,7 +126,7 @@ def _init(state: BlueprintSetupState) -> None:
     atexit.register(reporter.stop)
     app.extensions["threadrun_ops"] = OpsServices(
         collector=OpsCollector(settings, store, svc.redis, celery),
-        actions=OpsActions(settings, manager, store, dispatcher, svc.redis),
+        actions=OpsActions(settings, manager, store, dispatcher, svc.redis, CronStore(pool)),
         reporter=reporter,
     )
 
@@ -147,11 +156,15 @@ def static_file(filename: str) -> Response:
 
 
 # --- the JSON API -----------------------------------------------------------------------------
-def _run_id(run_id: str) -> str:
+def _uuid(value: str, name: str) -> str:
     try:
-        return str(uuid.UUID(run_id))
+        return str(uuid.UUID(value))
     except ValueError:
-        raise ValidationFailed(f"run_id: not a UUID: {run_id[:64]!r}", field="run_id") from None
+        raise ValidationFailed(f"{name}: not a UUID: {value[:64]!r}", field=name) from None
+
+
+def _run_id(run_id: str) -> str:
+    return _uuid(run_id, "run_id")
 
 
 @bp.get("/ops/api/overview")
@@ -231,6 +244,25 @@ def requeue(run_id: str, body: OpsRequeue) -> Response:
     res = _ops().actions.requeue(who.user_id, rid, body.reason)
     doc = {"outcome": res.outcome, "ok": res.ok, "audit": res.audit}
     return json_response(doc, status=200 if res.ok else 409)
+
+
+@bp.get("/ops/api/crons")
+@query(OpsCronsQuery)
+def crons(query: OpsCronsQuery) -> Response:
+    """Any user's crons, newest first, each with its last firing (`last_outcome`: a revoked
+    owner's or a deleted assistant's cron reads `disabled`)."""
+    require_ops()
+    found = _ops().actions.crons(user_id=query.user_id, enabled=query.enabled, limit=query.limit)
+    return json_response({"crons": found})
+
+
+@bp.delete("/ops/api/crons/<cron_id>")
+def delete_cron(cron_id: str) -> Response:
+    """Delete any user's cron (a revoked user cannot delete theirs); audited. 404 when
+    there is none."""
+    who = require_ops()
+    res = _ops().actions.delete_cron(who.user_id, _uuid(cron_id, "cron_id"))
+    return json_response({"outcome": res.outcome, "ok": res.ok, "audit": res.audit})
 
 
 @bp.get("/ops/api/audit")

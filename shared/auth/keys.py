@@ -42,6 +42,10 @@ SELECT key_id, prefix, user_id, role, name, created_at, revoked_at FROM api_keys
 WHERE key_hash = %(key_hash)s AND revoked_at IS NULL
 """
 ANY_ACTIVE_SQL = "SELECT EXISTS (SELECT 1 FROM api_keys WHERE revoked_at IS NULL) AS any"
+USER_ACTIVE_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM api_keys WHERE user_id = %(user_id)s AND revoked_at IS NULL)"
+    " AS any"
+)
 
 
 class _Pool(Protocol):
@@ -140,6 +144,12 @@ class ApiKeyStore:
             row = conn.execute(ANY_ACTIVE_SQL).fetchone()
         return bool(row["any"])
 
+    def user_active(self, user_id: str) -> bool:
+        """Whether `user_id` has an active stored key."""
+        with self._pool.connection() as conn:
+            row = conn.execute(USER_ACTIVE_SQL, {"user_id": user_id}).fetchone()
+        return bool(row["any"])
+
 
 class CachedKeyResolver:
     """Key lookups cached for `ttl_s` (hits and misses): one DB read per key per TTL.
@@ -186,3 +196,43 @@ def no_credentials(settings: Settings, keys: ApiKeyStore | CachedKeyResolver) ->
         and settings.jwt_public_key_file is None
         and not keys.any_active()
     )
+
+
+class OwnerCredentials:
+    """Whether a user can still call the API: what a cron's firing asks of its owner, so
+    that revoking a user's keys also stops the runs its crons would start (A4).
+
+    Decidable only for threadrun's own keys: an owner is credentialed by an env key naming
+    it or an active stored key (cached `ttl_s`, as key lookups are). Under a JWT secret or
+    the project's `auth.path` any owner may come back with a valid token nobody can revoke
+    here, and in local single-user mode its one user is always there: every owner is.
+    """
+
+    def __init__(
+        self, settings: Settings, store: ApiKeyStore, ttl_s: float, *, project_auth: bool
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._keys = CachedKeyResolver(store, ttl_s)
+        self._open = (
+            project_auth
+            or settings.jwt_secret is not None
+            or (settings.jwt_public_key_file is not None)
+        )
+        self._env_users = {user for user, _role in settings.api_key_map.values()}
+        self._known: TTLCache[str, bool] = TTLCache(maxsize=10_000, ttl=ttl_s)
+        self._lock = threading.Lock()
+
+    def valid(self, user_id: str) -> bool:
+        """Whether `user_id` has a credential (see the class)."""
+        if self._open or user_id in self._env_users:
+            return True
+        if no_credentials(self._settings, self._keys):
+            return True  # local single-user mode
+        with self._lock:
+            known = self._known.get(user_id)
+        if known is None:
+            known = self._store.user_active(user_id)
+            with self._lock:
+                self._known[user_id] = known
+        return known

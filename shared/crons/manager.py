@@ -10,6 +10,11 @@ the admission, bound to the run once the batch committed, released when no run c
 (a batch that rolls back leaves reservations that expire after `limit_slot_ttl_s`). A
 firing over a limit admits nothing and is recorded `limited`, with the limit's message:
 the tick is spent, as for `rejected`, and the next tick tries again.
+
+A firing whose owner has no credential left (every key revoked) or whose assistant is gone
+could never admit again: it is recorded `disabled` and the cron is disabled in the same
+transaction, rather than failing at every tick. Re-enabling it (`PATCH enabled`) is the
+owner's, once it can call the API again; ops can list and delete any user's crons.
 """
 
 from __future__ import annotations
@@ -27,7 +32,14 @@ from psycopg.rows import DictRow
 
 from shared.authz.users import run_subject
 from shared.crons import schedule as sched
-from shared.crons.model import Cron, CronPatch, CronSpec, FiringOutcome, request_to_json
+from shared.crons.model import (
+    Cron,
+    CronCannotFire,
+    CronPatch,
+    CronSpec,
+    FiringOutcome,
+    request_to_json,
+)
 from shared.crons.store import CronStore, Fired
 from shared.errors import ValidationFailed
 from shared.runs.limits import RunLimits, RunSlot
@@ -53,13 +65,14 @@ class TickReport:
     admitted: int = 0
     rejected: int = 0
     limited: int = 0  # the owner was at a per-user run limit
+    disabled: int = 0  # the cron could not fire any more (owner revoked, assistant gone)
     failed: int = 0
     skipped: int = 0  # ticks whose firing row already existed (fired by another scheduler)
 
     @property
     def fired(self) -> int:
         """Ticks this tick handled, whatever came of them."""
-        return self.admitted + self.rejected + self.limited + self.failed
+        return self.admitted + self.rejected + self.limited + self.disabled + self.failed
 
 
 class CronManager:
@@ -76,14 +89,18 @@ class CronManager:
         clock: Clock = utc_now,
         limits: RunLimits | None = None,
         throttled: Callable[[str], bool] = lambda subject: True,
+        owner_valid: Callable[[str], bool] = lambda owner: True,
     ) -> None:
         """`limits`: the per-user run limits the firings count against (None: none, for
         the web's manager, which never fires); `throttled(subject)`: whether they apply to
-        that user (not to the one user of local single-user mode, as on the API)."""
+        that user (not to the one user of local single-user mode, as on the API);
+        `owner_valid(owner)`: whether the owner still has a credential
+        (`shared.auth.keys.OwnerCredentials`): a revoked user's crons are disabled."""
         self.store = store
         self._runs = runs
         self._limits = limits
         self._throttled = throttled
+        self._owner_valid = owner_valid
         self._slots: dict[tuple[str, dt.datetime], RunSlot] = {}  # a batch's reservations
         self._max_per_user = max_per_user
         self._min_interval_s = min_interval_s
@@ -205,6 +222,8 @@ class CronManager:
     def _admit(self, conn: psycopg.Connection[DictRow], cron: Cron) -> Admission:
         """The firing's run: on the cron's thread, or on a new temporary thread of its own,
         under its owner's run limits (LimitExceeded: the firing is `limited`)."""
+        if not self._owner_valid(cron.user_id):
+            raise CronCannotFire(f"the owner {cron.user_id!r} has no active credential")
         thread_id = cron.thread_id or str(uuid.uuid4())
         request = cron.run_request(thread_id)
         subject = run_subject(cron.user_id, request.config) or cron.user_id
@@ -255,6 +274,8 @@ class CronManager:
             report.rejected += 1
         elif fired.outcome is FiringOutcome.LIMITED:
             report.limited += 1
+        elif fired.outcome is FiringOutcome.DISABLED:
+            report.disabled += 1
         else:
             report.failed += 1
         log.info(

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.errors import Conflict, NotFound
+from shared.errors import Conflict, NotFound, ThreadrunError
 from shared.runs.model import RunRequest
 from shared.vocab import JSONObject, OnCompletion
 
@@ -49,6 +49,11 @@ class CronNotFound(NotFound):
     """The cron is missing or another user's (the two look the same)."""
 
 
+class CronCannotFire(ThreadrunError):
+    """A firing that no later tick could admit either: the owner has no credential left, or
+    the cron's assistant is gone. The firing disables the cron (recorded `disabled`)."""
+
+
 class TooManyCrons(Conflict):
     """The user already has `cron_max_per_user` crons (the API answers 429)."""
 
@@ -61,6 +66,7 @@ class FiringOutcome(enum.StrEnum):
     ADMITTED = "admitted"  # a run was created (and dispatched, or queued behind another)
     REJECTED = "rejected"  # multitask_strategy=reject on a busy thread: the tick is spent
     LIMITED = "limited"  # the owner was at a per-user run limit (A3, A4): the tick is spent
+    DISABLED = "disabled"  # it cannot fire as it is (owner revoked, assistant gone): disabled
     FAILED = "failed"  # the run could not be admitted (assistant gone, …): the tick is spent
 
 

@@ -8,7 +8,9 @@ The firing transaction (`fire_due`) is the exactly-once guarantee of crons:
    tick fire at most once, whatever the locks did: a second firing of the same tick (a
    scheduler that read a stale row, one that lost its lock) conflicts and admits nothing;
 3. admit the run on the same connection (`RunStore.admit_in`, in a savepoint, so a run that
-   cannot be admitted leaves the firing recorded as failed instead of undoing the batch);
+   cannot be admitted leaves the firing recorded as failed instead of undoing the batch; a
+   cron that no tick could fire any more — its owner has no credential left, its assistant
+   is gone — is disabled with it, recorded `disabled`, instead of failing at every tick);
 4. advance `next_run_at` past now (missed ticks collapse);
 5. commit — all of it or none of it.
 
@@ -34,6 +36,7 @@ from shared import serde
 from shared.crons.model import (
     CRON_SORT_COLUMNS,
     Cron,
+    CronCannotFire,
     CronNotFound,
     CronSpec,
     FiringOutcome,
@@ -41,7 +44,7 @@ from shared.crons.model import (
     request_to_json,
 )
 from shared.db import DictPool
-from shared.errors import LimitExceeded, ThreadNotFound, ThreadrunError
+from shared.errors import AssistantNotFound, LimitExceeded, ThreadNotFound, ThreadrunError
 from shared.runs.store import Admission
 from shared.vocab import JSONObject
 
@@ -115,6 +118,26 @@ SEARCH_CRONS_SQL = (
 )
 COUNT_CRONS_SQL = "SELECT count(*) AS n FROM crons" + FILTER_SQL
 
+# --- ops: any user's crons -------------------------------------------------------------------
+OPS_LIST_CRONS_SQL = """
+SELECT c.cron_id, c.user_id, c.assistant_id, c.thread_id, c.schedule, c.timezone, c.enabled,
+       c.next_run_at, c.end_time, c.created_at,
+       f.tick_at AS last_tick_at, f.outcome AS last_outcome, f.error AS last_error
+FROM crons c
+LEFT JOIN LATERAL (
+    SELECT tick_at, outcome, error FROM cron_firings
+    WHERE cron_id = c.cron_id ORDER BY tick_at DESC LIMIT 1
+) f ON true
+WHERE (%(user_id)s::text IS NULL OR c.user_id = %(user_id)s)
+  AND (%(enabled)s::boolean IS NULL OR c.enabled = %(enabled)s)
+ORDER BY c.created_at DESC, c.cron_id
+LIMIT %(limit)s
+"""
+OPS_DELETE_CRON_SQL = (
+    "DELETE FROM crons WHERE cron_id = %(cron_id)s"
+    " RETURNING cron_id, user_id, assistant_id, thread_id, schedule, enabled"
+)
+
 # --- firing ------------------------------------------------------------------------------------
 LOCK_DUE_SQL = """
 SELECT c.*, now() AS db_now FROM crons c
@@ -134,6 +157,7 @@ UPDATE cron_firings SET outcome = %(outcome)s, run_id = %(run_id)s, thread_id = 
        error = %(error)s, fired_at = clock_timestamp()
 WHERE cron_id = %(cron_id)s AND tick_at = %(tick_at)s
 """
+DISABLE_CRON_SQL = "UPDATE crons SET enabled = false WHERE cron_id = %(cron_id)s"
 ADVANCE_CRON_SQL = """
 UPDATE crons SET next_run_at = %(next_run_at)s
 WHERE cron_id = %(cron_id)s AND next_run_at <= %(tick_at)s
@@ -243,6 +267,20 @@ class CronStore:
         if row is None:
             raise CronNotFound(f"cron {cron_id} not found")
 
+    def list_any(
+        self, *, user_id: str | None, enabled: bool | None, limit: int
+    ) -> list[dict[str, Any]]:
+        """Any user's crons, newest first, each with its last firing (the ops view)."""
+        params = {"user_id": user_id, "enabled": enabled, "limit": limit}
+        with self._pool.connection() as conn:
+            return list(conn.execute(OPS_LIST_CRONS_SQL, params).fetchall())
+
+    def delete_any(self, cron_id: str) -> dict[str, Any] | None:
+        """Delete any user's cron (the ops view); the row it was, or None. Like `delete`,
+        it waits for a firing in progress."""
+        with self._pool.connection() as conn:
+            return conn.execute(OPS_DELETE_CRON_SQL, {"cron_id": cron_id}).fetchone()
+
     def search(
         self,
         owner: str,
@@ -339,16 +377,21 @@ class CronStore:
             return Fired(cron, tick, None, next_run_at)
         admission: Admission | None = None
         error: str | None = None
-        limited = False
+        limited = disabled = False
         try:
             with conn.transaction():  # a savepoint: a failed admission undoes only itself
                 admission = admit(conn, cron)
         except LimitExceeded as exc:
             error, limited = str(exc), True
+        except (CronCannotFire, AssistantNotFound) as exc:
+            error, disabled = f"{exc}: the cron is disabled", True
         except ThreadrunError as exc:
             error = str(exc)
         if limited:
             outcome = FiringOutcome.LIMITED
+        elif disabled:
+            outcome = FiringOutcome.DISABLED
+            conn.execute(DISABLE_CRON_SQL, keys)
         elif admission is None:
             outcome = FiringOutcome.FAILED
         elif admission.run is None:

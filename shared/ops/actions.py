@@ -1,4 +1,5 @@
-"""Ops actions on runs: cancel and requeue, each audited in `ops_audit` (who, what, when, result).
+"""Ops actions on runs: cancel and requeue, each audited in `ops_audit` (who, what, when, result);
+and on crons: list and delete any user's (a revoked user's crons, which no user can delete).
 
 Both go through the run store / manager, so the same fencing holds as for users and the
 reaper: a cancel is `RunManager.cancel`; a requeue of a running run is `RunStore.requeue`
@@ -29,6 +30,8 @@ from typing import Any
 import psycopg
 import redis
 
+from shared.crons.model import CronNotFound
+from shared.crons.store import CronStore
 from shared.errors import RunNotFound
 from shared.ops.store import OpsStore
 from shared.redis_keys import Keys
@@ -122,8 +125,10 @@ class OpsActions:
         store: OpsStore,
         dispatcher: Dispatcher,
         client: redis.Redis,
+        crons: CronStore,
     ) -> None:
         self._settings = settings
+        self._crons = crons
         self._manager = manager
         self._store = store
         self._dispatcher = dispatcher
@@ -189,11 +194,34 @@ class OpsActions:
             self._dispatcher.dispatch_run(run_id)
         return verdict
 
+    def crons(
+        self, *, user_id: str | None, enabled: bool | None, limit: int
+    ) -> list[dict[str, Any]]:
+        """Any user's crons with their last firing, newest first."""
+        return self._crons.list_any(user_id=user_id, enabled=enabled, limit=limit)
+
+    def delete_cron(self, actor: str, cron_id: str) -> ActionResult:
+        """Delete any user's cron (CronNotFound when there is none); audited either way."""
+        row = self._crons.delete_any(cron_id)
+        params = {"cron_id": cron_id}
+        if row is None:
+            self._audit(actor, "cron.delete", None, params, "not_found", {})
+            raise CronNotFound(f"cron {cron_id} not found")
+        detail = {
+            "user_id": row["user_id"],
+            "assistant_id": row["assistant_id"],
+            "thread_id": str(row["thread_id"]) if row["thread_id"] else None,
+            "schedule": row["schedule"],
+            "enabled": row["enabled"],
+        }
+        audit = self._audit(actor, "cron.delete", None, params, "deleted", detail)
+        return ActionResult("deleted", True, audit)
+
     def _audit(
         self,
         actor: str,
         action: str,
-        run_id: str,
+        run_id: str | None,
         params: dict[str, Any],
         result: str,
         detail: dict[str, Any],

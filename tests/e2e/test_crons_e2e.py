@@ -6,6 +6,7 @@ scheduler); a cron on a thread fires runs on it, a cron without a thread fires e
 a temporary thread deleted after the run (`on_run_completed=delete`); ALICE and BOB do not
 see each other's crons; bad schedules and payloads are 4xx naming the field. And two
 schedulers, one SIGKILLed mid-way: every tick fired exactly once (one firing row, one run).
+Firings count against their owner's run limits, and a revoked owner's cron is disabled.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import psycopg
 import pytest
 from langgraph_sdk.client import LangGraphClient
 
+from shared.auth.keys import ApiKeyStore
+from shared.db import make_pool
 from shared.tools.testing import Cluster, wait_for
 from tests.e2e.conftest import ALICE, BOB, FAST_LEASES, ClusterFactory, human
 from tests.e2e.conftest import run_sdk as run
@@ -302,3 +305,68 @@ def test_a4_cron_firings_and_api_runs_share_the_active_run_limit(
         refused = post(c, "/runs", {"assistant_id": "lead_agent", "input": human("x")})
         assert refused.status_code == 429 and refused.json()["limit"] == "max_active_runs"
         assert post(c, "/threads", {}, key=BOB).status_code == 200
+
+
+def test_a4_a_revoked_users_crons_stop_and_ops_deletes_them(
+    private_cluster: ClusterFactory,
+) -> None:
+    """A4 through the real scheduler: carol's key fires her cron every second; once it is
+    revoked, the next firing is `disabled` (the cron with it) and no run follows; carol can
+    no longer delete it (401), ops lists it with its last outcome and deletes it, audited."""
+    ops_key = "key-ops-crons"
+    env = {
+        **FAST_LEASES,
+        **FAST_CRONS,
+        "THREADRUN_API_KEYS": f"key-alice:alice,{ops_key}:operator:ops",
+        "THREADRUN_API_KEY_CACHE_TTL_S": "1",
+    }
+    with private_cluster("crons-revoked", env) as c:
+        c.side_by_side(c.start_web, c.start_scheduler)
+        pool = make_pool(c.settings, name="test-crons-keys", max_size=1)
+        try:
+            record, secret = ApiKeyStore(pool).create("carol")
+            made = post(
+                c, "/runs/crons", {"assistant_id": "lead_agent", "schedule": EVERY_SECOND}, secret
+            )
+            assert made.status_code == 200, made.text
+            cron_id = made.json()["cron_id"]
+            wait_for(
+                lambda: any(f["outcome"] == "admitted" for f in firings(c, cron_id)),
+                timeout=30,
+                what="carol's cron firing while her key is valid",
+            )
+            ApiKeyStore(pool).revoke(str(record.key_id))
+            last = wait_for(
+                lambda: [f for f in firings(c, cron_id) if f["outcome"] == "disabled"],
+                timeout=30,
+                what="the firing after the revocation",
+                detail=lambda: c.tails(20),
+            )[0]
+            assert "has no active credential" in last["error"]
+            time.sleep(2 * float(FAST_CRONS["THREADRUN_CRON_TICK_S"]))  # ticks that must not fire
+            assert firings(c, cron_id)[-1]["tick_at"] == last["tick_at"]
+        finally:
+            pool.close()
+        gone = httpx.delete(f"{c.url}/runs/crons/{cron_id}", headers={"x-api-key": secret})
+        assert gone.status_code == 401
+
+        ops = {"x-api-key": ops_key}
+        listed = httpx.get(f"{c.url}/ops/api/crons", params={"user_id": "carol"}, headers=ops)
+        assert listed.status_code == 200, listed.text
+        (row,) = listed.json()["crons"]
+        assert (row["cron_id"], row["enabled"], row["last_outcome"]) == (cron_id, False, "disabled")
+        assert (
+            httpx.get(f"{c.url}/ops/api/crons", headers={"x-api-key": "key-alice"}).status_code
+            == 403
+        )
+        assert (
+            httpx.get(f"{c.url}/ops/api/crons", params={"limit": 0}, headers=ops).status_code == 422
+        )
+        deleted = httpx.delete(f"{c.url}/ops/api/crons/{cron_id}", headers=ops)
+        assert deleted.status_code == 200 and deleted.json()["audit"]["action"] == "cron.delete"
+        assert deleted.json()["audit"]["detail"]["user_id"] == "carol"
+        again = httpx.delete(f"{c.url}/ops/api/crons/{cron_id}", headers=ops)
+        assert again.status_code == 404
+        bad = httpx.delete(f"{c.url}/ops/api/crons/not-a-uuid", headers=ops)
+        assert bad.status_code == 422 and bad.json()["field"] == "cron_id"
+        assert httpx.get(f"{c.url}/ops/api/crons", headers=ops).json()["crons"] == []

@@ -429,3 +429,47 @@ def test_a3_cron_firings_count_against_the_owners_run_rate(
 
 def client_of(manager: CronManager) -> redis.Redis:
     return manager._runs._redis
+
+
+def test_a4_a_revoked_owners_cron_and_a_deleted_assistants_cron_are_disabled(
+    crons: CronManager, cpool: ConnectionPool
+) -> None:
+    """A4: a firing whose owner has no credential left, or whose assistant is gone, could
+    never admit again: it admits nothing, is recorded `disabled` with the cause, and the
+    cron is disabled in the same transaction, so no later tick fails again; another
+    owner's cron fires as before."""
+    revoked, gone = f"revoked-{uuid.uuid4().hex[:8]}", f"gone-{uuid.uuid4().hex[:8]}"
+    manager = CronManager(
+        crons.store, crons._runs, max_per_user=10_000, owner_valid=lambda owner: owner != revoked
+    )
+    of_revoked = manager.create(revoked, spec()).cron_id
+    of_gone = manager.create(gone, spec()).cron_id
+    fine = manager.create(gone, spec()).cron_id
+    missing = str(uuid.uuid4())  # the assistant deleted after the cron was made
+    with cpool.connection() as conn:
+        conn.execute(
+            "UPDATE crons SET assistant_id = %(a)s,"
+            " request = jsonb_set(request, '{assistant_id}', to_jsonb(%(a)s::text))"
+            " WHERE cron_id = %(c)s",
+            {"a": missing, "c": of_gone},
+        )
+    make_due(cpool, [of_revoked, of_gone, fine])
+    report = manager.tick()
+    assert (report.admitted, report.disabled, report.failed) == (1, 2, 0)
+    for cid, cause in ((of_revoked, "has no active credential"), (of_gone, missing)):
+        (firing,) = manager.store.firings(cid)
+        assert firing["outcome"] == FiringOutcome.DISABLED and firing["run_id"] is None
+        assert cause in firing["error"] and firing["error"].endswith("the cron is disabled")
+        assert not runs_of(cpool, cid)
+    assert manager.get(revoked, of_revoked).enabled is False
+    assert manager.get(gone, of_gone).enabled is False
+    assert manager.get(gone, fine).enabled is True
+
+    make_due(cpool, [of_revoked, of_gone, fine], ago_s=120)  # another tick
+    assert manager.tick().disabled == 0  # disabled crons are not due any more
+    listed = {
+        r["cron_id"]: r for r in manager.store.list_any(user_id=None, enabled=False, limit=1000)
+    }
+    assert listed[uuid.UUID(of_revoked)]["last_outcome"] == "disabled"
+    assert manager.store.delete_any(of_revoked) is not None  # what ops may do
+    assert manager.store.delete_any(of_revoked) is None
