@@ -43,7 +43,8 @@ LATER = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
 SEED_SQL = """
 WITH t AS (
     INSERT INTO threads (thread_id, owner, ttl_strategy, ttl_minutes, expires_at)
-    SELECT tid, %(owner)s, 'delete', 1, now() FROM unnest(%(ids)s::uuid[]) AS tid
+    SELECT tid, %(owner)s, 'delete', 1, COALESCE(%(expires_at)s::timestamptz, now())
+    FROM unnest(%(ids)s::uuid[]) AS tid
     RETURNING thread_id
 ), r AS (
     INSERT INTO runs (run_id, thread_id, assistant_id, graph_id, status, multitask_strategy,
@@ -84,15 +85,24 @@ BULK_DELETE_SQL = (
 )
 
 
-def seed(s: Settings, pool: DictPool, r: redis.Redis, n: int) -> list[str]:
-    """n expired threads with their rows, files and keys."""
+def seed(
+    s: Settings,
+    pool: DictPool,
+    r: redis.Redis,
+    n: int,
+    *,
+    owner: str = OWNER,
+    expires_at: dt.datetime | None = None,
+) -> list[str]:
+    """n threads of `owner` with their rows, files and keys, expiring at `expires_at`
+    (default: the database's now(), i.e. expired)."""
     ids = [str(uuid.uuid4()) for _ in range(n)]
     with pool.connection() as conn, conn.transaction():
-        conn.execute(SEED_SQL, {"owner": OWNER, "ids": ids})
+        conn.execute(SEED_SQL, {"owner": owner, "ids": ids, "expires_at": expires_at})
     k = Keys(s.redis_prefix)
     pipe = r.pipeline(transaction=False)
     for tid in ids:
-        folder = workspaces.thread_workspace(s.workspace_dir, OWNER, tid)
+        folder = workspaces.thread_workspace(s.workspace_dir, owner, tid)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "artifact.txt").write_text("x")
         pipe.xadd(k.thread_runs(tid), {"r": "x"})
