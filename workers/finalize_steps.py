@@ -26,7 +26,6 @@ from shared.bridge.publisher import EventSink
 from shared.errors import LeaseLost
 from shared.journal import settle_delivery, write_delivery_receipt
 from shared.redis_keys import ENDED_RUN_TTL_MS, LimitKeys
-from shared.runs import temporary
 from shared.runs.model import JSONObject, RunStatus, ThreadStatus
 from shared.runs.result import final_result
 from shared.runs.store import Finish
@@ -220,9 +219,7 @@ async def delete_temporary_thread(rt: WorkerRuntime, attempt: RunAttempt) -> Non
     """on_completion=delete: the thread goes now that its run ended (if no other run is
     inflight on it); if this fails or the worker dies first, the recovery pass does it."""
     try:
-        deleted = await asyncio.to_thread(
-            temporary.delete_if_finished, rt.store, attempt.thread_id, rt.settings.workspace_dir
-        )
+        deleted = await asyncio.to_thread(rt.remover.delete_temporary, attempt.thread_id)
     except Exception:  # the row stays: the recovery pass deletes it after the grace
         log.exception("deleting the temporary thread failed", extra={"run_id": attempt.run_id})
         return

@@ -16,7 +16,6 @@ from shared import lua, metrics, serde
 from shared.bridge.base import END_EVENT
 from shared.bridge.publisher import PublishCall
 from shared.redis_keys import REAPER_LEAD_TTL_INTERVALS
-from shared.runs import temporary
 from shared.runs.leases import lease_value
 from shared.runs.model import CancelAction, RunStatus
 from workers.finalize_steps import release_active
@@ -37,9 +36,7 @@ async def reap_once(rt: WorkerRuntime) -> dict[str, int]:
     s = rt.settings
     counts = {"redispatched": 0, "requeued": 0, "failed": 0, "locked": 0}
     purged = await asyncio.to_thread(
-        temporary.purge_finished,
-        rt.store,
-        s.workspace_dir,
+        rt.remover.purge_temporary,
         grace_s=s.temporary_thread_grace_s,
         lock_timeout_s=s.reaper_lock_timeout_s,
     )

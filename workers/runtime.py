@@ -38,6 +38,7 @@ from shared.db import make_async_pool, make_pool
 from shared.journal import RunEventStore
 from shared.project import load_project
 from shared.redis_keys import Keys
+from shared.retention.removal import ThreadRemover
 from shared.runs.leases import LeaseManager
 from shared.runs.store import RunStore
 from shared.runs.taskqueue import Dispatcher, make_celery
@@ -77,6 +78,12 @@ class WorkerRuntime:
         with pool.connection() as conn:
             ensure_recorded_mode(conn, settings)  # S4: refuse to start in another mode
         self.store = RunStore(pool)
+        # Temporary threads go through the one thread-removal path (its Redis keys on a
+        # sync client: it runs in the loop's executor, inside the delete's transaction).
+        self._sync_redis = redis_clients.sync_client(settings)
+        self.remover = ThreadRemover(
+            self.store, self._sync_redis, self.keys, settings.workspace_dir
+        )
         self.webhooks = WebhookStore(pool)  # the reaper's sweep of the webhook outbox
         self.events = RunEventStore(
             pool,
@@ -243,6 +250,7 @@ class WorkerRuntime:
             log.exception("runtime close failed")
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
+        self._sync_redis.close()
         self.store.close()
 
 

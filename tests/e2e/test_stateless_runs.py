@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import orjson
+import psycopg
 import pytest
 import redis
 from langgraph_sdk.client import LangGraphClient
@@ -24,6 +25,7 @@ from langgraph_sdk.schema import RunCreateMetadata
 
 from shared.redis_keys import Keys
 from shared.tools.testing import Cluster, wait_for
+from shared.workspaces import thread_workspace
 from tests.e2e.conftest import ALICE, BOB, FAST_LEASES, ClusterFactory, human
 from tests.e2e.conftest import run_sdk as run
 
@@ -120,6 +122,90 @@ def test_a1_stateless_stream_ends_then_its_thread_is_gone(cluster: Cluster) -> N
         await gone(c, str(meta["thread_id"]), meta["run_id"])
 
     run(scenario, cluster.url)
+
+
+def removed_whole(cluster: Cluster, tid: str, rid: str) -> None:
+    """The temporary thread went through the thread-removal path: its row, its run, its
+    checkpoints and workspace, its admission stream, its run's lease and cancel keys; its
+    run's stream, meta and `/wait` answer stay for their readers, with a TTL (A1, P6)."""
+    with psycopg.connect(cluster.settings.dsn) as conn:
+        for table, column, value in [
+            ("threads", "thread_id", tid),
+            ("runs", "run_id", rid),
+            ("checkpoints", "thread_id", tid),
+            ("checkpoint_writes", "thread_id", tid),
+        ]:
+            row = conn.execute(f"SELECT count(*) FROM {table} WHERE {column} = %s", (value,))
+            assert row.fetchone() == (0,), table
+    assert not thread_workspace(cluster.settings.workspace_dir, "alice", tid).exists()
+    keys = Keys(cluster.settings.redis_prefix)
+    client = redis.Redis.from_url(cluster.settings.redis_url)
+    try:
+        assert client.exists(keys.thread_runs(tid), keys.lease(rid), keys.cancel(rid)) == 0
+        for key in (keys.stream(rid), keys.stream_meta(rid), keys.result(rid)):
+            assert 0 < client.ttl(key) <= cluster.settings.stream_ttl_after_end_s, key
+    finally:
+        client.close()
+
+
+REPORT = human("please write a report")
+"""What makes the lead agent write a file into the thread's workspace."""
+
+
+def test_a1_p6_a_stateless_threads_removal_leaves_its_clients_their_answers(
+    cluster: Cluster,
+) -> None:
+    """A1, P6: a run without a thread has its thread removed with everything that is its
+    own (rows, checkpoints, workspace files, keys) once it ends, and still `/runs/wait`
+    returns its final values and a slow `/runs/stream` reader, who reads the rest only
+    after the thread is gone, gets every event of the run's stream through `end`."""
+    folder_seen: list[bool] = []
+
+    async def waited(c: LangGraphClient) -> tuple[str, str]:
+        created: list[RunCreateMetadata] = []
+        values = await c.runs.wait(
+            None, "lead_agent", input=REPORT, config=knobs(), on_run_created=created.append
+        )
+        assert values["messages"][0]["content"] == "please write a report"
+        assert values["artifacts"], values  # it wrote into the workspace
+        (meta,) = created
+        await gone(c, str(meta["thread_id"]), meta["run_id"])
+        return str(meta["thread_id"]), meta["run_id"]
+
+    tid, rid = run(waited, cluster.url)
+    removed_whole(cluster, tid, rid)
+
+    async def slow_reader(c: LangGraphClient) -> tuple[str, str, list[Any]]:
+        created: list[RunCreateMetadata] = []
+        parts = c.runs.stream(
+            None,
+            "lead_agent",
+            input=REPORT,
+            stream_mode=["values", "updates", "messages-tuple"],
+            config=knobs(tokens=200),
+            on_run_created=created.append,
+        )
+        got = [await anext(parts)]
+        assert got[0].event == "metadata"
+        (meta,) = created
+        # The reader stalls until its run ended and its thread is gone.
+        await gone(c, str(meta["thread_id"]), meta["run_id"])
+        folder = thread_workspace(cluster.settings.workspace_dir, "alice", meta["thread_id"])
+        folder_seen.append(folder.exists())
+        got += [p async for p in parts]
+        return str(meta["thread_id"]), meta["run_id"], got
+
+    tid, rid, parts = run(slow_reader, cluster.url)
+    assert folder_seen == [False]
+    removed_whole(cluster, tid, rid)
+    assert parts[-1].event == "end" and parts[-1].data["status"] == "success"
+    client = redis.Redis.from_url(cluster.settings.redis_url)
+    try:  # the stream, kept until its TTL: the reader got each of its entries, in order
+        entries = client.xrange(Keys(cluster.settings.redis_prefix).stream(rid))
+    finally:
+        client.close()
+    assert [p.id for p in parts if p.id] == [eid.decode() for eid, _ in entries]
+    assert len(entries) > 200  # a token each, and more
 
 
 def test_a1_stateless_background_run_and_its_headers(cluster: Cluster) -> None:

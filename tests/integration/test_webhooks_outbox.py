@@ -14,8 +14,11 @@ from typing import Any
 
 import orjson
 import pytest
+import redis
 from psycopg_pool import ConnectionPool
 
+from shared.redis_keys import Keys
+from shared.retention.removal import ThreadRemover
 from shared.runs.model import (
     MultitaskStrategy,
     OnCompletion,
@@ -24,7 +27,6 @@ from shared.runs.model import (
     ThreadStatus,
 )
 from shared.runs.store import AdmitItem, RunStore
-from shared.runs.temporary import delete_if_finished
 from shared.runs.webhook_delivery import WebhookService
 from shared.webhooks.policy import EgressPolicy
 from shared.webhooks.retry import AttemptOutcome, Backoff
@@ -263,15 +265,16 @@ def test_the_sweep_finds_ended_runs_whose_dispatch_was_lost(
 
 
 def test_a_temporary_thread_waits_for_the_webhook_body(
-    store: RunStore, hooks: WebhookStore, tmp_path: Path
+    store: RunStore, hooks: WebhookStore, tmp_path: Path, rclient: redis.Redis, redis_prefix: str
 ) -> None:
     """Webhooks: a run without a thread (on_completion=delete) keeps its thread until the
     delivery has read the final values into its body; then the thread may go, and the
     delivery (its body frozen) still goes out."""
+    remover = ThreadRemover(store, rclient, Keys(redis_prefix), tmp_path)
     req = request(on_completion=OnCompletion.DELETE)
     run_id = admit(store, req)
     end(store, run_id)
-    assert not delete_if_finished(store, req.thread_id, tmp_path)
+    assert not remover.delete_temporary(req.thread_id)
     sender = FakeSender(
         [
             AttemptResult(AttemptOutcome.CONNECTION_ERROR, 0.0, error="refused"),
@@ -280,7 +283,7 @@ def test_a_temporary_thread_waits_for_the_webhook_body(
     )
     svc = service(store, hooks, sender, [])
     assert svc.deliver(run_id).outcome is AttemptOutcome.CONNECTION_ERROR
-    assert delete_if_finished(store, req.thread_id, tmp_path)  # body frozen: it may go
+    assert remover.delete_temporary(req.thread_id)  # body frozen: it may go
     assert store.get_run_by_id(run_id) is None
     with hooks._pool.connection() as conn:  # the retry is due now
         conn.execute(
