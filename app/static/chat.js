@@ -88,7 +88,8 @@
     run: null, // the run this page follows (see newRun)
     status: "idle",
     detail: "",
-    notice: null, // {kind, title, detail, retry, resume}: an error shown in the transcript
+    notice: null, // {kind, title, detail, more, retry, resume}: an error shown in the transcript
+    modelWait: null, // the latest `model_wait` custom event while the model has not answered, + `at`
     limits: null, // GET /info `limits` (max_input_bytes, ws_max_frame_bytes, …)
     oversize: null, // why the composer's text cannot be sent
     preview: null, // the artifact open in the preview panel
@@ -107,6 +108,7 @@
     skipSizeCheck: false,
     liveRenders: 0,
     searches: [], // the texts the server's thread search answered
+    modelWaits: [], // {state, attempt, of, cause} of every model_wait event applied
   };
 
   const $ = (id) => document.getElementById(id);
@@ -680,6 +682,62 @@
     return p ? interruptKind(p.value) : null;
   }
 
+  // ------------------------------------------------------------ waiting on the model -----
+  // The run's `model_wait` custom events (shared/agent/retrying.py, docs/chat.md): while the
+  // model has not answered, one line under the transcript says how long the page has been
+  // waiting (a live counter from the event's `waited_s`) and which attempt it is.
+  let waitTimer = null;
+
+  function applyModelWait(ev) {
+    if (ev.state === "answering" || ev.state === "failed") {
+      clearModelWait();
+      return;
+    }
+    S.modelWait = { ...ev, at: Date.now() };
+    T.modelWaits.push({ state: ev.state, attempt: ev.attempt, of: ev.of, cause: ev.cause });
+    if (!waitTimer) waitTimer = setInterval(tickModelWait, 1000);
+  }
+
+  function clearModelWait() {
+    S.modelWait = null;
+    if (waitTimer) clearInterval(waitTimer);
+    waitTimer = null;
+    const line = document.getElementById("model-wait");
+    if (line) line.remove();
+  }
+
+  function modelWaitText(w) {
+    const secs = Math.max(0, Math.floor(Number(w.waited_s || 0) + (Date.now() - w.at) / 1000));
+    const waiting = `waiting for the model (${secs} s)`;
+    if (w.attempt > 1 || w.state === "retrying") {
+      return `retrying (${w.attempt} of ${w.of}): ${w.cause || "the last attempt failed"} · ${waiting}`;
+    }
+    return waiting;
+  }
+
+  function modelWaitNode() {
+    if (!S.modelWait || !S.run || S.run.ended) return null;
+    let li = document.getElementById("model-wait");
+    if (!li) {
+      li = node("li", "model-wait");
+      li.id = "model-wait";
+      li.setAttribute("role", "status");
+      li.append(node("span", "mw-dot"), node("span", "mw-text"));
+    }
+    const retrying = S.modelWait.attempt > 1 || S.modelWait.state === "retrying";
+    li.dataset.state = retrying ? "retrying" : "waiting";
+    li.querySelector(".mw-text").textContent = modelWaitText(S.modelWait);
+    return li;
+  }
+
+  function tickModelWait() {
+    if (!S.modelWait || !S.run || S.run.ended) {
+      clearModelWait();
+      return;
+    }
+    modelWaitNode();
+  }
+
   function noticeNode(n) {
     const li = node("li", "notice");
     li.dataset.kind = n.kind || "error";
@@ -687,6 +745,11 @@
     const box = node("div", "n-text");
     box.append(node("div", "n-title", n.title));
     if (n.detail) box.append(node("div", "n-detail", n.detail));
+    if (n.more && n.more !== n.detail) {
+      const more = node("details", "n-more");
+      more.append(node("summary", "", "Details"), node("div", "n-more-text", n.more));
+      box.append(more);
+    }
     li.append(box);
     if (n.retry) {
       const b = node("button", "n-retry", "Retry");
@@ -757,6 +820,8 @@
         })
       );
     }
+    const waitLine = modelWaitNode();
+    if (waitLine) nodes.push(waitLine);
     nodes.push(...ui.rest());
     ui.dropOthers();
     for (const k of rendered.keys()) if (!keys.has(k)) rendered.delete(k);
@@ -1402,7 +1467,13 @@
         const shown = S.durable.filter(isShown);
         const tail = shown[shown.length - 1];
         if (last && last.status === "error" && tail && (msgType(tail) === "human" || S.next.length)) {
-          S.notice = modelErrorNotice(errorText(last.error), lastUserText(), last.assistant_id);
+          const err = last.error && typeof last.error === "object" ? last.error : {};
+          S.notice = modelErrorNotice(
+            err.short || errorText(last.error),
+            lastUserText(),
+            last.assistant_id,
+            err.detail
+          );
           render();
         }
       }
@@ -1469,12 +1540,13 @@
    *  state still has a node to run (LangGraph re-runs the node that failed: the model call,
    *  or a tool after it); otherwise the message never reached the thread and Retry sends it
    *  again. Either way the thread holds it once. */
-  function modelErrorNotice(detail, retryText, assistantId) {
+  function modelErrorNotice(detail, retryText, assistantId, more = null) {
     const saved = Boolean(retryText) && lastUserText() === retryText;
     return {
       kind: "model",
       title: "The assistant could not answer",
       detail: detail || "The run ended with an error.",
+      more: more || null, // the whole story (provider, host, attempts), behind "Details"
       retry: retryText || null,
       resume: Boolean(retryText) && saved && S.next.length > 0,
       assistantId: assistantId || null, // the failed run's: a resume continues its graph
@@ -1607,6 +1679,7 @@
       const [msg] = Array.isArray(data) ? data : [data];
       if (msg && msg.type === "AIMessageChunk") {
         const content = textOf(msg.content);
+        if (S.modelWait && (content || (msg.tool_calls || []).length)) clearModelWait();
         T.chunks.push({ eventId: id, messageId: msg.id, content });
         if (!S.durable.some((m) => m.id === msg.id)) {
           const part = S.live.get(msg.id) || { text: "", toolCalls: [], afterGap: run.incomplete };
@@ -1632,12 +1705,16 @@
           for (const a of update.artifacts) if (!S.artifacts.includes(a)) S.artifacts.push(a);
         }
       }
+    } else if (base === "custom" && data && data.kind === "model_wait") {
+      applyModelWait(data);
     } else if (base === "custom") {
       applyUiEvent(data);
     } else if (base === "metadata") {
       if (data && data.attempt) run.attempt = data.attempt;
     } else if (base === "error") {
       run.error = errorText(data) || "the run failed";
+      run.errorShort = (data && typeof data === "object" && data.short) || null;
+      run.errorDetail = (data && typeof data === "object" && data.detail) || null;
     }
     scheduleRender();
   }
@@ -1653,6 +1730,7 @@
   /** The final render from durable state, then the terminal label. */
   async function finish(run, status) {
     run.ended = true;
+    clearModelWait();
     try {
       await reloadState(run.threadId);
     } catch (e) {
@@ -1671,9 +1749,10 @@
       // A model or tool failure: in the transcript, with a retry of the last user input.
       setStatus("idle"); // the status pill is about the page's connection; this is not
       S.notice = modelErrorNotice(
-        run.error || `The run ended with status ${status}.`,
+        run.errorShort || run.error || `The run ended with status ${status}.`,
         run.text || lastUserText(),
-        run.assistantId
+        run.assistantId,
+        run.errorDetail
       );
       render();
     }
@@ -2164,6 +2243,11 @@
     transcript,
     /** The error shown in the transcript, if any. */
     notice: () => (S.notice ? { ...S.notice } : null),
+    modelWait: () => {
+      const line = document.getElementById("model-wait");
+      return line ? line.textContent : null;
+    },
+    modelWaits: () => T.modelWaits.slice(),
     searches: () => T.searches.slice(),
     /** Replace the model knobs sent as config.configurable (e.g. to make a retry succeed). */
     setConfigurable(obj) {

@@ -592,14 +592,13 @@ def make_model(settings: Settings, config: RunnableConfig | None = None) -> Base
     from langchain.chat_models import init_chat_model
 
     from shared.agent.providers import ModelConfigError, check_model, parse_model_id
+    from shared.agent.retrying import RetryingChatModel, RetryPolicy
 
-    # The client's own bounded retries with backoff (429/5xx/timeouts, Retry-After
-    # honoured) and a per-request timeout: a failing endpoint ends the run with a typed
-    # error (shared/agent/providers.py) instead of hanging it.
-    options: dict[str, Any] = {
-        "timeout": settings.model_timeout_s,
-        "max_retries": settings.model_max_retries,
-    }
+    # A per-request timeout and no retries of the client's own: ours (shared/agent/
+    # retrying.py) count the attempts the provider really received, add a first-byte
+    # timeout and tell the run's stream while they wait; a failing endpoint ends the run
+    # with a typed error (shared/model_errors.py) instead of hanging it.
+    options: dict[str, Any] = {"timeout": settings.model_timeout_s, "max_retries": 0}
     if parse_model_id(settings.model)[0] in ("openai", "azure_openai"):
         # Usage in the last streamed chunk (stream_options.include_usage): ChatOpenAI
         # turns it off by itself when a base URL is set, and the journal records it.
@@ -613,4 +612,4 @@ def make_model(settings: Settings, config: RunnableConfig | None = None) -> Base
     except ImportError as exc:
         problem = check_model("THREADRUN_MODEL", settings.model, settings)
         raise ModelConfigError(problem or f"model {settings.model!r}: {exc}") from exc
-    return model
+    return RetryingChatModel(inner=model, policy=RetryPolicy.of(settings))

@@ -11,10 +11,12 @@ Two jobs, both about failing loudly instead of leaving a run `pending`:
   journal records it without reaching up into the agent) turns a provider client's exception (openai's and
   anthropic's SDKs share one shape: `status_code`, `request.url`, `APITimeoutError`,
   `APIConnectionError`) into a typed, user-readable error record: the provider, the
-  endpoint host, the HTTP status, the kind, and whether the client retried it. The
-  client's own bounded retries with backoff (`max_retries`, THREADRUN_MODEL_MAX_RETRIES)
-  are the retry policy: they already honour `Retry-After` and cover 408/409/429/5xx,
-  timeouts and connection errors, so a second retry layer here would multiply them.
+  endpoint host, the HTTP status, the kind, how many attempts were made, a `short`
+  line for a chat UI and the whole `detail`. The retries are ours, not the client's
+  (its `max_retries` is 0): shared/agent/retrying.py tries a call that failed before
+  answering (408/409/429/5xx, timeouts, connection errors, a first-byte timeout) up to
+  THREADRUN_MODEL_MAX_RETRIES more times, honouring `Retry-After`, and says so on the
+  run's stream (`model_wait` custom events) while it waits.
 """
 
 from __future__ import annotations
