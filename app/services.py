@@ -21,7 +21,7 @@ from shared.crons.store import CronStore
 from shared.db import make_pool
 from shared.journal import RunEventStore
 from shared.ops.store import OpsStore
-from shared.project import Project
+from shared.project import Project, load_project
 from shared.redis_keys import Keys
 from shared.retention import policy as retention_policy
 from shared.runs.limits import RunLimits
@@ -77,9 +77,19 @@ class Services:
         )
         keys = Keys(settings.redis_prefix)
         registry = GraphRegistry.from_config(settings.config)
-        assistants = AssistantManager(AssistantStore(pool), registry)
+        quotas = load_project(settings.config).owner_quotas  # A3: per storage owner
+        assistants = AssistantManager(
+            AssistantStore(
+                pool, max_per_owner=settings.max_assistants_per_user if quotas else None
+            ),
+            registry,
+        )
         assistants.ensure_system()  # each graph's system assistant (idempotent, race-safe)
-        store = RunStore(pool, default_ttl=retention_policy.default_ttl(settings))  # P6
+        store = RunStore(
+            pool,
+            default_ttl=retention_policy.default_ttl(settings),  # P6
+            max_threads_per_user=settings.max_threads_per_user if quotas else None,  # A3
+        )
         state = CheckpointStateAccessor.for_pool(
             pool,
             registry.reader("threads.read"),  # a factory sees the access context of a read
@@ -121,7 +131,11 @@ class Services:
                 page_size=settings.event_page_size,
                 page_size_max=settings.event_page_size_max,
             ),
-            items=web_stores(pool, StoreConfig.from_file(settings.config)),
+            items=web_stores(
+                pool,
+                StoreConfig.from_file(settings.config),
+                max_item_bytes=settings.max_store_item_bytes,
+            ),
             audit=OpsStore(pool),
             crons=CronManager(
                 CronStore(pool),

@@ -336,6 +336,13 @@ class Project:
         return self.config.auth or AuthSection()
 
     @property
+    def owner_quotas(self) -> bool:
+        """Whether the per-user quotas (`max_threads_per_user`, `max_assistants_per_user`)
+        apply: they count per storage owner, and under `auth.path` every project user is
+        the one tenant owner, so there they are the project's handlers' to enforce."""
+        return not self.auth.path
+
+    @property
     def thread_ttl(self) -> ThreadTTLSection | None:
         section = self.config.checkpointer_section
         return section.ttl if section else None

@@ -226,7 +226,30 @@ class Settings(BaseSettings):
         default=2,
         ge=0,
         le=10,
-        description="Retries of a provider call on 429/5xx/timeouts, with the client's backoff.",
+        description="Retries of a provider call that failed before answering (429/5xx/timeouts,"
+        " connection errors), made by threadrun with the backoff below; the client's own are off.",
+    )
+    model_first_byte_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="An attempt that sent nothing (no first streamed chunk) in this long is"
+        " abandoned and retried: a hanging provider ends the run instead of holding it.",
+    )
+    model_retry_backoff_s: float = Field(
+        default=0.5,
+        ge=0,
+        description="Wait before the first retry of a model call, doubled for each next one.",
+    )
+    model_retry_backoff_max_s: float = Field(
+        default=8.0,
+        ge=0,
+        description="Longest wait between model-call attempts (a Retry-After is cut to it).",
+    )
+    model_wait_heartbeat_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="While a model call has not answered yet, a `model_wait` custom event"
+        " with the seconds waited is sent this often.",
     )
     builtin_tokens: int = Field(
         default=24, ge=1, description="Tokens per reply of the built-in model."
@@ -332,6 +355,22 @@ class Settings(BaseSettings):
     )
     cron_max_per_user: int = Field(
         default=100, ge=1, description="Crons one user may have at once (429 beyond)."
+    )
+    max_threads_per_user: int = Field(
+        default=10_000,
+        ge=1,
+        description="Threads one user may have at once (429 `max_threads_per_user` beyond;"
+        " off under the project's auth.path, whose users share one owner).",
+    )
+    max_assistants_per_user: int = Field(
+        default=1_000,
+        ge=1,
+        description="Assistants one user may have at once (429 beyond; off under auth.path).",
+    )
+    max_store_item_bytes: int = Field(
+        default=262_144,
+        ge=256,
+        description="JSON size of one store item's value, from the API or a graph (413 above).",
     )
     cron_min_interval_s: float = Field(
         default=60.0,

@@ -79,7 +79,11 @@ def build_cron_manager(settings: Settings) -> CronManager:
         settings, key_store, settings.api_key_cache_ttl_s, project_auth=bool(project.auth.path)
     )
     runs = RunManager(
-        RunStore(pool, default_ttl=retention_policy.default_ttl(settings)),
+        RunStore(
+            pool,
+            default_ttl=retention_policy.default_ttl(settings),
+            max_threads_per_user=settings.max_threads_per_user if project.owner_quotas else None,
+        ),
         Dispatcher(make_celery(settings)),
         client,
         Keys(settings.redis_prefix),

@@ -25,7 +25,7 @@ from shared.assistants.model import (
     check_writable,
 )
 from shared.db import DictPool
-from shared.errors import AssistantExists, AssistantNotFound
+from shared.errors import AssistantExists, AssistantNotFound, LimitExceeded
 from shared.vocab import JSONObject
 
 VISIBLE = "(a.owner = %(owner)s OR (a.owner IS NULL AND a.graph_id = ANY(%(graphs)s)))"
@@ -50,6 +50,13 @@ WITH a AS (
 )
 SELECT * FROM a
 """
+ASSISTANT_QUOTA_SQL = """
+SELECT (SELECT count(*) FROM (SELECT 1 FROM assistants WHERE owner = %(owner)s LIMIT %(max)s) q)
+           AS n,
+       EXISTS (SELECT 1 FROM assistants WHERE assistant_id = %(assistant_id)s) AS present
+"""
+"""How many assistants the owner has, counted up to the quota, and whether the id exists
+already (then the create makes no new assistant: it answers it or 409)."""
 GET_ASSISTANT_SQL = (
     f"SELECT a.* FROM assistants a WHERE a.assistant_id = %(assistant_id)s AND {VISIBLE}"
 )
@@ -122,8 +129,12 @@ class AssistantFilter:
 class AssistantStore:
     """Assistants and their versions in Postgres."""
 
-    def __init__(self, pool: DictPool) -> None:
+    def __init__(self, pool: DictPool, *, max_per_owner: int | None = None) -> None:
+        """`max_per_owner`: the assistants one owner may have (`max_assistants_per_user`,
+        429 beyond; None: no quota). Counted in the creating statement's connection without
+        a lock: concurrent creations of one owner may pass it by as many."""
         self._pool = pool
+        self._max_per_owner = max_per_owner
 
     def create(
         self,
@@ -142,6 +153,7 @@ class AssistantStore:
         """
         params = {"assistant_id": assistant_id, "owner": owner, **_content(content)}
         with self._pool.connection() as conn:
+            self._check_quota(conn, owner, assistant_id)
             row = conn.execute(CREATE_ASSISTANT_SQL, params).fetchone()
             if row is not None:
                 return Assistant.from_row(row), True
@@ -149,6 +161,20 @@ class AssistantStore:
         if existing is None or if_exists is OnConflict.RAISE:
             raise AssistantExists(f"assistant {assistant_id} already exists")
         return Assistant.from_row(existing), False
+
+    def _check_quota(
+        self, conn: psycopg.Connection[DictRow], owner: str, assistant_id: str
+    ) -> None:
+        limit = self._max_per_owner
+        if limit is None:
+            return
+        row = conn.execute(
+            ASSISTANT_QUOTA_SQL, {"owner": owner, "max": limit, "assistant_id": assistant_id}
+        ).fetchone()
+        if row is not None and int(row["n"]) >= limit and not row["present"]:
+            raise LimitExceeded(
+                "max_assistants_per_user", f"at most {limit} assistants per user: delete some first"
+            )
 
     def ensure_system(self, contents: Mapping[str, AssistantContent]) -> list[str]:
         """Insert the system assistants (id -> content) that do not exist; return their ids.

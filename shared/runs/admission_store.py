@@ -117,6 +117,7 @@ class AdmissionStore(StoreBase):
             ):
                 params = {"thread_id": thread_id, "owner": owner}
                 if create:
+                    self.check_thread_quota(conn, owner, thread_id, public_id)
                     conn.execute(
                         INSERT_THREAD_SQL,
                         {
@@ -169,6 +170,7 @@ class AdmissionStore(StoreBase):
         params = {"thread_id": thread_id, "owner": owner}
         with pipeline_block(conn):
             if request.create_thread:
+                self.check_thread_quota(conn, owner, thread_id, request.public_thread_id)
                 conn.execute(
                     INSERT_THREAD_SQL,
                     {

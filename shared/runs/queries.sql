@@ -20,6 +20,15 @@ VALUES (%(thread_id)s, coalesce(%(public_id)s::uuid, %(thread_id)s::uuid), %(own
 ON CONFLICT DO NOTHING
 RETURNING *
 
+-- name: thread_quota
+-- How many threads the owner has, counted up to the quota (an index range of at most
+-- `max` entries), and whether the one about to be created exists already (then creating
+-- it is no new thread: `if_exists=do_nothing`, `if_not_exists=create`).
+SELECT (SELECT count(*) FROM (SELECT 1 FROM threads WHERE owner = %(owner)s LIMIT %(max)s) q)
+           AS n,
+       EXISTS (SELECT 1 FROM threads WHERE thread_id = %(thread_id)s::uuid
+               OR (owner = %(owner)s AND public_id = %(public_id)s::uuid)) AS present
+
 -- name: resolve_thread
 SELECT thread_id::text FROM threads WHERE owner = %(owner)s AND public_id = %(public_id)s
 

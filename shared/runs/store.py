@@ -46,6 +46,13 @@ class RunStore(
 ):
     """Threads and runs in Postgres."""
 
-    def __init__(self, pool: DictPool, *, default_ttl: ThreadTTL | None = None) -> None:
+    def __init__(
+        self,
+        pool: DictPool,
+        *,
+        default_ttl: ThreadTTL | None = None,
+        max_threads_per_user: int | None = None,
+    ) -> None:
         super().__init__(pool)
         self.default_ttl = default_ttl
+        self.max_threads_per_user = max_threads_per_user

@@ -18,11 +18,13 @@ from psycopg.types.json import Jsonb
 
 from shared import serde
 from shared.db import DictPool
+from shared.errors import LimitExceeded
 from shared.journal import Category, queue_in
 from shared.runs.model import ThreadTTL
 from shared.runs.queries import query
 
 SET_LOCK_TIMEOUT_SQL = query("set_lock_timeout")
+THREAD_QUOTA_SQL = query("thread_quota")
 
 
 def json_param(value: Any) -> Jsonb | None:
@@ -53,8 +55,36 @@ class StoreBase:
     `POST /threads` or by an admission (`if_not_exists=create`, a run without a thread); set
     by `RunStore(pool, default_ttl=...)` in the processes that create threads."""
 
+    max_threads_per_user: int | None = None
+    """How many threads one owner may have (A3, `max_threads_per_user`; None: no quota);
+    set by `RunStore(pool, max_threads_per_user=...)` in the processes that create threads."""
+
     def __init__(self, pool: DictPool) -> None:
         self._pool = pool
+
+    def check_thread_quota(
+        self,
+        conn: psycopg.Connection[DictRow],
+        owner: str,
+        thread_id: str | None,
+        public_id: str | None = None,
+    ) -> None:
+        """LimitExceeded (429 `max_threads_per_user`) when the owner has its quota of
+        threads and the one to create (storage `thread_id`, or the owner's `public_id`) is
+        not one of them. Counted in the creating transaction
+        without a lock: concurrent creations of one owner may pass it by as many."""
+        limit = self.max_threads_per_user
+        if limit is None:
+            return
+        row = conn.execute(
+            THREAD_QUOTA_SQL,
+            {"owner": owner, "max": limit, "thread_id": thread_id, "public_id": public_id},
+        ).fetchone()
+        if row is not None and int(row["n"]) >= limit and not row["present"]:
+            raise LimitExceeded(
+                "max_threads_per_user",
+                f"at most {limit} threads per user: delete some (or let them expire) first",
+            )
 
     def ttl_params(self, ttl: ThreadTTL | None = None) -> dict[str, object]:
         """The TTL parameters of a new thread: `ttl`, else the deployment's default."""

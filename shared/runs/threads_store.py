@@ -122,6 +122,7 @@ class ThreadStore(StoreBase):
         tid = thread_ids.storage_id(owner, public) if thread_id else public
         params = {"thread_id": tid, "public_id": public, "owner": owner}
         with self._pool.connection() as conn:
+            self.check_thread_quota(conn, owner, tid, public)
             row = conn.execute(
                 INSERT_THREAD_SQL,
                 {**params, "metadata": json_param(metadata), **self.ttl_params(ttl)},
@@ -167,6 +168,7 @@ class ThreadStore(StoreBase):
         thread is idle (runs are not copied)."""
         status = ThreadStatus.IDLE if source.status is ThreadStatus.BUSY else source.status
         with self._pool.connection() as conn:
+            self.check_thread_quota(conn, source.owner, thread_id)
             row = conn.execute(
                 INSERT_THREAD_COPY_SQL,
                 {

@@ -27,10 +27,12 @@ class UserStores:
     open_store: Callable[[], BaseStore]
     semantic: bool
     """Whether search takes a `query` (an embeddings index is configured)."""
+    max_item_bytes: int | None = None
+    """The JSON size of one item's value a put may have (`max_store_item_bytes`, 413)."""
 
     def for_user(self, user_id: str) -> UserScopedStore:
         """The store as `user_id` sees it: their namespaces only, without their label."""
-        return UserScopedStore(self.open_store(), user_id)
+        return UserScopedStore(self.open_store(), user_id, max_item_bytes=self.max_item_bytes)
 
 
 def setup(conn: Connection[DictRow], config: StoreConfig) -> None:
@@ -41,7 +43,9 @@ def setup(conn: Connection[DictRow], config: StoreConfig) -> None:
     PostgresStore(conn, index=config.setup_index()).setup()
 
 
-def web_stores(pool: DictPool, config: StoreConfig) -> UserStores:
+def web_stores(
+    pool: DictPool, config: StoreConfig, *, max_item_bytes: int | None = None
+) -> UserStores:
     """Views on the web's sync pool, one `PostgresStore` per call.
 
     A `PostgresStore` holds an instance lock for the whole of each batch even on a pool
@@ -53,7 +57,7 @@ def web_stores(pool: DictPool, config: StoreConfig) -> UserStores:
     def open_store() -> BaseStore:
         return PostgresStore(pool, index=index, ttl=ttl)
 
-    return UserStores(open_store, config.semantic)
+    return UserStores(open_store, config.semantic, max_item_bytes)
 
 
 @dataclass
@@ -75,7 +79,8 @@ class WorkerStore:
         store = AsyncPostgresStore(pool, index=config.index(), ttl=config.ttl())
         if config.section.ttl.sweep_interval_minutes is not None:
             await store.start_ttl_sweeper()
-        return cls(pool, store, UserStores(lambda: store, config.semantic))
+        views = UserStores(lambda: store, config.semantic, settings.max_store_item_bytes)
+        return cls(pool, store, views)
 
     async def close(self) -> None:
         """Stop the sweeper and close the pool."""

@@ -13,18 +13,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from langgraph.store.base import BaseStore, Op, Result
+from langgraph.store.base import BaseStore, Op, PutOp, Result
 from langgraph.store.base.batch import AsyncBatchedBaseStore
 
+from shared import serde
+from shared.errors import LimitExceeded
 from shared.store.namespaces import scope_op, unscope_result
 
 
 class UserScopedStore(BaseStore):
     """The namespaces of one user in `inner`: written under their label, read back without it."""
 
-    def __init__(self, inner: BaseStore, user_id: str) -> None:
+    def __init__(
+        self, inner: BaseStore, user_id: str, *, max_item_bytes: int | None = None
+    ) -> None:
         self.inner = inner
         self.user_id = user_id
+        self.max_item_bytes = max_item_bytes
         # BaseStore reads both to decide TTL defaults and refusals for put/get/search.
         self.supports_ttl = inner.supports_ttl
         self.ttl_config = inner.ttl_config
@@ -42,14 +47,32 @@ class UserScopedStore(BaseStore):
                 raise asyncio.InvalidStateError(
                     "synchronous store call inside the event loop: use aget/aput/asearch/..."
                 )
-        ops = list(ops)
+        ops = self._checked(ops)
         scoped = [scope_op(self.user_id, op) for op in ops]
         results = self.inner.batch(scoped)
         return [unscope_result(self.user_id, op, r) for op, r in zip(ops, results, strict=True)]
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         """Run `ops` asynchronously on the user's namespaces."""
-        ops = list(ops)
+        ops = self._checked(ops)
         scoped = [scope_op(self.user_id, op) for op in ops]
         results = await self.inner.abatch(scoped)
         return [unscope_result(self.user_id, op, r) for op, r in zip(ops, results, strict=True)]
+
+    def _checked(self, ops: Iterable[Op]) -> list[Op]:
+        """`ops`, refused whole (413 `max_store_item_bytes`) when a put's value is larger
+        than the limit: the API's puts and a graph's alike, before any is written."""
+        ops = list(ops)
+        limit = self.max_item_bytes
+        if limit is not None:
+            for op in ops:
+                if isinstance(op, PutOp) and op.value is not None:
+                    size = len(serde.dumps(op.value))
+                    if size > limit:
+                        raise LimitExceeded(
+                            "max_store_item_bytes",
+                            f"value: {size} bytes of JSON, larger than {limit}",
+                            status=413,
+                            field="value",
+                        )
+        return ops

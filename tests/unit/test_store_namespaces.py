@@ -19,6 +19,7 @@ from langgraph.store.base import (
 )
 from langgraph.store.memory import InMemoryStore
 
+from shared.errors import LimitExceeded
 from shared.store import UserScopedStore, check_namespace, scope, unscope, user_label
 from shared.store.namespaces import (
     USER_LABEL_PREFIX,
@@ -228,3 +229,23 @@ def test_reserved_root_is_refused_like_langgraph_does() -> None:
         store.put(("langgraph", "x"), "k", {"v": 1})
     with pytest.raises(InvalidNamespaceError):
         store.put((), "k", {"v": 1})
+
+
+def test_a3_a_put_over_the_item_size_is_refused_whole_sync_and_async() -> None:
+    """A3: a batch with one value over `max_item_bytes` (a graph's abatch as the API's
+    put) is a 413 naming `max_store_item_bytes`, and none of its ops is written."""
+    inner = InMemoryStore()
+    view = UserScopedStore(inner, "alice", max_item_bytes=100)
+    view.put(("notes",), "small", {"t": "x" * 10})
+    ops = [PutOp(("notes",), "a", {"t": "ok"}), PutOp(("notes",), "b", {"t": "x" * 200})]
+    with pytest.raises(LimitExceeded) as err:
+        view.batch(ops)
+    assert (err.value.limit, err.value.status, err.value.field) == (
+        "max_store_item_bytes",
+        413,
+        "value",
+    )
+    with pytest.raises(LimitExceeded):
+        asyncio.run(view.abatch(ops))
+    assert view.get(("notes",), "a") is None and view.get(("notes",), "small") is not None
+    view.batch([PutOp(("notes",), "b", None)])  # a delete carries no value: never refused
