@@ -36,6 +36,7 @@ from langgraph.types import Command
 
 from shared import logs, metrics, serde
 from shared.agent.graphs import GraphConfigError, GraphNotFound
+from shared.agent.tools import FILES_FENCE_KEY
 from shared.authz.users import run_subject, stored_user
 from shared.bridge.publisher import EventSink
 from shared.errors import EventsUnpublished, LeaseLost
@@ -211,6 +212,14 @@ async def prepare(rt: WorkerRuntime, attempt: RunAttempt) -> Prepared:
     # once the events emitted before the write are in the stream (B5).
     config["configurable"].update(fence(attempt))
     config["configurable"][GATE_KEY] = stream_gate(attempt, sink)
+    # L2 for files: an artifact is written only while the attempt owns its run and its
+    # thread exists, turn about with a delete of the thread (shared/agent/tools.py).
+    config["configurable"][FILES_FENCE_KEY] = functools.partial(
+        rt.store.files_fence,
+        attempt.run_id,
+        attempt.epoch,
+        idle_s=rt.settings.fence_idle_timeout_s,
+    )
     held = None
     if rt.settings.held_writes_linger_s > 0:  # a task's writes ride on its step's checkpoint
         held = config["configurable"][HELD_WRITES_KEY] = HeldWrites(

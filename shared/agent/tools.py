@@ -14,20 +14,29 @@ ToolMessage and the run carries on instead of crashing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 
 from shared import workspaces
+from shared.errors import LeaseLost
 from shared.settings import Settings
 
 OUTPUTS = "outputs"
+FILES_FENCE_KEY = "__threadrun_files_fence"
+"""`configurable` key of a run attempt's files fence (the worker sets it): a callable whose
+context manager holds the attempt's thread and run rows around a file write, raising
+`LeaseLost` when the thread is gone or the attempt lost its run (L2). Absent (a graph run
+outside threadrun), writes are unfenced."""
+FilesFence = Callable[[], AbstractContextManager[None]]
 MAX_ARTIFACT_BYTES = 10 * 1024 * 1024
 MAX_READ_CHARS = 100_000
 
@@ -95,14 +104,22 @@ def _write_artifact(filename: str, content: str, config: RunnableConfig) -> str:
     data = content.encode("utf-8")
     if len(data) > MAX_ARTIFACT_BYTES:
         raise ToolException(f"content is {len(data)} bytes; the limit is {MAX_ARTIFACT_BYTES}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Write then rename: a concurrent reader sees the old file or the new one, never half.
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    fence: FilesFence | None = ((config or {}).get("configurable") or {}).get(FILES_FENCE_KEY)
     try:
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+        # Under the fence a thread deleted meanwhile either waits for this write (and then
+        # removes the file with the thread) or is already gone (nothing is written): a
+        # re-created thread of the same id never finds a deleted run's file.
+        with fence() if fence is not None else contextlib.nullcontext():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # Write then rename: a concurrent reader sees the old file or the new one.
+            tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+            try:
+                tmp.write_bytes(data)
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+    except LeaseLost as exc:
+        raise ToolException(f"the artifact was not written: {exc}") from exc
     return json.dumps({"path": relative, "size": len(data)})
 
 

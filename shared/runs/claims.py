@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ import psycopg
 from psycopg.rows import DictRow
 
 from shared.db import pipelined_transaction
+from shared.errors import LeaseLost
 from shared.journal import Category, with_event
 from shared.runs.model import Run
 from shared.runs.queries import query
@@ -35,6 +37,8 @@ FINISH_SQL = query("finish")
 SAVEPOINT_SQL = query("savepoint_isolated")
 ROLLBACK_TO_SAVEPOINT_SQL = query("rollback_to_isolated")
 LIST_RUN_EVENTS_SQL = query("list_run_events")
+SHARE_THREAD_OF_RUN_SQL = query("share_thread_of_run")
+SHARE_RUNNING_RUN_SQL = query("share_running_run")
 # The claim and its `claimed` lifecycle event in one statement (one round trip with its
 # commit, on every run's path to its first token). Composed here, not in queries.sql: the
 # event's payload is an expression over the claimed row that `with_event` wraps around it.
@@ -91,6 +95,23 @@ def _isolated(
 
 class ClaimStore(StoreBase):
     """Claims and fenced finishes of runs."""
+
+    @contextmanager
+    def files_fence(self, run_id: str, epoch: int, *, idle_s: float = 5.0) -> Iterator[None]:
+        """Hold the attempt's thread and run rows shared for the block (a file write of the
+        run, L2): LeaseLost when the thread is gone or the attempt no longer owns the run.
+        The thread row first, as its delete and an admission lock it before the run rows:
+        a delete waits for the write, then removes the thread's files with it; a write
+        after the delete finds nothing and writes nothing (a re-created thread of the same
+        id has other runs, so the stale attempt's run is not among them)."""
+        params = {"run_id": run_id, "epoch": epoch, "idle": f"{int(idle_s * 1000)}ms"}
+        with self._pool.connection() as conn, conn.transaction():
+            thread = conn.execute(SHARE_THREAD_OF_RUN_SQL, params).fetchone()
+            if thread is None or conn.execute(SHARE_RUNNING_RUN_SQL, params).fetchone() is None:
+                raise LeaseLost(
+                    f"run {run_id}: its thread is gone or epoch {epoch} no longer owns it"
+                )
+            yield
 
     def claim(self, run_id: str, owner: str) -> Claim:
         """Make the run ours: status running, epoch + 1, attempt + 1 (L1, L3)."""

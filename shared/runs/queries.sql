@@ -368,6 +368,26 @@ RETURNING r.run_id::text
 SELECT run_id::text, thread_id::text, owner_epoch, attempt, cancel_action FROM runs
 WHERE status = 'running' AND updated_at < now() - make_interval(secs => %(min_age_s)s)
 
+-- name: share_thread_of_run
+-- The files fence, first statement: the run's thread row, shared. A thread's delete (a
+-- user's, an expiry, an assistant's delete_threads) locks that row FOR UPDATE before it
+-- removes the thread's files, so a fenced write and a delete take turns: the write lands
+-- before the delete removes the folder, or it finds the thread gone.
+-- A writer frozen inside the transaction (SIGSTOP) is disconnected after the
+-- transaction-local idle timeout, which frees the rows.
+SELECT t.thread_id
+FROM runs r JOIN threads t ON t.thread_id = r.thread_id,
+     (SELECT set_config('idle_in_transaction_session_timeout', %(idle)s, true)) AS s
+WHERE r.run_id = %(run_id)s::uuid
+FOR SHARE OF t
+
+-- name: share_running_run
+-- The files fence, second statement: the attempt still owns its run (L2), held shared so
+-- a re-claim, requeue or failure waits for the write.
+SELECT 1 FROM runs
+WHERE run_id = %(run_id)s::uuid AND owner_epoch = %(epoch)s AND status = 'running'
+FOR SHARE
+
 -- name: fail_expired
 UPDATE runs SET status = 'error', error = %(error)s, ended_at = now(), updated_at = now(),
        owner = %(owner)s, owner_epoch = owner_epoch + 1
