@@ -225,7 +225,8 @@ def fenced_write(sink: str) -> None:
 
 def webhook_delivery(outcome: str) -> None:
     """A webhook attempt ended with `outcome` (shared/webhooks/retry.py AttemptOutcome, or
-    `gone`: the run was deleted before its body was read)."""
+    `gone`: the run was deleted before its body was read, or `deferred`: its receiver's host
+    or its owner had its share of attempts in flight, shared/webhooks/fairness.py)."""
     _safe(lambda i: i.webhook_deliveries.labels(outcome=outcome).inc())
 
 

@@ -117,6 +117,16 @@ class LimitKeys:
         """Sorted set of the user's open streams and WebSockets (`max_connections_per_user`)."""
         return self._k(user_id, "connections")
 
+    def webhooks(self, user_id: str) -> str:
+        """Sorted set of the user's webhook attempts in flight (`webhook_user_concurrency`)."""
+        return self._k(user_id, "webhooks")
+
+    def webhook_host(self, host: str) -> str:
+        """Sorted set of the webhook attempts in flight to a receiver host
+        (`webhook_host_concurrency`)."""
+        tag = hashlib.sha256(host.encode()).hexdigest()[:20]
+        return f"{self.prefix}limit:{{h{tag}}}:webhook-host"
+
 
 @dataclass(frozen=True)
 class MemoryKeys:

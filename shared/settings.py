@@ -674,7 +674,26 @@ class Settings(BaseSettings):
     )
     webhook_url_max: int = Field(default=2048, ge=16, description="Longest webhook URL (422).")
     webhook_timeout_s: float = Field(
-        default=10.0, gt=0, description="One attempt: connect, send and read the answer."
+        default=10.0,
+        gt=0,
+        description="One attempt's longest wait: for the answer's first byte, each read.",
+    )
+    webhook_connect_timeout_s: float = Field(
+        default=3.0, gt=0, description="One attempt's connect to the receiver."
+    )
+    webhook_host_concurrency: int = Field(
+        default=2,
+        ge=1,
+        description="Attempts in flight to one receiver host, across the webhooks workers;"
+        " more wait `webhook_defer_s` (a slow receiver cannot hold every thread).",
+    )
+    webhook_user_concurrency: int = Field(
+        default=4,
+        ge=1,
+        description="Attempts in flight of one user's runs, across the webhooks workers.",
+    )
+    webhook_defer_s: float = Field(
+        default=1.0, gt=0, description="How soon an attempt over a share is tried again."
     )
     webhook_max_attempts: int = Field(
         default=6, ge=1, description="Attempts of one delivery before it is `failed`."
@@ -700,7 +719,7 @@ class Settings(BaseSettings):
         ),
     )
     webhook_worker: Literal["memory", "dedicated"] = Field(
-        default="memory",
+        default="dedicated",
         description=(
             "Which process of `make run` consumes the `webhooks` queue: the memory worker"
             " (`-Q memory,webhooks`) or a dedicated `webhooks` worker."

@@ -21,9 +21,11 @@ import uuid
 
 from celery import signals
 
+from shared import redis_clients
 from shared.agent.graphs import GraphRegistry
 from shared.db import make_pool
 from shared.project import load_project
+from shared.redis_keys import LimitKeys
 from shared.runs.model import Run
 from shared.runs.store import RunStore
 from shared.runs.taskqueue import WEBHOOK_TASK, WEBHOOKS_QUEUE, Dispatcher
@@ -31,6 +33,7 @@ from shared.runs.webhook_delivery import WebhookService
 from shared.settings import Settings
 from shared.state.accessor import CheckpointStateAccessor
 from shared.state.modes import ensure_recorded_mode
+from shared.webhooks.fairness import DeliveryGate
 from shared.webhooks.policy import EgressPolicy
 from shared.webhooks.project_rules import project_rules
 from shared.webhooks.retry import Backoff
@@ -79,6 +82,7 @@ def build_service(settings: Settings) -> WebhookService:
         Sender(
             EgressPolicy.parse(settings.webhook_allow),
             timeout_s=settings.webhook_timeout_s,
+            connect_timeout_s=settings.webhook_connect_timeout_s,
             max_response_bytes=settings.webhook_response_max_bytes,
         ),
         secret=secret,
@@ -96,6 +100,14 @@ def build_service(settings: Settings) -> WebhookService:
         lease_s=3 * settings.webhook_timeout_s + 5,
         disabled=disabled,
         extra_headers=project_rules(settings.config).headers,  # langgraph.json `webhooks`
+        gate=DeliveryGate(
+            redis_clients.sync_client(settings),
+            LimitKeys(settings.redis_prefix),
+            per_host=settings.webhook_host_concurrency,
+            per_owner=settings.webhook_user_concurrency,
+            ttl_s=3 * settings.webhook_timeout_s + 5,  # an attempt's lease, as above
+        ),
+        defer_s=settings.webhook_defer_s,
     )
 
 

@@ -13,6 +13,7 @@ would lose or delay the retry. Here a lost countdown message costs at most
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ import orjson
 from shared import metrics, serde
 from shared.runs.model import Run
 from shared.runs.shapes import run_json
+from shared.webhooks.fairness import DeliveryGate
 from shared.webhooks.retry import AttemptOutcome, Backoff
 from shared.webhooks.sender import AttemptResult, Sender
 from shared.webhooks.signing import (
@@ -46,7 +48,8 @@ ValuesReader = Callable[[Run], bytes | None]
 class Delivered:
     """What `deliver` did (the task's log line)."""
 
-    attempt: int | None  # None: nothing claimed (no delivery, not due, in flight, done)
+    attempt: int | None  # None: nothing claimed (no delivery, not due, in flight, done,
+    # or deferred: its host or owner at the cap, back in `retry_in_s`)
     outcome: AttemptOutcome | None = None
     retry_in_s: float | None = None
 
@@ -75,8 +78,14 @@ class WebhookService:
         lease_s: float = 30.0,
         disabled: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
+        gate: DeliveryGate | None = None,
+        defer_s: float = 1.0,
     ) -> None:
+        """`gate`: the caps on attempts in flight per receiver host and per owner
+        (shared/webhooks/fairness.py); an attempt over one is sent again in `defer_s`."""
         self.store = store
+        self._gate = gate
+        self._defer_s = defer_s
         self.sender = sender
         self._secret = secret
         self._backoff = backoff
@@ -89,7 +98,27 @@ class WebhookService:
         self._extra = dict(extra_headers or {})  # langgraph.json `webhooks.headers`
 
     def deliver(self, run_id: str) -> Delivered:
-        """Claim the next attempt, freeze the body if it is the first, POST, record."""
+        """Take the attempt's fair share (host and owner caps), then claim it, freeze the
+        body if it is the first, POST, record; over a cap, nothing is claimed and the
+        delivery comes back in `defer_s` (jittered)."""
+        if self._gate is None:
+            return self._deliver(run_id)
+        target = self.store.target(run_id)
+        if target is None:
+            return Delivered(None)  # nothing pending: what the claim would find
+        url, owner = target
+        slots = self._gate.enter(_host_of(url), owner)
+        if slots is None:
+            metrics.webhook_delivery("deferred")
+            delay = self._defer_s * (1 + random.random())
+            self._schedule(run_id, delay)
+            return Delivered(None, None, delay)
+        try:
+            return self._deliver(run_id)
+        finally:
+            self._gate.leave(slots)
+
+    def _deliver(self, run_id: str) -> Delivered:
         claim = self.store.claim(run_id, self._lease_s)
         if claim is None:
             return Delivered(None)

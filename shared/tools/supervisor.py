@@ -115,9 +115,9 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
     # No `-E`: Celery's flag wins over the configuration, so THREADRUN_TASK_EVENTS=false would
     # silence only the web's `task-sent` events; the setting (default off) decides alone.
     tail = ["--without-gossip", "--without-mingle"]
-    # The `webhooks` queue: by default the memory worker consumes it too (both
-    # are side-effect, I/O-bound queues that never touch a run's lease); a dedicated
-    # process when THREADRUN_WEBHOOK_WORKER=dedicated (slow receivers never delay memory).
+    # The `webhooks` queue: a dedicated process by default (slow receivers never delay
+    # memory extraction); the memory worker consumes it too with
+    # THREADRUN_WEBHOOK_WORKER=memory (one process fewer on a small host).
     memory_q, webhooks = "memory,webhooks", []
     if settings.webhook_worker == "dedicated":
         memory_q = "memory"

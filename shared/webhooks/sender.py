@@ -55,14 +55,18 @@ class Sender:
         *,
         timeout_s: float,
         max_response_bytes: int,
+        connect_timeout_s: float | None = None,
         resolver: Resolver = resolve,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """`timeout_s` bounds each wait of an attempt (for the answer's first byte, for
+        each read, for the pool); `connect_timeout_s` the connect alone (shorter: a
+        receiver that does not even accept must not hold a delivery thread for long)."""
         self.policy = policy
         self._max_response = max_response_bytes
         self._resolve = resolver
         self._client = httpx.Client(
-            timeout=httpx.Timeout(timeout_s),
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s or timeout_s),
             follow_redirects=False,
             trust_env=False,
             transport=transport,

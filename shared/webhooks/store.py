@@ -80,6 +80,11 @@ RETURNING d.run_id::text
 """Overdue by `stale_s`: the low-latency dispatch (or the retry's countdown) had its
 chance first, so the sweep only re-sends what a dead worker or a lost message left."""
 GET_SQL = "SELECT * FROM webhook_deliveries WHERE run_id = %(run_id)s"
+TARGET_SQL = """
+SELECT d.url, t.owner FROM webhook_deliveries d
+LEFT JOIN threads t ON t.thread_id = d.thread_id
+WHERE d.run_id = %(run_id)s AND d.state = 'pending'
+"""
 GET_SECRET_SQL = "SELECT secret FROM webhook_secret WHERE singleton"
 INSERT_SECRET_SQL = """
 INSERT INTO webhook_secret (singleton, secret) VALUES (true, %(secret)s) ON CONFLICT DO NOTHING
@@ -144,6 +149,13 @@ class WebhookStore:
         with self._pool.connection() as conn:
             row = conn.execute(GET_SQL, {"run_id": run_id}).fetchone()
         return None if row is None else Delivery.from_row(row)
+
+    def target(self, run_id: str) -> tuple[str, str | None] | None:
+        """A pending delivery's URL and its thread's owner (None when the thread is gone
+        already); None when no delivery is pending."""
+        with self._pool.connection() as conn:
+            row = conn.execute(TARGET_SQL, {"run_id": run_id}).fetchone()
+        return None if row is None else (str(row["url"]), row["owner"])
 
     def claim(self, run_id: str, lease_s: float) -> ClaimedAttempt | None:
         """Claim the next attempt (None: no delivery, not due, in flight, or done)."""

@@ -552,7 +552,7 @@ def test_not_ready_in_time_is_a_failure() -> None:
 def test_default_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings(host="0.0.0.0", port=8123, worker_concurrency=7)
     specs = {s.name: list(s.argv) for s in sv.default_specs(settings, env={})}
-    assert list(specs) == ["web", "worker", "memory", "scheduler"]
+    assert list(specs) == ["web", "worker", "memory", "scheduler", "webhooks"]
     # make run starts the cron scheduler (Celery beat with our scheduler)
     assert "beat -S workers.cron_beat:CronScheduler" in " ".join(specs["scheduler"])
     web = specs["web"]
@@ -572,7 +572,9 @@ def test_default_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert worker.endswith("-n runs@%h --without-gossip --without-mingle")
     assert "-E" not in specs["worker"]  # the task_events setting decides (make_celery)
     memory = " ".join(specs["memory"])
-    assert "-Q memory" in memory and "-c 4" in memory and "-n memory@%h" in memory
+    assert "-Q memory " in memory and "-c 4" in memory and "-n memory@%h" in memory
+    hooks = " ".join(specs["webhooks"])  # slow receivers never delay memory extraction
+    assert "-Q webhooks" in hooks and "-n webhooks@%h" in hooks
     with pytest.raises(SystemExit):
         sv.default_specs(settings, env={"THREADRUN_MEMORY_CONCURRENCY": "zero"})
 
