@@ -135,6 +135,7 @@ class Services:
                 pool,
                 StoreConfig.from_file(settings.config),
                 max_item_bytes=settings.max_store_item_bytes,
+                max_items=settings.max_store_items_per_user if quotas else None,  # A3
             ),
             audit=OpsStore(pool),
             crons=CronManager(

@@ -367,6 +367,12 @@ class Settings(BaseSettings):
         ge=1,
         description="Assistants one user may have at once (429 beyond; off under auth.path).",
     )
+    max_store_items_per_user: int = Field(
+        default=10_000,
+        ge=1,
+        description="Store items one user's namespaces may hold (429 beyond; off under"
+        " auth.path).",
+    )
     max_store_item_bytes: int = Field(
         default=262_144,
         ge=256,

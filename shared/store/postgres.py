@@ -15,8 +15,10 @@ from psycopg import Connection
 from psycopg.rows import DictRow
 
 from shared.db import AsyncDictPool, DictPool, make_async_pool
+from shared.project import load_project
 from shared.settings import Settings
 from shared.store.config import StoreConfig
+from shared.store.quota import ItemQuota
 from shared.store.scoped import UserScopedStore
 
 
@@ -29,10 +31,15 @@ class UserStores:
     """Whether search takes a `query` (an embeddings index is configured)."""
     max_item_bytes: int | None = None
     """The JSON size of one item's value a put may have (`max_store_item_bytes`, 413)."""
+    quota: ItemQuota | None = None
+    """`max_store_items_per_user` (429); None: no quota (off under the project's auth.path,
+    whose users share one owner)."""
 
     def for_user(self, user_id: str) -> UserScopedStore:
         """The store as `user_id` sees it: their namespaces only, without their label."""
-        return UserScopedStore(self.open_store(), user_id, max_item_bytes=self.max_item_bytes)
+        return UserScopedStore(
+            self.open_store(), user_id, max_item_bytes=self.max_item_bytes, quota=self.quota
+        )
 
 
 def setup(conn: Connection[DictRow], config: StoreConfig) -> None:
@@ -44,7 +51,11 @@ def setup(conn: Connection[DictRow], config: StoreConfig) -> None:
 
 
 def web_stores(
-    pool: DictPool, config: StoreConfig, *, max_item_bytes: int | None = None
+    pool: DictPool,
+    config: StoreConfig,
+    *,
+    max_item_bytes: int | None = None,
+    max_items: int | None = None,
 ) -> UserStores:
     """Views on the web's sync pool, one `PostgresStore` per call.
 
@@ -57,7 +68,8 @@ def web_stores(
     def open_store() -> BaseStore:
         return PostgresStore(pool, index=index, ttl=ttl)
 
-    return UserStores(open_store, config.semantic, max_item_bytes)
+    quota = ItemQuota(max_items, pool=pool) if max_items is not None else None
+    return UserStores(open_store, config.semantic, max_item_bytes, quota)
 
 
 @dataclass
@@ -79,7 +91,10 @@ class WorkerStore:
         store = AsyncPostgresStore(pool, index=config.index(), ttl=config.ttl())
         if config.section.ttl.sweep_interval_minutes is not None:
             await store.start_ttl_sweeper()
-        views = UserStores(lambda: store, config.semantic, settings.max_store_item_bytes)
+        quota = None
+        if load_project(settings.config).owner_quotas:
+            quota = ItemQuota(settings.max_store_items_per_user, apool=pool)
+        views = UserStores(lambda: store, config.semantic, settings.max_store_item_bytes, quota)
         return cls(pool, store, views)
 
     async def close(self) -> None:

@@ -19,17 +19,24 @@ from langgraph.store.base.batch import AsyncBatchedBaseStore
 from shared import serde
 from shared.errors import LimitExceeded
 from shared.store.namespaces import scope_op, unscope_result
+from shared.store.quota import ItemQuota
 
 
 class UserScopedStore(BaseStore):
     """The namespaces of one user in `inner`: written under their label, read back without it."""
 
     def __init__(
-        self, inner: BaseStore, user_id: str, *, max_item_bytes: int | None = None
+        self,
+        inner: BaseStore,
+        user_id: str,
+        *,
+        max_item_bytes: int | None = None,
+        quota: ItemQuota | None = None,
     ) -> None:
         self.inner = inner
         self.user_id = user_id
         self.max_item_bytes = max_item_bytes
+        self.quota = quota  # `max_store_items_per_user` (None: no quota)
         # BaseStore reads both to decide TTL defaults and refusals for put/get/search.
         self.supports_ttl = inner.supports_ttl
         self.ttl_config = inner.ttl_config
@@ -49,6 +56,8 @@ class UserScopedStore(BaseStore):
                 )
         ops = self._checked(ops)
         scoped = [scope_op(self.user_id, op) for op in ops]
+        if self.quota is not None:
+            self.quota.check(self.user_id, [op for op in scoped if isinstance(op, PutOp)])
         results = self.inner.batch(scoped)
         return [unscope_result(self.user_id, op, r) for op, r in zip(ops, results, strict=True)]
 
@@ -56,6 +65,8 @@ class UserScopedStore(BaseStore):
         """Run `ops` asynchronously on the user's namespaces."""
         ops = self._checked(ops)
         scoped = [scope_op(self.user_id, op) for op in ops]
+        if self.quota is not None:
+            await self.quota.acheck(self.user_id, [op for op in scoped if isinstance(op, PutOp)])
         results = await self.inner.abatch(scoped)
         return [unscope_result(self.user_id, op, r) for op, r in zip(ops, results, strict=True)]
 

@@ -1,7 +1,7 @@
 """A3: per-user quotas on what a user keeps, through the official SDK against real processes.
 
 Threads (`max_threads_per_user`), assistants (`max_assistants_per_user`) and store items
-(`max_store_item_bytes`): each refusal is a 429 or 413 naming the limit, every way a thread
+(`max_store_item_bytes`, `max_store_items_per_user`): each refusal is a 429 or 413 naming the limit, every way a thread
 is created counts (threads.create, a run that creates its thread, a copy), a create that
 makes nothing new (an existing id) is not refused, another user is not affected, and
 deleting frees the room.
@@ -25,6 +25,7 @@ QUOTAS = {
     "THREADRUN_MAX_THREADS_PER_USER": "3",
     "THREADRUN_MAX_ASSISTANTS_PER_USER": "2",
     "THREADRUN_MAX_STORE_ITEM_BYTES": "1024",
+    "THREADRUN_MAX_STORE_ITEMS_PER_USER": "3",
 }
 
 
@@ -104,3 +105,19 @@ def test_a3_store_item_size(quota_cluster: Cluster) -> None:
     assert got.status_code == 200 and got.json() is None  # the official server's "no item"
     small = {"namespace": ["notes"], "key": "small", "value": {"text": "x" * 500}}
     assert httpx.put(f"{url}/store/items", json=small, headers=headers).status_code == 204
+
+
+def test_a3_store_item_quota(quota_cluster: Cluster) -> None:
+    """A3: bob's fourth new store item is a 429 naming `max_store_items_per_user`; a
+    replacement is not; a deleted item frees its place."""
+    bob = get_sync_client(url=quota_cluster.url, api_key=BOB)
+    for key in ("a", "b", "c"):
+        bob.store.put_item(["prefs"], key, {"v": key})
+    assert refusal(lambda: bob.store.put_item(["prefs"], "d", {"v": "d"})) == (
+        429,
+        "max_store_items_per_user",
+    )
+    bob.store.put_item(["prefs"], "a", {"v": "again"})
+    bob.store.delete_item(["prefs"], "b")
+    bob.store.put_item(["prefs"], "d", {"v": "d"})
+    assert bob.store.get_item(["prefs"], "d")["value"] == {"v": "d"}

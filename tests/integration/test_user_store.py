@@ -16,6 +16,7 @@ from langgraph.store.base import GetOp, ListNamespacesOp, MatchCondition, PutOp,
 from langgraph.store.memory import InMemoryStore
 
 from shared.db import DictPool, make_pool
+from shared.errors import LimitExceeded
 from shared.settings import Settings
 from shared.store import StoreConfig, WorkerStore, user_label, web_stores
 from shared.store.postgres import UserStores
@@ -152,3 +153,38 @@ def test_worker_store_is_the_same_store(settings: Settings, stores: UserStores) 
     item = stores.for_user(user).get(("memories",), "k")
     assert item is not None and item.value == {"from": "worker"}
     assert stores.for_user(f"other-{user}").get(("memories",), "k") is None
+
+
+def test_a3_the_item_quota_counts_new_keys_sync_and_async(
+    pool: DictPool, settings: Settings
+) -> None:
+    """A3: with `max_store_items_per_user` 3, a user's fourth new key is a 429 naming the
+    limit, from the web's sync store and from a graph's async store alike; replacing an
+    item or deleting one is never refused, a deleted item frees its place, and another
+    user (even one whose id holds LIKE's `%` and `_`) has a quota of its own."""
+    quota_settings = settings.model_copy(update={"max_store_items_per_user": 3})
+    web = web_stores(pool, StoreConfig.from_file(settings.config), max_items=3)
+    alice = web.for_user(f"alice-{uuid.uuid4().hex[:6]}")
+    for k in ("a", "b", "c"):
+        alice.put(("notes",), k, {"v": k})
+    with pytest.raises(LimitExceeded) as err:
+        alice.put(("other",), "d", {"v": "d"})
+    assert (err.value.limit, err.value.status) == ("max_store_items_per_user", 429)
+    alice.put(("notes",), "a", {"v": "again"})  # a replacement: not a new item
+    alice.batch([PutOp(("notes",), "a", {"v": "x"}), PutOp(("notes",), "b", {"v": "y"})])
+    odd = web.for_user(f"u%_{uuid.uuid4().hex[:6]}")
+    odd.put(("notes",), "a", {"v": 1})  # its own count, not alice's
+
+    async def graph_side() -> None:
+        worker = await WorkerStore.open(quota_settings)
+        try:
+            view = worker.views.for_user(alice.user_id)
+            with pytest.raises(LimitExceeded):
+                await view.aput(("notes",), "e", {"v": "e"})
+            await view.adelete(("notes",), "c")
+            await view.aput(("notes",), "e", {"v": "e"})  # the deleted one's place
+        finally:
+            await worker.close()
+
+    asyncio.run(graph_side())
+    assert alice.get(("notes",), "e") is not None and alice.get(("notes",), "c") is None
