@@ -128,6 +128,12 @@ class Settings(BaseSettings):
         description="Largest head `values` (encoded JSON) kept as a copy for thread objects;"
         " larger ones are read from the checkpoint.",
     )
+    thread_search_scan_threads: int = Field(
+        default=1000,
+        ge=1,
+        description="Newest threads of a user whose messages a thread search `query` reads"
+        " (titles are matched over all of them).",
+    )
     ws_max_frame_bytes: int = Field(
         default=262144, ge=1024, description="Largest WebSocket frame (close 1009 above)."
     )
@@ -370,8 +376,7 @@ class Settings(BaseSettings):
     max_store_items_per_user: int = Field(
         default=10_000,
         ge=1,
-        description="Store items one user's namespaces may hold (429 beyond; off under"
-        " auth.path).",
+        description="Store items one user's namespaces may hold (429 beyond; off under auth.path).",
     )
     max_store_item_bytes: int = Field(
         default=262_144,
