@@ -33,24 +33,37 @@ app sent its own.
 **Lifespan**: a Starlette/FastAPI app's lifespan startup runs once per web process when the
 app is built (a failed startup stops the process), its shutdown in gunicorn's `worker_exit`.
 Flask has no lifespan: its module-level code runs once per process when it is imported.
-ASGI WebSocket routes of the custom app are not served (the bridge speaks HTTP only).
+
+**WebSocket routes** of a Starlette/FastAPI app are served (websocket.py): the upgrade's
+socket is taken on the gevent side as flask-sock takes threadrun's own, and the app is driven
+with the ASGI websocket protocol on the bridge's loop thread. Under enable_custom_route_auth
+the upgrade is checked as threadrun's own sockets are (app/streaming/upgrade.py: the Origin
+against THREADRUN_WS_ORIGINS, the credential in a header or `?api_key=`, 401/403 JSON
+before the socket exists) and the socket holds one of the caller's connection slots
+(`max_connections_per_user`, 429 over it) while it is open. Without it the route is public
+and, as the custom HTTP routes, counts in no one's slots (there is no caller to count).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from flask import Flask
+from flask import Flask, g
 from werkzeug.exceptions import HTTPException
 
 from app.auth import principal
 from app.cors import CorsPolicy
 from app.errors import reply_for
+from app.limits import ConnectionSlot
 from app.project_http.custom import USER_KEY, CustomApp, CustomRouteUser, load_custom_app
 from app.project_http.routes import disabled_groups, remove_disabled
+from app.project_http.websocket import is_upgrade
 from app.responses import error_body, json_response
+from app.streaming.upgrade import authenticate_upgrade
 from shared.project import HttpSection, Project
 
 log = logging.getLogger(__name__)
@@ -97,6 +110,8 @@ class ProjectHttp:
             elif path not in ROOT_PATHS:
                 return self._outside(environ, start_response)
         if self.custom is not None:
+            if is_upgrade(environ) and self.custom.matches_websocket(environ):
+                return self._custom_websocket(self.custom, environ, start_response)
             asked = _preflight_for(environ)
             target = {**environ, "REQUEST_METHOD": asked} if asked else environ
             if self.custom.matches(target, self.flask.url_map):
@@ -183,6 +198,45 @@ class ProjectHttp:
             environ[USER_KEY] = CustomRouteUser(who.user_id, who.role, (who.role,))
             environ["REMOTE_USER"] = who.user_id
         return custom.wsgi(environ, start_response)
+
+    def _custom_websocket(
+        self, custom: CustomApp, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
+        """A WebSocket route of the custom app, behind threadrun's upgrade checks when
+        custom-route auth is on (the module docstring)."""
+        slot: ConnectionSlot | None = None
+        if self.custom_auth:
+            with self.flask.request_context(environ):
+                try:
+                    authenticate_upgrade()  # Origin, credential, connection slot
+                except Exception as exc:  # noqa: BLE001 - every refusal is the API's JSON reply
+                    reply = reply_for(exc)
+                    refused = json_response(reply.body, reply.status, headers=reply.headers)
+                    return refused(environ, start_response)
+                who = g.principal
+                slot = g.pop("ws_conn", None)
+            environ[USER_KEY] = CustomRouteUser(who.user_id, who.role, (who.role,))
+            environ["REMOTE_USER"] = who.user_id
+        options = dict(self.flask.config.get("SOCK_SERVER_OPTIONS") or {})
+        try:
+            return custom.websocket(environ, start_response, options, _renewing(slot))
+        finally:
+            if slot is not None:
+                slot.release()
+
+
+def _renewing(slot: ConnectionSlot | None) -> Callable[[], None] | None:
+    """The socket's tick: renew its connection slot when due, beside the socket (as
+    app/streaming/ws.py does: a slow Redis must not hold up the frames)."""
+    if slot is None:
+        return None
+
+    def tick() -> None:
+        if slot.due():
+            slot.renewed_at = time.monotonic()
+            threading.Thread(target=slot.renew, name="ws-slot-renew", daemon=True).start()
+
+    return tick
 
 
 def init_app(app: Flask, project: Project) -> None:

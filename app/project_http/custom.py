@@ -7,6 +7,8 @@ the official server (whose user routes come first in one router): Starlette's
 A path the custom app has under another method only (`Match.PARTIAL`, Flask's 405) goes to it
 too when threadrun has no route for that path, so the app's 405 is what the client sees.
 FastAPI's own /openapi.json, /docs, /redoc are not taken: threadrun's /openapi.json stays.
+A WebSocket upgrade is a Starlette app's when one of its routes matches it as a `websocket`
+scope (`@app.websocket(...)`, a `WebSocketRoute`, a `Mount`); it is served by websocket.py.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map
 
 from app.project_http.bridge import AsgiBridge, LifespanFailed
+from app.project_http.websocket import serve, websocket_scope
 from shared.agent.graphs import load_variable
 from shared.errors import ConfigError
 from shared.project import Project, ProjectConfigError
@@ -61,6 +64,21 @@ class CustomApp(ABC):
     @abstractmethod
     def wsgi(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         """Serve one request."""
+
+    def matches_websocket(self, environ: dict[str, Any]) -> bool:
+        """Whether this WebSocket upgrade is one of the app's WebSocket routes (an ASGI app's
+        only: a Flask app's upgrades are plain requests to it)."""
+        return False
+
+    def websocket(
+        self,
+        environ: dict[str, Any],
+        start_response: Callable[..., Any],
+        options: dict[str, Any],
+        tick: Callable[[], None] | None = None,
+    ) -> Iterable[bytes]:
+        """Serve one WebSocket upgrade `matches_websocket` took (websocket.py's `serve`)."""
+        raise NotImplementedError(f"a {self.kind} app serves no WebSocket routes")
 
     def start(self) -> None:  # noqa: B027 - a hook: an app without a lifespan has nothing to do
         """Startup, once per web process."""
@@ -126,6 +144,22 @@ class StarletteApp(CustomApp):
 
     def wsgi(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         return self.bridge.wsgi(environ, start_response)
+
+    def matches_websocket(self, environ: dict[str, Any]) -> bool:
+        scope = websocket_scope(build_scope(environ))  # type: ignore[arg-type]
+        return any(route.matches(scope)[0] == self._full for route in self.routes)
+
+    def websocket(
+        self,
+        environ: dict[str, Any],
+        start_response: Callable[..., Any],
+        options: dict[str, Any],
+        tick: Callable[[], None] | None = None,
+    ) -> Iterable[bytes]:
+        scope = websocket_scope(build_scope(environ))  # type: ignore[arg-type]
+        return serve(
+            self.bridge.asgi, self.bridge.loop, scope, environ, start_response, options, tick
+        )
 
     def start(self) -> None:
         try:

@@ -2,39 +2,48 @@
 `make run` starts it) and a runs worker: a FastAPI and a Flask app as `http.app` (a route,
 a middleware, a lifespan for FastAPI), custom-route authentication on and off, the
 `disable_*` flags, `mount_prefix` with the official `langgraph_sdk` client, `cors` and
-`logging_headers` (app/project_http/, app/cors.py, app/access_log.py)."""
+`logging_headers`, and the FastAPI app's WebSocket routes (app/project_http/, app/cors.py,
+app/access_log.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import textwrap
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from langgraph_sdk import get_client
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.http11 import Response
+from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
 from shared.settings import Settings
 from shared.tools.testing import Cluster
+from shared.tools.testing.polling import wait_for
 from tests.conftest import private_settings
-from tests.e2e.conftest import ALICE, e2e_cluster
+from tests.e2e.conftest import ALICE, BOB, e2e_cluster
 from tests.e2e.test_browser import Page, browser  # noqa: F401 - the fixture
 
 LEAD_AGENT = Path(__file__).resolve().parents[2] / "shared" / "agent" / "lead_agent.py"
+SLOTS = 4
+"""max_connections_per_user of the FastAPI project's cluster."""
 
 FASTAPI_APP = """
 import asyncio, os
 from contextlib import asynccontextmanager
-from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse, StreamingResponse
 
 EVENTS = os.path.join(os.path.dirname(__file__), "events.txt")
+WS_EVENTS = os.path.join(os.path.dirname(__file__), "ws_events.txt")
 
 
 def note(what):
@@ -82,6 +91,83 @@ async def stream():
 @app.post("/threads/count")
 async def count_override():
     return {"overridden": True}
+
+
+def ws_note(what):
+    with open(WS_EVENTS, "a") as f:
+        f.write(what + "\\n")
+
+
+@app.websocket("/custom/echo")
+async def echo(websocket: WebSocket):
+    offered = websocket.scope["subprotocols"]
+    await websocket.accept(
+        subprotocol="echo.v1" if "echo.v1" in offered else None,
+        headers=[(b"x-custom-accept", b"yes")],
+    )
+    user = websocket.scope.get("user")
+    await websocket.send_json({
+        "user": getattr(user, "identity", None),
+        "root_path": websocket.scope["root_path"],
+        "path": websocket.url.path,
+        "greeting": websocket.state.greeting,
+        "tag": websocket.query_params.get("tag"),
+        "offered": offered,
+    })
+    tag = websocket.query_params.get("tag")
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            ws_note(f"disconnect {tag} {message['code']} {message.get('reason') or '-'}")
+            return
+        if message.get("text") == "close-me":
+            await websocket.close(code=4321, reason="asked to")
+            ws_note(f"closed {tag}")
+            return
+        if message.get("text") is not None:
+            await websocket.send_text("echo:" + message["text"])
+        else:
+            await websocket.send_bytes(b"echo:" + message["bytes"])
+
+
+@app.websocket("/custom/refuse")
+async def refuse(websocket: WebSocket):
+    await websocket.close(code=1008)
+
+
+@app.websocket("/custom/broken")
+async def broken(websocket: WebSocket):
+    raise RuntimeError("the custom app fails before accepting")
+
+
+@app.websocket("/custom/deny")
+async def deny(websocket: WebSocket):
+    await websocket.send_denial_response(JSONResponse({"denied": True}, status_code=418))
+
+
+@app.websocket("/custom/flood")
+async def flood(websocket: WebSocket):
+    await websocket.accept()
+    chunk, sent = "y" * 65536, 0
+    try:
+        while True:  # to a client that does not read: waits in send() once the pipe is full
+            await websocket.send_text(chunk)
+            sent += 1
+            if sent % 32 == 0:
+                ws_note(f"flood {sent}")
+    except WebSocketDisconnect:
+        ws_note("flood ended")
+
+
+@app.websocket("/custom/forever")
+async def forever(websocket: WebSocket):
+    await websocket.accept()
+    tag = websocket.query_params.get("tag")
+    try:
+        await asyncio.sleep(3600)  # never reads: only a cancellation ends it
+    except asyncio.CancelledError:
+        ws_note(f"cancelled {tag}")
+        raise
 """
 
 FLASK_APP = """
@@ -160,8 +246,10 @@ def fastapi_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fastapi_cluster(
     settings: Settings, redis_url: str, template_database: str, fastapi_folder: Path
 ) -> Iterator[Cluster]:
-    """The FastAPI project served by one web process and one runs worker."""
-    with project_cluster(settings, redis_url, template_database, fastapi_folder, {}) as c:
+    """The FastAPI project served by one web process and one runs worker, with a few
+    connection slots per user (the WebSocket slot test fills BOB's)."""
+    env = {"THREADRUN_MAX_CONNECTIONS_PER_USER": str(SLOTS)}
+    with project_cluster(settings, redis_url, template_database, fastapi_folder, env) as c:
         c.side_by_side(c.start_web, c.start_worker)
         yield c
 
@@ -289,6 +377,232 @@ def test_disable_store(fastapi_cluster: Cluster) -> None:
     assert res.status_code == 404
     paths = httpx.get(f"{url}/api/openapi.json").json()["paths"]
     assert not [p for p in paths if p.startswith("/store")] and "/threads" in paths
+
+
+# --- the FastAPI app's WebSocket routes (app/project_http/websocket.py) -----------------
+
+
+def ws_url(cluster: Cluster, path: str) -> str:
+    return cluster.url.replace("http", "ws", 1) + path
+
+
+def ws_events(folder: Path) -> list[str]:
+    """The WebSocket routes' notes, one per line."""
+    file = folder / "ws_events.txt"
+    return file.read_text().split("\n")[:-1] if file.exists() else []
+
+
+def refused(url: str, **kwargs: Any) -> Response:
+    """The HTTP response of a handshake the server refuses."""
+    with pytest.raises(InvalidStatus) as info:
+        ws_connect(url, proxy=None, **kwargs)
+    return info.value.response
+
+
+def hello_frame(sock: ClientConnection) -> dict[str, Any]:
+    frame = sock.recv(timeout=10)
+    assert isinstance(frame, str)
+    parsed: dict[str, Any] = json.loads(frame)
+    return parsed
+
+
+def test_p4_asgi_websocket_echo_under_prefix(fastapi_cluster: Cluster) -> None:
+    """P4: a FastAPI WebSocket route under mount_prefix: accepted with the app's subprotocol
+    and headers; its scope has the caller, root_path, the lifespan's state and the query;
+    text and bytes echo both ways."""
+    url = ws_url(fastapi_cluster, f"/api/custom/echo?tag=echo&api_key={ALICE}")
+    with ws_connect(url, proxy=None, subprotocols=["other", "echo.v1"]) as sock:  # type: ignore[list-item]
+        assert sock.response is not None and sock.response.status_code == 101
+        assert sock.subprotocol == "echo.v1"
+        assert sock.response.headers["x-custom-accept"] == "yes"
+        assert hello_frame(sock) == {
+            "user": "alice",
+            "root_path": "/api",
+            "path": "/api/custom/echo",
+            "greeting": "hello from the lifespan",
+            "tag": "echo",
+            "offered": ["other", "echo.v1"],
+        }
+        sock.send("hello")
+        assert sock.recv(timeout=10) == "echo:hello"
+        sock.send(b"\x00\x01binary")
+        assert sock.recv(timeout=10) == b"echo:\x00\x01binary"
+        big = "x" * 100_000
+        sock.send(big)
+        assert sock.recv(timeout=10) == "echo:" + big
+    # The built-in socket still answers beside it, under the prefix.
+    with ws_connect(ws_url(fastapi_cluster, f"/api/ws?api_key={ALICE}"), proxy=None) as sock:
+        sock.send(json.dumps({"type": "ping", "request_id": 1}))
+        assert json.loads(sock.recv(timeout=10)) == {"type": "pong", "request_id": 1}
+
+
+def test_p4_asgi_websocket_custom_route_auth_on(fastapi_cluster: Cluster) -> None:
+    """P4, A4: enable_custom_route_auth: an upgrade without a valid key is refused with the
+    API's 401 JSON before the socket exists; the key works in `x-api-key` and `?api_key=`,
+    as on threadrun's own sockets."""
+    for url in (
+        ws_url(fastapi_cluster, "/api/custom/echo"),
+        ws_url(fastapi_cluster, "/api/custom/echo?api_key=wrong"),
+    ):
+        res = refused(url)
+        assert res.status_code == 401
+        assert json.loads(res.body)["error"] == "unauthorized"
+    url = ws_url(fastapi_cluster, "/api/custom/echo")
+    with ws_connect(url, proxy=None, additional_headers={"x-api-key": BOB}) as sock:
+        assert hello_frame(sock)["user"] == "bob"
+
+
+def test_p4_asgi_websocket_close_before_accept_is_403(fastapi_cluster: Cluster) -> None:
+    """P4: an app that closes before accepting refuses the handshake with 403 (the ASGI
+    spec); one that sends a denial response has it answered as it is; one that fails before
+    accepting is a 500; an upgrade without a version 13 handshake is a 400 (the app never
+    runs)."""
+    res = refused(ws_url(fastapi_cluster, f"/api/custom/refuse?api_key={ALICE}"))
+    assert res.status_code == 403
+    denied = refused(ws_url(fastapi_cluster, f"/api/custom/deny?api_key={ALICE}"))
+    assert denied.status_code == 418 and json.loads(denied.body) == {"denied": True}
+    failed = refused(ws_url(fastapi_cluster, f"/api/custom/broken?api_key={ALICE}"))
+    assert failed.status_code == 500
+    upgrade = {"Upgrade": "websocket", "Connection": "Upgrade", "x-api-key": ALICE}
+    no_key = httpx.get(f"{fastapi_cluster.url}/api/custom/echo", headers=upgrade)
+    assert no_key.status_code == 400 and "version 13" in no_key.text
+
+
+def test_p4_asgi_websocket_close_codes_both_ways(
+    fastapi_cluster: Cluster, fastapi_folder: Path
+) -> None:
+    """P4: the app's close code and reason reach the client; the client's close reaches the
+    app as `websocket.disconnect` with its code and reason."""
+    url = ws_url(fastapi_cluster, f"/api/custom/echo?tag=server-close&api_key={ALICE}")
+    with ws_connect(url, proxy=None) as sock:
+        hello_frame(sock)
+        sock.send("close-me")
+        with pytest.raises(ConnectionClosed):
+            sock.recv(timeout=10)
+        assert (sock.close_code, sock.close_reason) == (4321, "asked to")
+    wait_for(lambda: "closed server-close" in ws_events(fastapi_folder), what="the app's close")
+
+    url = ws_url(fastapi_cluster, f"/api/custom/echo?tag=client-close&api_key={ALICE}")
+    with ws_connect(url, proxy=None) as sock:
+        hello_frame(sock)
+        sock.close(code=4000, reason="bye")
+    wait_for(
+        lambda: "disconnect client-close 4000 bye" in ws_events(fastapi_folder),
+        what="websocket.disconnect in the app",
+        detail=lambda: "\n".join(ws_events(fastapi_folder)),
+    )
+
+
+def test_p4_asgi_websocket_vanished_client_ends_the_task(
+    fastapi_cluster: Cluster, fastapi_folder: Path
+) -> None:
+    """P4: a client that vanishes without a close frame ends the app's task, even one that
+    never reads (it is cancelled after the disconnect grace); one that reads hears
+    `websocket.disconnect`."""
+    for path in ("forever?tag=vanish", "echo?tag=vanish"):
+        url = ws_url(fastapi_cluster, f"/api/custom/{path}&api_key={ALICE}")
+        with ws_connect(url, proxy=None, close_timeout=1) as sock:
+            sock.socket.shutdown(socket.SHUT_RDWR)  # no close frame: the TCP connection ends
+    wait_for(
+        lambda: {"cancelled vanish", "disconnect vanish 1005 -"} <= set(ws_events(fastapi_folder)),
+        timeout=30,
+        what="both tasks to end",
+        detail=lambda: "\n".join(ws_events(fastapi_folder)),
+    )
+
+
+def test_p4_asgi_websocket_stalled_client_blocks_nothing_else(
+    fastapi_cluster: Cluster, fastapi_folder: Path
+) -> None:
+    """P4: an app sending to a client that does not read waits in its own `send()` (the
+    greenlet's write waits for TCP): the loop's other sockets and the custom HTTP routes
+    answer meanwhile; once that client goes, the app's `send()` fails and its task ends."""
+    url = ws_url(fastapi_cluster, f"/api/custom/flood?api_key={ALICE}")
+    with ws_connect(url, proxy=None, max_queue=1, close_timeout=2, compression=None):
+        wait_for(lambda: "flood 64" in ws_events(fastapi_folder), what="64 frames sent")
+        echo = ws_url(fastapi_cluster, f"/api/custom/echo?tag=beside&api_key={ALICE}")
+        with ws_connect(echo, proxy=None) as sock:
+            hello_frame(sock)
+            sock.send("still here")
+            assert sock.recv(timeout=10) == "echo:still here"
+        res = httpx.get(f"{fastapi_cluster.url}/api/custom/hello", headers={"x-api-key": ALICE})
+        assert res.status_code == 200
+    wait_for(
+        lambda: "flood ended" in ws_events(fastapi_folder),
+        timeout=30,
+        what="the flooding task to end",
+        detail=lambda: "\n".join(ws_events(fastapi_folder)[-5:]),
+    )
+    notes = [e.split() for e in ws_events(fastapi_folder) if e.startswith("flood ")]
+    sent = [int(n[1]) for n in notes if n[1].isdigit()]
+    assert max(sent) < 1000, max(sent)  # held back: not 64 MB into the pipe's buffers
+
+
+def test_p4_asgi_websocket_holds_a_connection_slot(fastapi_cluster: Cluster) -> None:
+    """A3, P4: under custom-route auth each custom socket holds one of the caller's
+    connection slots, the same ones threadrun's sockets count in: over
+    max_connections_per_user the next upgrade (custom or built-in) is 429; closing one frees
+    its slot."""
+    url = ws_url(fastapi_cluster, "/api/custom/echo")
+    key = {"x-api-key": BOB}
+    with ExitStack() as stack:
+        held: list[ClientConnection] = []
+        res: Response | None = None
+        for _ in range(SLOTS + 1):
+            try:
+                sock = stack.enter_context(ws_connect(url, proxy=None, additional_headers=key))
+            except InvalidStatus as exc:
+                res = exc.response
+                break
+            held.append(sock)
+            hello_frame(sock)
+        assert res is not None and res.status_code == 429, len(held)
+        assert json.loads(res.body)["limit"] == "max_connections_per_user"
+        builtin = refused(ws_url(fastapi_cluster, "/api/ws"), additional_headers=key)
+        assert builtin.status_code == 429
+        held.pop().close()
+
+        def opens() -> bool:
+            try:
+                stack.enter_context(ws_connect(url, proxy=None, additional_headers=key))
+            except InvalidStatus:
+                return False
+            return True
+
+        wait_for(opens, what="the freed slot")
+
+
+@pytest.fixture(scope="module")
+def public_ws_cluster(
+    settings: Settings,
+    redis_url: str,
+    template_database: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Cluster]:
+    """The FastAPI app at the root, custom routes public, one connection per user."""
+    folder = tmp_path_factory.mktemp("fastapi-public")
+    write_project(folder, {"app": "./custom_app.py:app"}, FASTAPI_APP)
+    env = {"THREADRUN_MAX_CONNECTIONS_PER_USER": "1"}
+    with project_cluster(settings, redis_url, template_database, folder, env) as c:
+        c.start_web()
+        yield c
+
+
+def test_p4_asgi_websocket_custom_route_auth_off(public_ws_cluster: Cluster) -> None:
+    """P4: without enable_custom_route_auth a custom WebSocket route is public (no caller in
+    its scope, root_path empty) and counts in no one's connection slots."""
+    url = ws_url(public_ws_cluster, "/custom/echo?tag=public")
+    with ws_connect(url, proxy=None) as one, ws_connect(url, proxy=None) as two:
+        first = hello_frame(one)
+        assert (
+            first["user"] is None and first["root_path"] == "" and first["path"] == "/custom/echo"
+        )
+        assert hello_frame(two)["user"] is None
+        one.send("a")
+        two.send(b"b")
+        assert (one.recv(timeout=10), two.recv(timeout=10)) == ("echo:a", b"echo:b")
+    # threadrun's own socket still needs a key there.
+    assert refused(ws_url(public_ws_cluster, "/ws")).status_code == 401
 
 
 def test_lifespan_shutdown_on_stop(

@@ -82,13 +82,13 @@ APP_FLOORS: dict[str, int] = {
     "app.cors": 1,
     "app.errors": 1,
     "app.http": 2,
-    "app.project_http": 2,  # langgraph.json's `http`: custom app, prefix, disabled routes
     "app.schemas": 2,
     "app.limits": 3,
     "app.public_ids": 3,
     "app.admission": 4,
     "app.streaming.frames": 4,
     "app.streaming.sse": 5,
+    "app.project_http": 5,  # langgraph.json's `http`: custom app (its sockets too), prefix, ...
     "app.streaming.ws_frames": 5,
     "app.streaming.ws_socket": 0,
     "app.streaming.upgrade": 4,  # every WebSocket's authentication and connection slot

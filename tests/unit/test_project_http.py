@@ -1,6 +1,7 @@
 """The pure parts of langgraph.json's `http` section: which rule each `disable_*` flag
 removes, the header rules of the access log, the CORS policy, the mount prefix's path
-moves, and the refusals of a bad `http.app` (naming the key and the file)."""
+moves, the refusals of a bad `http.app` (naming the key and the file), and which upgrades
+are the ASGI app's WebSocket routes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from a2wsgi.asgi import build_scope
 from flask import Flask, redirect
 
 from app.access_log import filter_atoms, header_allowed
@@ -17,6 +19,7 @@ from app.cors import CorsPolicy
 from app.project_http import ProjectHttp
 from app.project_http.custom import FlaskApp, StarletteApp, load_custom_app
 from app.project_http.routes import disabled_groups, remove_disabled, section_of
+from app.project_http.websocket import is_upgrade, websocket_scope
 from shared.project import HeaderRules, HttpSection, ProjectConfigError, parse_project
 from shared.settings import Settings
 
@@ -216,3 +219,47 @@ def test_mount_prefix_moves_the_path_and_relocates() -> None:
     assert client.get("/where").status_code == 404
     assert client.get("/ok").text == "ok" and client.get("/api/ok").text == "ok"
     assert re.search("under /api/", client.get("/nope").text)
+
+
+def test_p4_websocket_routes_are_matched_as_websocket_scopes(tmp_path: Path) -> None:
+    """P4: an upgrade is the ASGI app's when one of its WebSocket routes (or a Mount)
+    matches it as a `websocket` scope; an HTTP route at that path does not take it. The
+    scope carries the path under the prefix, root_path, query and offered subprotocols."""
+    src = (
+        "from fastapi import FastAPI, WebSocket\n"
+        "app = FastAPI()\n"
+        "@app.websocket('/live/{room}')\n"
+        "async def live(websocket: WebSocket, room: str):\n"
+        "    await websocket.close()\n"
+        "@app.get('/plain')\n"
+        "async def plain():\n"
+        "    return {}\n"
+    )
+    custom = load_custom_app(parse_project(project_with(tmp_path, "./app_mod.py:app", src)))
+    assert isinstance(custom, StarletteApp)
+    try:
+        environ = {
+            "REQUEST_METHOD": "GET",
+            "SCRIPT_NAME": "/api",
+            "PATH_INFO": "/live/r1",
+            "QUERY_STRING": "a=1",
+            "SERVER_NAME": "localhost",
+            "SERVER_PORT": "80",
+            "wsgi.url_scheme": "https",
+            "HTTP_UPGRADE": "websocket",
+            "HTTP_SEC_WEBSOCKET_PROTOCOL": "one, two",
+        }
+        assert is_upgrade(environ)
+        assert custom.matches_websocket(environ)
+        assert not custom.matches_websocket({**environ, "PATH_INFO": "/plain"})
+        assert not custom.matches_websocket({**environ, "PATH_INFO": "/other"})
+        assert not is_upgrade({**environ, "HTTP_UPGRADE": "h2c"})
+        assert not FlaskApp(Flask(__name__)).matches_websocket(environ)
+        scope = websocket_scope(dict(build_scope(environ)))  # type: ignore[arg-type]
+        assert scope["type"] == "websocket" and scope["scheme"] == "wss"
+        assert (scope["path"], scope["root_path"]) == ("/api/live/r1", "/api")
+        assert scope["query_string"] == b"a=1" and "method" not in scope
+        assert scope["subprotocols"] == ["one", "two"]
+        assert scope["extensions"] == {"websocket.http.response": {}}
+    finally:
+        custom.close()
