@@ -1,6 +1,8 @@
 """A WebSocket upgrade is authenticated and counted before the socket exists (A4, A3), the
 same for every socket the web serves (the chat protocol's `/ws`, the thread streaming
-protocol's): `guard(bp)` puts both hooks on a blueprint of WebSocket routes."""
+protocol's): `guard(bp)` puts both hooks on a blueprint of WebSocket routes; a project's
+own WebSocket routes under `enable_custom_route_auth` call `authenticate_upgrade` too
+(app/project_http/websocket.py)."""
 
 from __future__ import annotations
 
