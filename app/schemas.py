@@ -152,15 +152,20 @@ class ThreadSearch(Strict):
     status: ThreadStatus | None = None
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0, le=PG_BIGINT_MAX)
-    sort_by: Literal["thread_id", "status", "created_at", "updated_at"] = "created_at"
+    sort_by: Literal["thread_id", "status", "created_at", "updated_at", "activity"] = Field(
+        default="created_at",
+        description="`activity` (a threadrun extension): by the thread's newest run, else"
+        " its creation (a metadata PATCH, e.g. a rename, moves `updated_at`, not this).",
+    )
     sort_order: Literal["asc", "desc"] = "desc"
     select: list[ThreadField] | None = Field(default=None, min_length=1)
     query: str | None = Field(
         default=None,
         min_length=1,
         max_length=THREAD_QUERY_MAX_CHARS,
-        description="threadrun extension: text the thread's `metadata.title` contains,"
-        " case-insensitively (no wildcards: `%` and `_` match themselves).",
+        description="threadrun extension: text the thread's `metadata.title` or (among the"
+        " user's newest THREADRUN_THREAD_SEARCH_SCAN_THREADS threads) one of its messages"
+        " contains, case-insensitively (no wildcards: `%` and `_` match themselves).",
     )
 
     @field_validator("query")

@@ -66,7 +66,17 @@ def thread_objects(
     only those fields, and no checkpoint read unless `values` or `interrupts` is one."""
     heads: dict[str, ThreadHead] = {}
     if select is None or {"values", "interrupts"} & set(select):
-        heads = current_services().state.heads({t.thread_id: graph_id_of(t) for t in threads})
+        state = current_services().state
+        graphs = {t.thread_id: graph_id_of(t) for t in threads}
+        heads = state.heads(graphs)
+        # A thread of a graph this server does not serve (no longer, or not here): its
+        # stored head copy, so a client still sees its messages (the chat page, read-only).
+        unserved = [
+            t.thread_id
+            for t in threads
+            if graphs[t.thread_id] is None and isinstance(t.metadata.get("graph_id"), str)
+        ]
+        heads.update(state.stored_heads(unserved))
     objects = [thread_json(t, heads.get(t.thread_id)) for t in threads]
     if select is None:
         return objects
@@ -144,8 +154,8 @@ def delete(thread_id: str) -> Response:
 @bp.post("/threads/search")
 @body(ThreadSearch, required=False)
 def search(body: ThreadSearch) -> Response:
-    """Threads of the caller filtered by metadata, status and (a threadrun extension) a text
-    `query` on their title."""
+    """Threads of the caller filtered by metadata, status and (threadrun extensions) a text
+    `query` on their title and messages, and `sort_by="activity"` (newest run first)."""
     decision = authz.authorize(
         "threads",
         "search",
@@ -169,6 +179,7 @@ def search(body: ThreadSearch) -> Response:
         sort_by=body.sort_by,
         sort_order=body.sort_order,
         query=body.query,
+        scan_max=current_services().settings.thread_search_scan_threads,
     )
     return json_response(thread_objects(threads, body.select))
 

@@ -94,6 +94,9 @@
     oversize: null, // why the composer's text cannot be sent
     preview: null, // the artifact open in the preview panel
     threadUi: { renaming: null, draft: "", confirming: null },
+    cutoff: [], // {id, text, toolCalls}: what a failed run had streamed, kept, marked "cut off"
+    readOnly: null, // the graph id of an open chat whose graph this server does not serve
+    servedGraphs: null, // the graph ids this server serves (the system assistants'), once known
   };
   // What the browser test reads (window.threadrunTest).
   const T = {
@@ -230,7 +233,10 @@
   function updateControls() {
     const r = S.run;
     const busy = Boolean(r && !r.ended && !r.abandoned);
-    el.send.disabled = busy || Boolean(S.oversize);
+    const readOnly = Boolean(S.threadId && S.readOnly);
+    el.send.disabled = busy || Boolean(S.oversize) || readOnly;
+    el.input.disabled = readOnly;
+    el.input.placeholder = readOnly ? "This chat is read-only" : "Message threadrun…";
     el.stop.hidden = !busy;
     el.stop.disabled = Boolean(r && r.stopping) || !(r && r.runId);
     el.stop.textContent = r && r.stopping ? "Stopping…" : "Stop";
@@ -784,10 +790,39 @@
     return li;
   }
 
+  // Pinned to the bottom: the reader is at the end of the conversation (or just opened it),
+  // so whatever changes its height (a message, Markdown, the Files bar or a banner in the
+  // dock shrinking the scroller) keeps the end of the last answer in view. Scrolling up
+  // unpins; scrolling back to the end pins again.
+  let pinned = true;
+  const PIN_SLACK_PX = 120;
+
+  function nearBottom() {
+    const sc = el.scroller;
+    return sc.scrollHeight - sc.scrollTop - sc.clientHeight < PIN_SLACK_PX;
+  }
+
+  function toBottom() {
+    el.scroller.scrollTop = el.scroller.scrollHeight;
+  }
+
+  function watchPin() {
+    el.scroller.addEventListener("scroll", () => {
+      pinned = nearBottom();
+    }, { passive: true });
+    if (typeof ResizeObserver === "function") {
+      const ro = new ResizeObserver(() => {
+        if (pinned) toBottom();
+      });
+      ro.observe(el.scroller); // the dock grew (Files bar, banner): the scroller shrank
+      ro.observe(el.transcript); // late height changes (fonts, code blocks, UI components)
+      ro.observe(el.notices);
+    }
+  }
+
   function render() {
     renderQueued = false;
-    const sc = el.scroller;
-    const atBottom = sc.scrollHeight - sc.scrollTop - sc.clientHeight < 120;
+    const atBottom = pinned || nearBottom();
     const nodes = [];
     const keys = new Set();
     const known = new Set();
@@ -820,6 +855,12 @@
         })
       );
     }
+    for (const c of S.cutoff) {
+      if (known.has(c.id)) continue;
+      const key = `cut:${c.id}`;
+      keys.add(key);
+      nodes.push(keep(key, `${c.text.length}|${c.toolCalls.length}`, () => cutoffNode(c)));
+    }
     const waitLine = modelWaitNode();
     if (waitLine) nodes.push(waitLine);
     nodes.push(...ui.rest());
@@ -831,9 +872,45 @@
     if (pending) cards.push(interruptCard(pending));
     place(el.notices, cards);
     el.welcome.hidden = nodes.length > 0 || cards.length > 0;
-    if (atBottom) sc.scrollTop = sc.scrollHeight;
+    renderReadOnly();
     renderArtifacts();
     updateControls();
+    // After the Files bar and the banner took their place in the dock: the true bottom.
+    if (atBottom) {
+      toBottom();
+      pinned = true;
+    }
+  }
+
+  /** A failed run's partial answer: kept as far as it was streamed, marked "cut off". */
+  function cutoffNode(c) {
+    const li = messageNode({ id: c.id, type: "ai", text: c.text, toolCalls: c.toolCalls }, { live: true });
+    li.classList.remove("live");
+    delete li.dataset.live;
+    li.classList.add("cutoff");
+    const badge = node("span", "badge", "cut off");
+    badge.title = "The answer failed while it was being written; this is as far as it came.";
+    li.querySelector(".role").append(badge);
+    return li;
+  }
+
+  /** The banner of a chat whose graph is not served here: read-only. */
+  function renderReadOnly() {
+    const g = S.threadId ? S.readOnly : null;
+    const sig = g || "";
+    if (el.readOnly.dataset.sig === sig) return;
+    el.readOnly.dataset.sig = sig;
+    if (!g) {
+      el.readOnly.hidden = true;
+      el.readOnly.replaceChildren();
+      return;
+    }
+    el.readOnly.replaceChildren(
+      "This chat used the graph ",
+      node("code", "", g),
+      ", which this server does not serve. It is shown read-only."
+    );
+    el.readOnly.hidden = false;
   }
 
   function renderArtifacts() {
@@ -1199,9 +1276,11 @@
   // ---------------------------------------------------------------- threads -------------
   async function loadThreads() {
     try {
+      // By activity (the newest run), not `updated_at`: renaming a chat (a metadata PATCH)
+      // must not move it to the top.
       S.threads = await api("POST", "/threads/search", {
         limit: 100,
-        sort_by: "updated_at",
+        sort_by: "activity",
         sort_order: "desc",
       });
       showBanner("");
@@ -1289,7 +1368,7 @@
 
   /** The threads the search box shows: those of the newest 100 whose title (also one taken
    *  from the first message) contains the text, and those the server finds by
-   *  `metadata.title` among all the user's threads (POST /threads/search `query`). */
+   *  `metadata.title` or a message's text (POST /threads/search `query`). */
   function matchingThreads(q) {
     const low = q.toLowerCase();
     const out = new Map();
@@ -1297,12 +1376,13 @@
     if (S.found.query === q) {
       for (const t of S.found.threads) if (!out.has(t.thread_id)) out.set(t.thread_id, t);
     }
-    return [...out.values()].sort((a, b) => (a.updated_at < b.updated_at ? 1 : a.updated_at > b.updated_at ? -1 : 0));
+    // Both lists come by activity; one not among the newest 100 is older than all of them.
+    return [...out.values()];
   }
 
   let searchTimer = null;
   let searchSeq = 0;
-  /** Ask the server for the threads whose title contains the search text (debounced). */
+  /** Ask the server for the threads whose title or messages contain the text (debounced). */
   function searchThreads() {
     clearTimeout(searchTimer);
     const q = searchText();
@@ -1316,7 +1396,7 @@
         const found = await api("POST", "/threads/search", {
           query: q,
           limit: 100,
-          sort_by: "updated_at",
+          sort_by: "activity",
           sort_order: "desc",
         });
         if (seq !== searchSeq || searchText() !== q) return;
@@ -1400,6 +1480,8 @@
     S.notice = null;
     S.next = [];
     S.interrupts = [];
+    S.cutoff = [];
+    S.readOnly = null;
     closePreview();
     history.replaceState(null, "", `${location.pathname}${location.search}`);
     setStatus("idle");
@@ -1448,12 +1530,16 @@
     S.notice = null;
     S.next = [];
     S.interrupts = [];
+    S.cutoff = [];
+    S.readOnly = null;
+    pinned = true; // a chat opens at its end
     closePreview();
     renderThreads();
     render();
     setStatus("idle");
     try {
       await reloadState(threadId);
+      if (await openedReadOnly(threadId)) return;
       // A run still going on this thread (another tab, a page reload): follow it.
       const runs = await api("GET", `/threads/${threadId}/runs?limit=10`);
       const inflight = (runs || []).filter((r) => INFLIGHT.has(r.status));
@@ -1467,14 +1553,18 @@
         const shown = S.durable.filter(isShown);
         const tail = shown[shown.length - 1];
         if (last && last.status === "error" && tail && (msgType(tail) === "human" || S.next.length)) {
+          // Replay the failed run's retained stream (its end comes at once): what it had
+          // streamed before failing is shown again, cut off, above the same error card
+          // (finish); with the stream gone, the card alone, from the run's stored error.
           const err = last.error && typeof last.error === "object" ? last.error : {};
-          S.notice = modelErrorNotice(
-            err.short || errorText(last.error),
-            lastUserText(),
-            last.assistant_id,
-            err.detail
-          );
-          render();
+          const r = newRun(last.run_id, threadId);
+          r.text = lastUserText();
+          r.assistantId = last.assistant_id;
+          r.error = errorText(last.error) || null;
+          r.errorShort = err.short || null;
+          r.errorDetail = err.detail || null;
+          S.run = r;
+          join(null);
         }
       }
       if (S.threadId === threadId && !S.run && (S.interrupts || []).length) {
@@ -1486,6 +1576,27 @@
     } catch (e) {
       if (S.threadId === threadId) setStatus("error", `Could not load the thread: ${e.message}`);
     }
+  }
+
+  /** A chat whose graph this server does not serve (its `graph_id` metadata names another):
+   *  read-only, with a banner naming the graph, its messages from the thread object's
+   *  `values` (the server's stored copy of its last state). */
+  async function openedReadOnly(threadId) {
+    const served = await servedGraphs;
+    if (!served || S.threadId !== threadId) return false;
+    let t = knownThread(threadId);
+    if (!t || !t.metadata || !("graph_id" in t.metadata)) {
+      t = await api("GET", `/threads/${threadId}`);
+      if (S.threadId !== threadId) return false;
+    }
+    const g = t && t.metadata ? t.metadata.graph_id : null;
+    if (typeof g !== "string" || served.has(g)) return false;
+    S.readOnly = g;
+    if (!S.durable.length && t.values) setDurable(t.values);
+    S.interrupts = [];
+    render();
+    setStatus("idle");
+    return true;
   }
 
   // ---------------------------------------------------------------- drawer (phones) -----
@@ -1564,6 +1675,7 @@
    *  thread's checkpoint continues; `text` is the message it answers, nothing is added). */
   async function send(text, { resume = false, assistantId = null, resumeValue = undefined } = {}) {
     if (S.run && !S.run.ended && !S.run.abandoned) return;
+    if (S.threadId && S.readOnly) return; // no graph here to answer it
     const problem = resume ? null : sizeProblem(text);
     if (problem) {
       el.input.value = el.input.value || text;
@@ -1571,6 +1683,7 @@
       return;
     }
     S.notice = null;
+    S.cutoff = [];
     S.optimistic = resume ? null : { id: "optimistic", type: "human", content: text };
     S.live.clear();
     showBanner("");
@@ -1731,6 +1844,9 @@
   async function finish(run, status) {
     run.ended = true;
     clearModelWait();
+    // What streamed before a failure: the durable state has none of it (the node failed),
+    // so it is kept here, marked "cut off", as a stopped answer is (that one the server saves).
+    const streamed = [...S.live].filter(([, p]) => p.text.trim() || p.toolCalls.length);
     try {
       await reloadState(run.threadId);
     } catch (e) {
@@ -1747,6 +1863,10 @@
     }
     else {
       // A model or tool failure: in the transcript, with a retry of the last user input.
+      const saved = new Set(S.durable.map((m) => m.id));
+      S.cutoff = streamed
+        .filter(([id]) => !saved.has(id))
+        .map(([id, p]) => ({ id, text: p.text, toolCalls: p.toolCalls.slice() }));
       setStatus("idle"); // the status pill is about the page's connection; this is not
       S.notice = modelErrorNotice(
         run.errorShort || run.error || `The run ended with status ${status}.`,
@@ -2249,6 +2369,10 @@
     },
     modelWaits: () => T.modelWaits.slice(),
     searches: () => T.searches.slice(),
+    /** The graph of the open read-only chat (not served here), else null. */
+    readOnly: () => (S.threadId ? S.readOnly : null),
+    /** How far the conversation is from its true bottom, in pixels. */
+    fromBottom: () => el.scroller.scrollHeight - el.scroller.scrollTop - el.scroller.clientHeight,
     /** Replace the model knobs sent as config.configurable (e.g. to make a retry succeed). */
     setConfigurable(obj) {
       for (const k of Object.keys(configurable)) delete configurable[k];
@@ -2290,10 +2414,14 @@
   };
 
   // ---------------------------------------------------------------- boot ----------------
+  let servedGraphs = Promise.resolve(null); // resolves to the Set of served graph ids, or null
+
   async function loadAssistants() {
     try {
       const items = await api("POST", "/assistants/search", { limit: 100 });
-      if (!items || !items.length) return;
+      if (!items || !items.length) return null;
+      const graphs = new Set(items.map((a) => a.graph_id));
+      S.servedGraphs = graphs;
       const current = el.assistant.value;
       // Each option is one assistant (a graph's system one, or one of the user's, run
       // with its own config); the current choice may still be a graph name.
@@ -2311,8 +2439,9 @@
           (a.graph_id === current && a.metadata && a.metadata.created_by === "system")
       );
       if (chosen) el.assistant.value = chosen.assistant_id;
+      return graphs;
     } catch (_e) {
-      /* keep the default */
+      return null; /* keep the default; no chat is taken for read-only */
     }
   }
 
@@ -2346,6 +2475,7 @@
       preview: $("preview"),
       previewName: $("preview-name"),
       previewBody: $("preview-body"),
+      readOnly: $("readonly"),
     });
     el.apiKey.value = apiKey;
     $("key-form").addEventListener("submit", (ev) => {
@@ -2354,7 +2484,7 @@
       localStorage.setItem(KEY_STORE, apiKey);
       showBanner("");
       closeSocket(true);
-      loadAssistants();
+      servedGraphs = loadAssistants();
       loadThreads();
     });
     $("new-thread").addEventListener("click", newThread);
@@ -2469,9 +2599,10 @@
         scheduleReconnect(run);
       }
     });
+    watchPin();
     setStatus("idle");
     render();
-    loadAssistants();
+    servedGraphs = loadAssistants();
     api("GET", "/info")
       .then((info) => {
         S.limits = (info && info.limits) || null;
@@ -2481,9 +2612,10 @@
     loadThreads()
       .then(() => {
         if (S.threadId) return null; // the user already picked or created one
+        // A reload keeps the chat it had open (`#thread=`); otherwise the page opens a
+        // new chat: the first message must not land in the newest old thread.
         const m = /thread=([0-9a-f-]{36})/i.exec(location.hash);
         if (m) return selectThread(m[1]);
-        if (S.threads.length) return selectThread(S.threads[0].thread_id);
         return null;
       })
       .finally(() => {

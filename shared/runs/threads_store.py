@@ -74,19 +74,51 @@ class ExpiryOutcome(enum.StrEnum):
 # Composed at run time (its ORDER BY is the caller's sort, from THREAD_SORT_COLUMNS only),
 # so it stays here beside `search_threads` rather than in queries.sql.
 SEARCH_THREADS_SQL = """
+WITH scanned AS (
+    SELECT thread_id FROM threads WHERE owner = %(owner)s
+    ORDER BY created_at DESC LIMIT %(scan_max)s
+)
 SELECT * FROM threads
 WHERE owner = %(owner)s
   AND metadata @> %(metadata)s
   AND (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(ids)s::uuid[] IS NULL OR public_id = ANY(%(ids)s))
-  AND (%(title_like)s::text IS NULL OR metadata->>'title' ILIKE %(title_like)s)
+  AND (%(text_like)s::text IS NULL
+       OR metadata->>'title' ILIKE %(text_like)s
+       OR (thread_id IN (SELECT thread_id FROM scanned) AND EXISTS (
+           SELECT 1 FROM thread_heads h,
+               json_array_elements(CASE WHEN json_typeof(h.values_json->'messages') = 'array'
+                                   THEN h.values_json->'messages' ELSE '[]'::json END) m
+           WHERE h.thread_id = threads.thread_id
+             AND (CASE WHEN json_typeof(m->'content') = 'string' THEN m->>'content'
+                       ELSE (SELECT string_agg(b->>'text', ' ')
+                             FROM json_array_elements(
+                                 CASE WHEN json_typeof(m->'content') = 'array'
+                                 THEN m->'content' ELSE '[]'::json END) b
+                             WHERE json_typeof(b) = 'object') END) ILIKE %(text_like)s)))
 ORDER BY {order}
 LIMIT %(limit)s OFFSET %(offset)s
 """
-"""`title_like` (the text query) scans the owner's threads (`threads_owner_created`): a
-user's threads, not the table; a trigram index on the title would be the next step if one
-user kept very many."""
-THREAD_SORT_COLUMNS = {"thread_id", "status", "created_at", "updated_at"}
+"""`text_like` (the text query) matches a thread's `metadata.title` or the text of a message
+in its head copy (`thread_heads.values_json`, shared/state/head_copies.py: the values as thread
+objects show them, no checkpoint decoded, no graph needed).
+
+Bounded: the title is matched over the owner's threads (`threads_owner_created`, a user's
+rows, not the table); message text only over the owner's newest `scan_max` threads
+(THREADRUN_THREAD_SEARCH_SCAN_THREADS, the `scanned` CTE, itself an index range), each a
+primary-key probe into `thread_heads` and at most THREADRUN_THREAD_VALUES_MAX_BYTES of JSON
+(a larger head has no copied values and is not searched by content). The statement stops at
+`limit` matches. A trigram index on the title would be the next step if one user kept very many.
+
+`activity` orders by a thread's newest run (`runs_thread_created`, one backward index probe
+per thread), else its creation: what a person did in it, unlike `updated_at`, which a
+metadata PATCH (a rename) also moves."""
+THREAD_SORT_COLUMNS = {"thread_id", "status", "created_at", "updated_at", "activity"}
+ACTIVITY_SQL = (
+    "coalesce((SELECT max(r.created_at) FROM runs r WHERE r.thread_id = threads.thread_id),"
+    " threads.created_at)"
+)
+"""A thread's last activity: its newest run's creation, else its own (sort_by `activity`)."""
 
 
 def _like_literal(text: str) -> str:
@@ -293,12 +325,14 @@ class ThreadStore(StoreBase):
         sort_by: str,
         sort_order: str,
         query: str | None = None,
+        scan_max: int = 1000,
     ) -> list[Thread]:
         """Threads of `owner` matching a metadata containment filter and, with `query`, whose
-        `metadata.title` contains that text case-insensitively (taken literally)."""
+        `metadata.title` or, among the newest `scan_max`, a message's text contains that
+        text case-insensitively (taken literally); `sort_by="activity"`: newest run first."""
         if sort_by not in THREAD_SORT_COLUMNS:
             raise ValueError(f"sort_by {sort_by!r}")
-        column = "public_id" if sort_by == "thread_id" else sort_by  # the ids the client sees
+        column = {"thread_id": "public_id", "activity": ACTIVITY_SQL}.get(sort_by, sort_by)
         order = f"{column} {'ASC' if sort_order == 'asc' else 'DESC'}, thread_id"
         sql = SEARCH_THREADS_SQL.format(order=order)
         with self._pool.connection() as conn:
@@ -309,7 +343,8 @@ class ThreadStore(StoreBase):
                     "metadata": json_param(metadata),
                     "status": status,
                     "ids": ids,
-                    "title_like": None if query is None else f"%{_like_literal(query)}%",
+                    "text_like": None if query is None else f"%{_like_literal(query)}%",
+                    "scan_max": scan_max,
                     "limit": limit,
                     "offset": offset,
                 },

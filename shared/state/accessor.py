@@ -423,6 +423,24 @@ class CheckpointStateAccessor:
             self._store_heads({t: h for t, h in computed.items() if not stored[t].current})
         return out
 
+    def stored_heads(self, thread_ids: Sequence[str]) -> dict[str, ThreadHead]:
+        """The heads of threads whose graph this server does not serve, from their stored
+        copies only: without the graph a checkpoint cannot be computed into a state, but
+        the copy its last run left is the state as it was then (a copy that is stale or
+        over the size cap gives no head)."""
+        if not thread_ids:
+            return {}
+        stored = self._web_saver().read_head_copies(sorted(thread_ids))
+        return {
+            tid: ThreadHead(
+                values_json=row.values_json.encode(),
+                interrupts=orjson.loads(row.interrupts_json or "{}"),
+                checkpoint_id=row.head_id,
+            )
+            for tid, row in stored.items()
+            if row.usable and row.values_json is not None
+        }
+
     def refresh_heads(self, graph_ids: Mapping[str, str | None]) -> None:
         """Recompute and store the head copies of threads whose head the web just moved
         (state update, compaction, copy, prune); never fails the request that did it."""
