@@ -22,7 +22,8 @@ import pytest
 
 from shared.tools.testing import Cluster
 from tests.e2e.conftest import ALICE, ClusterFactory
-from tests.e2e.test_browser import Page, browser  # noqa: F401 - the fixture
+from tests.e2e.test_browser import Page, browser, open_page  # noqa: F401 - the fixtures
+from tests.e2e.test_chat_page import pick
 
 pytestmark = pytest.mark.e2e
 
@@ -40,28 +41,6 @@ def cluster(
     with private_cluster("chat-approvals", {"THREADRUN_CONFIG": str(config)}) as c:
         c.side_by_side(c.start_web, c.start_worker)
         yield c
-
-
-@pytest.fixture
-def open_page(browser: Any) -> Iterator[Any]:  # noqa: F811 - the imported fixture
-    pages: list[Page] = []
-
-    def opener(base: str, **kw: Any) -> Page:
-        p = Page(browser, base, **kw)
-        pages.append(p)
-        return p
-
-    yield opener
-    for p in pages:
-        p.close()
-
-
-def pick(page: Page, assistant: str) -> None:
-    page.wait(
-        f"Array.from(document.querySelectorAll('#assistant option')).some(o => o.textContent === {assistant!r})",
-        what="the assistants",
-    )
-    page.page.select_option("#assistant", label=assistant)
 
 
 def new_chat(page: Page) -> None:
@@ -83,7 +62,9 @@ def thread_values(base: str, tid: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("phone", [False, True], ids=["desktop", "phone"])
 def test_plain_interrupt_waits_survives_reload_and_is_answered_by_typing(
-    cluster: Cluster, open_page: Any, phone: bool
+    cluster: Cluster,
+    open_page: Any,  # noqa: F811 - the imported fixture
+    phone: bool,
 ) -> None:
     """H3: a plain `interrupt("question")` reads "waiting for you" (header and sidebar, not
     "stopped"), shows its question as a card that a reload and a second page show too, and
@@ -136,7 +117,10 @@ def test_plain_interrupt_waits_survives_reload_and_is_answered_by_typing(
     ids=["approve", "edit", "reject"],
 )
 def test_tool_review_is_approved_edited_or_rejected_from_its_card(
-    cluster: Cluster, open_page: Any, button: str, expected: str
+    cluster: Cluster,
+    open_page: Any,  # noqa: F811 - the imported fixture
+    button: str,
+    expected: str,
 ) -> None:
     """H3: a HumanInTheLoopMiddleware review shows the tool's arguments as a form; typing
     in the composer is refused with a hint (the text stays); Approve / Edit / Reject resume

@@ -24,7 +24,7 @@ import pytest
 
 from shared.tools.testing import Cluster
 from tests.e2e.conftest import ALICE, BOB, ClusterFactory
-from tests.e2e.test_browser import Page, browser  # noqa: F401 - the fixture
+from tests.e2e.test_browser import Page, browser, open_page  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.e2e
 
@@ -53,20 +53,6 @@ def chat(
     with private_cluster("chat-page", env) as c:
         c.side_by_side(c.start_web, c.start_worker)
         yield c
-
-
-@pytest.fixture
-def open_page(browser: Any) -> Iterator[Any]:  # noqa: F811 - the imported fixture
-    pages: list[Page] = []
-
-    def opener(base: str, **kw: Any) -> Page:
-        p = Page(browser, base, **kw)
-        pages.append(p)
-        return p
-
-    yield opener
-    for p in pages:
-        p.close()
 
 
 def api(base: str, key: str = ALICE) -> httpx.Client:
@@ -108,7 +94,8 @@ def sdk_thread(base: str, text: str, key: str = ALICE) -> str:
 
 
 def test_first_visit_composer_streams_markdown_with_a_code_block(
-    chat: Cluster, open_page: Any
+    chat: Cluster,
+    open_page: Any,  # noqa: F811
 ) -> None:
     """A1: a first-time user types at once (no "+ New thread"); the first message makes
     the thread and titles it; the answer's Markdown renders progressively while it streams,
@@ -148,7 +135,7 @@ def test_first_visit_composer_streams_markdown_with_a_code_block(
     assert page.js("window.pwned === undefined")
 
 
-def test_tool_calls_and_results_are_cards_and_artifacts_open(chat: Cluster, open_page: Any) -> None:
+def test_tool_calls_and_results_are_cards_and_artifacts_open(chat: Cluster, open_page: Any) -> None:  # noqa: F811
     """A1: a tool call shows its name and arguments (not raw JSON); its result is a
     collapsed card that expands; the artifact opens in a preview (Markdown rendered) and
     downloads with its own bytes."""
@@ -187,7 +174,7 @@ def test_tool_calls_and_results_are_cards_and_artifacts_open(chat: Cluster, open
     assert page.js("document.querySelector('#preview').hidden")
 
 
-def test_threads_rename_delete_search_and_sdk_titles(chat: Cluster, open_page: Any) -> None:
+def test_threads_rename_delete_search_and_sdk_titles(chat: Cluster, open_page: Any) -> None:  # noqa: F811
     """A1: threads made through the API are titled by their first message; the list
     filters as you type; rename saves metadata.title; delete asks first, then removes."""
     apples = sdk_thread(chat.url, "Tell me about apples\nand pears", key=BOB)
@@ -234,7 +221,8 @@ def test_threads_rename_delete_search_and_sdk_titles(chat: Cluster, open_page: A
 
 
 def test_model_error_is_a_bubble_in_the_transcript_with_retry(
-    chat: Cluster, open_page: Any
+    chat: Cluster,
+    open_page: Any,  # noqa: F811
 ) -> None:
     """A1: a failed model call shows in the transcript (what failed, not a bare
     "Connection error." pill), distinct from the page's connection status; Retry re-runs the
@@ -310,7 +298,8 @@ def test_a1_a_run_with_no_input_retries_the_failed_model_node_from_the_checkpoin
 
 
 def test_oversize_input_is_refused_before_sending_naming_the_limit(
-    chat: Cluster, open_page: Any
+    chat: Cluster,
+    open_page: Any,  # noqa: F811
 ) -> None:
     """A1: a 300 KB message is refused in the composer with the server's limit named
     (from GET /info); sent anyway, the WebSocket's error frame gives the real reason, and
@@ -348,7 +337,7 @@ def test_oversize_input_is_refused_before_sending_naming_the_limit(
     shot(page, "7b-oversize-server-reason-desktop")
 
 
-def test_phone_layout_has_a_thread_drawer(chat: Cluster, open_page: Any) -> None:
+def test_phone_layout_has_a_thread_drawer(chat: Cluster, open_page: Any) -> None:  # noqa: F811
     """A1: below 720 px the thread list is a drawer behind a hamburger; picking a
     thread closes it; the conversation uses the full width."""
     sdk_thread(chat.url, "A thread to read on the phone", key=CAROL)
@@ -368,7 +357,7 @@ def test_phone_layout_has_a_thread_drawer(chat: Cluster, open_page: Any) -> None
     assert width > 330, width
 
 
-def test_debug_footer_only_with_debug_1(chat: Cluster, open_page: Any) -> None:
+def test_debug_footer_only_with_debug_1(chat: Cluster, open_page: Any) -> None:  # noqa: F811
     """A1: the developer footer (transport, run and event ids) only with ?debug=1."""
     plain = open_page(chat.url)
     assert plain.js("document.querySelector('#footer').hidden")
@@ -387,7 +376,8 @@ def visible_threads(page: Page) -> list[str]:
 
 
 def test_r5_stopped_answer_stays_with_its_badge_across_a_reload_and_the_next_message_follows(
-    chat: Cluster, open_page: Any
+    chat: Cluster,
+    open_page: Any,  # noqa: F811
 ) -> None:
     """R5, A1: Stop mid-answer keeps the partial answer in the transcript, marked "stopped"
     (what the server saved: `response_metadata.stopped`), on a desktop and on a phone; a
@@ -490,7 +480,8 @@ def test_a1_a3_thread_search_query_matches_titles_case_insensitively_and_validat
 
 
 def test_a1_search_box_finds_a_thread_older_than_the_loaded_list_on_the_server(
-    chat: Cluster, open_page: Any
+    chat: Cluster,
+    open_page: Any,  # noqa: F811
 ) -> None:
     """A1: the page loads the newest 100 chats; typing in the search box asks the server
     (`query`) and finds a chat older than those by its title, case-insensitively; clearing
