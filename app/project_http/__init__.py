@@ -40,8 +40,11 @@ with the ASGI websocket protocol on the bridge's loop thread. Under enable_custo
 the upgrade is checked as threadrun's own sockets are (app/streaming/upgrade.py: the Origin
 against THREADRUN_WS_ORIGINS, the credential in a header or `?api_key=`, 401/403 JSON
 before the socket exists) and the socket holds one of the caller's connection slots
-(`max_connections_per_user`, 429 over it) while it is open. Without it the route is public
-and, as the custom HTTP routes, counts in no one's slots (there is no caller to count).
+(`max_connections_per_user`, 429 over it) while it is open; while open its credential is
+re-checked once per key-cache TTL (4401 when revoked) and the client's frames are paced to
+`ws_frames_per_second` (CallerSocketRules). Without it the route is public and, as the
+custom HTTP routes, counts in no one's slots and follows none of those rules (there is no
+caller; the app's socket is its own, as on the official server).
 """
 
 from __future__ import annotations
@@ -57,13 +60,14 @@ from werkzeug.exceptions import HTTPException
 
 from app.auth import principal
 from app.cors import CorsPolicy
-from app.errors import reply_for
-from app.limits import ConnectionSlot
+from app.errors import SERVICE_ERRORS, reply_for
+from app.limits import ConnectionSlot, TokenBucket
 from app.project_http.custom import USER_KEY, CustomApp, CustomRouteUser, load_custom_app
 from app.project_http.routes import disabled_groups, remove_disabled
 from app.project_http.websocket import is_upgrade
 from app.responses import error_body, json_response
-from app.streaming.upgrade import authenticate_upgrade
+from app.services import Services, current_services
+from app.streaming.upgrade import CLOSE_UNAUTHORIZED, authenticate_upgrade, credential_still_valid
 from shared.project import HttpSection, Project
 
 log = logging.getLogger(__name__)
@@ -205,6 +209,7 @@ class ProjectHttp:
         """A WebSocket route of the custom app, behind threadrun's upgrade checks when
         custom-route auth is on (the module docstring)."""
         slot: ConnectionSlot | None = None
+        rules: CallerSocketRules | None = None
         if self.custom_auth:
             with self.flask.request_context(environ):
                 try:
@@ -215,28 +220,79 @@ class ProjectHttp:
                     return refused(environ, start_response)
                 who = g.principal
                 slot = g.pop("ws_conn", None)
+                rules = CallerSocketRules(
+                    self.flask, environ, slot, who.subject, current_services()
+                )
             environ[USER_KEY] = CustomRouteUser(who.user_id, who.role, (who.role,))
             environ["REMOTE_USER"] = who.user_id
         options = dict(self.flask.config.get("SOCK_SERVER_OPTIONS") or {})
         try:
-            return custom.websocket(environ, start_response, options, _renewing(slot))
+            return custom.websocket(environ, start_response, options, rules)
         finally:
             if slot is not None:
                 slot.release()
 
 
-def _renewing(slot: ConnectionSlot | None) -> Callable[[], None] | None:
-    """The socket's tick: renew its connection slot when due, beside the socket (as
-    app/streaming/ws.py does: a slow Redis must not hold up the frames)."""
-    if slot is None:
-        return None
+class CallerSocketRules:
+    """threadrun's socket rules on a custom WebSocket under custom-route auth, as on its own
+    sockets (app/streaming/ws.py), in the app's protocol's terms:
 
-    def tick() -> None:
-        if slot.due():
+    - the connection slot is renewed when due, beside the socket (a slow Redis must not
+      hold up the frames);
+    - the credential is re-checked once per `api_key_cache_ttl_s`: a revoked key, an expired
+      token or local mode ended closes the socket with 4401 (the app hears
+      `websocket.disconnect` 4401); a key store that cannot be reached keeps the socket until
+      the next check;
+    - the client's frames are paced to `ws_frames_per_second` (burst `ws_frame_burst`). The
+      app's protocol has no threadrun error frame, so nothing is dropped: over the rate the
+      socket is read more slowly and the client's sends wait in TCP.
+    """
+
+    def __init__(
+        self,
+        flask_app: Flask,
+        environ: dict[str, Any],
+        slot: ConnectionSlot | None,
+        subject: str,
+        svc: Services,
+    ) -> None:
+        settings = svc.settings
+        self._flask = flask_app
+        self._environ = environ
+        self._slot = slot
+        self._subject = subject
+        self._ttl = settings.api_key_cache_ttl_s
+        self._checked_at = time.monotonic()
+        self._frames = TokenBucket(settings.ws_frames_per_second, settings.ws_frame_burst)
+
+    def tick(self) -> tuple[int, str] | None:
+        """About once per POLL_S while the socket is open: the close code and reason when the
+        socket must end, else None."""
+        slot = self._slot
+        if slot is not None and slot.due():
             slot.renewed_at = time.monotonic()
             threading.Thread(target=slot.renew, name="ws-slot-renew", daemon=True).start()
+        now = time.monotonic()
+        if now - self._checked_at < self._ttl:
+            return None
+        self._checked_at = now
+        with self._flask.request_context(self._environ):
+            try:
+                valid = credential_still_valid(self._subject)
+            except SERVICE_ERRORS:
+                log.warning("custom websocket credential re-check failed: a service is unreachable")
+                return None
+        if valid:
+            return None
+        log.info(
+            "custom websocket credential no longer valid; closing", extra={"user_id": self._subject}
+        )
+        return CLOSE_UNAUTHORIZED, "credential no longer valid"
 
-    return tick
+    def pace(self) -> None:
+        """Before each client frame is read: wait for the frame rate's next token."""
+        while not self._frames.take():
+            time.sleep(self._frames.wait_s())
 
 
 def init_app(app: Flask, project: Project) -> None:

@@ -23,7 +23,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map
 
 from app.project_http.bridge import AsgiBridge, LifespanFailed
-from app.project_http.websocket import serve, websocket_scope
+from app.project_http.websocket import SocketRules, serve, websocket_scope
 from shared.agent.graphs import load_variable
 from shared.errors import ConfigError
 from shared.project import Project, ProjectConfigError
@@ -75,7 +75,7 @@ class CustomApp(ABC):
         environ: dict[str, Any],
         start_response: Callable[..., Any],
         options: dict[str, Any],
-        tick: Callable[[], None] | None = None,
+        rules: SocketRules | None = None,
     ) -> Iterable[bytes]:
         """Serve one WebSocket upgrade `matches_websocket` took (websocket.py's `serve`)."""
         raise NotImplementedError(f"a {self.kind} app serves no WebSocket routes")
@@ -154,11 +154,11 @@ class StarletteApp(CustomApp):
         environ: dict[str, Any],
         start_response: Callable[..., Any],
         options: dict[str, Any],
-        tick: Callable[[], None] | None = None,
+        rules: SocketRules | None = None,
     ) -> Iterable[bytes]:
         scope = websocket_scope(build_scope(environ))  # type: ignore[arg-type]
         return serve(
-            self.bridge.asgi, self.bridge.loop, scope, environ, start_response, options, tick
+            self.bridge.asgi, self.bridge.loop, scope, environ, start_response, options, rules
         )
 
     def start(self) -> None:

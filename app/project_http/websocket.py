@@ -43,7 +43,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Protocol
 
 from simple_websocket import ConnectionClosed, Server
 from wsproto.events import AcceptConnection, Event
@@ -67,6 +67,17 @@ CLIENT_GONE = "threadrun.client_gone"
 
 ASGIApp = Callable[..., Any]
 StartResponse = Callable[..., Any]
+
+
+class SocketRules(Protocol):
+    """The web's rules for one socket (threadrun's under custom-route auth: the caller's
+    connection slot, credential re-check and frame rate; app/project_http/__init__.py)."""
+
+    def tick(self) -> tuple[int, str] | None:
+        """About every POLL_S while the socket is open: a close code and reason to end it."""
+
+    def pace(self) -> None:
+        """Before each client frame is read: wait while the client is over its frame rate."""
 
 
 class ClientDisconnected(ThreadrunError, OSError):
@@ -306,11 +317,11 @@ def serve(
     environ: dict[str, Any],
     start_response: StartResponse,
     options: dict[str, Any],
-    tick: Callable[[], None] | None = None,
+    rules: SocketRules | None = None,
 ) -> Iterable[bytes]:
     """Serve one upgrade request to the custom app's WebSocket route (the module docstring):
-    `options` are simple-websocket's Server options, `tick` runs about every POLL_S while the
-    socket is open (the connection slot's renewal)."""
+    `options` are simple-websocket's Server options, `rules` the web's rules for the socket
+    (None: the app's own socket, as on the official server)."""
     version = environ.get("HTTP_SEC_WEBSOCKET_VERSION")
     if not environ.get("HTTP_SEC_WEBSOCKET_KEY") or version != "13":
         return _plain(start_response, "400 Bad Request", b"not a WebSocket version 13 handshake")
@@ -320,7 +331,7 @@ def serve(
     kind = answer["type"] if answer is not None else None
     if kind == "websocket.accept":
         assert answer is not None
-        return _serve_accepted(session, answer, environ, start_response, options, tick)
+        return _serve_accepted(session, answer, environ, start_response, options, rules)
     if kind == "websocket.http.response.start":
         assert answer is not None
         return _denial(session, answer, start_response)
@@ -376,7 +387,7 @@ def _serve_accepted(
     environ: dict[str, Any],
     start_response: StartResponse,
     options: dict[str, Any],
-    tick: Callable[[], None] | None,
+    rules: SocketRules | None,
 ) -> Iterable[bytes]:
     offered = session.scope.get("subprotocols") or []
     chosen = accept.get("subprotocol")
@@ -389,10 +400,13 @@ def _serve_accepted(
         return _plain(start_response, "400 Bad Request", b"WebSocket handshake failed")
     ws.sock = WholeFrames(ws.sock)
     ticket = TRACKER.open("ws")  # the ops view's open connections
-    reader = threading.Thread(target=_read, args=(session, ws), name="asgi-ws-reader", daemon=True)
+    pace = rules.pace if rules is not None else None
+    reader = threading.Thread(
+        target=_read, args=(session, ws, pace), name="asgi-ws-reader", daemon=True
+    )
     try:
         reader.start()
-        _pump(session, ws, tick)
+        _pump(session, ws, rules)
     finally:
         session.end(1006)  # a no-op unless the socket failed under the pump
         TRACKER.close(ticket)
@@ -401,7 +415,7 @@ def _serve_accepted(
     return _finished(ws, start_response)
 
 
-def _read(session: AsgiWebSocket, ws: Server) -> None:
+def _read(session: AsgiWebSocket, ws: Server, pace: Callable[[], None] | None) -> None:
     """Client -> app, until the socket ends; then `websocket.disconnect` with its code."""
     code, reason = 1006, ""
     try:
@@ -410,6 +424,8 @@ def _read(session: AsgiWebSocket, ws: Server) -> None:
                 if session.gone or session.done.is_set():
                     return
                 raise ConnectionClosed(ws.close_reason, ws.close_message)
+            if pace is not None:
+                pace()
             data = ws.receive(timeout=POLL_S)
             if data is None:
                 continue
@@ -426,11 +442,17 @@ def _read(session: AsgiWebSocket, ws: Server) -> None:
         session.to_client.put({"type": CLIENT_GONE})
 
 
-def _pump(session: AsgiWebSocket, ws: Server, tick: Callable[[], None] | None) -> None:
-    """App -> client, until the app's task ends, closes the socket, or its client leaves."""
+def _pump(session: AsgiWebSocket, ws: Server, rules: SocketRules | None) -> None:
+    """App -> client, until the app's task ends, closes the socket, its client leaves, or the
+    web's rules end it (a credential no longer valid)."""
     while True:
-        if tick is not None:
-            tick()
+        verdict = rules.tick() if rules is not None else None
+        if verdict is not None:
+            code, reason = verdict
+            with contextlib.suppress(Exception):  # the client left already
+                ws.close(reason=code, message=reason)
+            session.end(code, reason)
+            return
         message = session.from_app(POLL_S)
         if message is None:
             continue

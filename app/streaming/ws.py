@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flask import Blueprint, Flask, g, request
+from flask import Blueprint, Flask, g
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed, Server
 from werkzeug.exceptions import HTTPException
@@ -35,7 +35,7 @@ from werkzeug.exceptions import HTTPException
 from app import public_ids
 from app.admission import admit_run
 from app.api.shapes import run_json
-from app.auth import authenticate, principal
+from app.auth import principal
 from app.errors import (
     DENIED_CODES,
     SERVICE_ERRORS,
@@ -53,7 +53,7 @@ from app.schemas import RunCreate
 from app.services import Services, current_services
 from app.streaming import frames
 from app.streaming.frames import EndFrame, HeartbeatFrame
-from app.streaming.upgrade import guard
+from app.streaming.upgrade import CLOSE_UNAUTHORIZED, credential_still_valid, guard
 from app.streaming.ws_frames import (
     CancelFrame,
     FrameError,
@@ -72,7 +72,6 @@ from shared.errors import StreamCursorInvalid, ThreadrunError, ValidationFailed
 from shared.ops.connections import TRACKER
 from shared.redis_keys import Keys
 from shared.runs.model import CancelAction, OnDisconnect
-from shared.runs.thread_ids import rewrite_text
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +82,6 @@ sock = Sock()
 # ws_max_frame_bytes (sent by simple-websocket), 1011 = the handler itself failed.
 CLOSE_INVALID_PAYLOAD = 1007
 CLOSE_INTERNAL_ERROR = 1011
-CLOSE_UNAUTHORIZED = 4401
-"""The socket's credential is no longer valid (revoked key, expired token, local mode ended):
-the application range (4000-4999) with HTTP's 401 in it, as other servers use."""
 MAX_SUBSCRIPTIONS = 16  # runs one socket may follow at once
 MAX_POLL_S = 1.0  # a subscription thread notices a closed socket within this
 # The frame loop notices a socket closed by a failed send this late; each poll wakes every
@@ -234,7 +230,7 @@ class _Session:
             try:
                 for frame in frames:
                     # Public thread ids in place of storage ids (A4, app/public_ids.py).
-                    self.ws.send(rewrite_text(frame, self.aliases) if self.aliases else frame)
+                    self.ws.send(public_ids.ws_frame(frame, self.aliases))
             except Exception:  # noqa: BLE001 - ConnectionClosed, OSError, wsproto state errors
                 self.closed.set()
                 return False
@@ -345,9 +341,7 @@ class _Session:
         if not force and now - self._authenticated_at < self.svc.settings.api_key_cache_ttl_s:
             return True
         try:
-            who = authenticate(extra_key=request.args.get("api_key"))
-        except (HTTPException, Denied):
-            who = None
+            valid = credential_still_valid(principal().subject)
         except SERVICE_ERRORS:
             if force:
                 raise  # the frame is answered `service_unavailable`
@@ -355,7 +349,7 @@ class _Session:
             # credential is checked again at the next frame.
             log.warning("websocket credential re-check failed: a service is unreachable")
             return True
-        if who is not None and who.subject == principal().subject:
+        if valid:
             self._authenticated_at = now
             return True
         log.info("websocket credential no longer valid; closing", extra={"user_id": self.owner})

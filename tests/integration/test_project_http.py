@@ -25,6 +25,8 @@ from websockets.http11 import Response
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
+from shared.auth.keys import ApiKeyStore
+from shared.db import make_pool
 from shared.settings import Settings
 from shared.tools.testing import Cluster
 from shared.tools.testing.polling import wait_for
@@ -34,6 +36,8 @@ from tests.e2e.test_browser import Page, browser  # noqa: F401 - the fixture
 
 LEAD_AGENT = Path(__file__).resolve().parents[2] / "shared" / "agent" / "lead_agent.py"
 SLOTS = 4
+KEY_TTL_S = 1.0  # the FastAPI cluster's key cache: a revoked key is noticed within it
+RATE, BURST = 20, 10  # its sockets' frame rate and burst
 """max_connections_per_user of the FastAPI project's cluster."""
 
 FASTAPI_APP = """
@@ -248,7 +252,12 @@ def fastapi_cluster(
 ) -> Iterator[Cluster]:
     """The FastAPI project served by one web process and one runs worker, with a few
     connection slots per user (the WebSocket slot test fills BOB's)."""
-    env = {"THREADRUN_MAX_CONNECTIONS_PER_USER": str(SLOTS)}
+    env = {
+        "THREADRUN_MAX_CONNECTIONS_PER_USER": str(SLOTS),
+        "THREADRUN_API_KEY_CACHE_TTL_S": str(KEY_TTL_S),
+        "THREADRUN_WS_FRAMES_PER_SECOND": str(RATE),
+        "THREADRUN_WS_FRAME_BURST": str(BURST),
+    }
     with project_cluster(settings, redis_url, template_database, fastapi_folder, env) as c:
         c.side_by_side(c.start_web, c.start_worker)
         yield c
@@ -570,6 +579,54 @@ def test_p4_asgi_websocket_holds_a_connection_slot(fastapi_cluster: Cluster) -> 
             return True
 
         wait_for(opens, what="the freed slot")
+
+
+def test_a4_p4_asgi_websocket_closes_when_its_key_is_revoked(
+    fastapi_cluster: Cluster, fastapi_folder: Path
+) -> None:
+    """A4, P4: a custom socket opened under custom-route auth re-checks its credential once
+    per key-cache TTL, as threadrun's own sockets do: revoked while open, the socket closes
+    with 4401 and the app hears `websocket.disconnect` 4401."""
+    pool = make_pool(fastapi_cluster.settings, name="test-keys", max_size=1)
+    try:
+        keys = ApiKeyStore(pool)
+        record, secret = keys.create("dora")
+        url = ws_url(fastapi_cluster, "/api/custom/echo?tag=revoked")
+        with ws_connect(url, proxy=None, additional_headers={"x-api-key": secret}) as sock:
+            assert hello_frame(sock)["user"] == "dora"
+            sock.send("still here")
+            assert sock.recv(timeout=10) == "echo:still here"
+            keys.revoke(str(record.key_id))
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:  # echoes of nothing: only the close ends this
+                    sock.recv(timeout=10 * KEY_TTL_S + 5)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+        wait_for(
+            lambda: any(e.startswith("disconnect revoked 4401") for e in ws_events(fastapi_folder)),
+            what="the app to hear the 4401",
+        )
+    finally:
+        pool.close()
+
+
+def test_a3_p4_asgi_websocket_frames_are_paced_not_dropped(fastapi_cluster: Cluster) -> None:
+    """A3, P4: a client sending faster than ws_frames_per_second (after its burst) to a custom
+    socket under custom-route auth is read more slowly: every frame reaches the app, in
+    order, none is dropped (the app's protocol has no threadrun error frame), and the ones
+    past the burst arrive at the rate."""
+    n = BURST + 20
+    url = ws_url(fastapi_cluster, f"/api/custom/echo?tag=paced&api_key={ALICE}")
+    with ws_connect(url, proxy=None) as sock:
+        hello_frame(sock)
+        started = time.monotonic()
+        for i in range(n):
+            sock.send(f"f{i}")
+        echoes = [sock.recv(timeout=30) for _ in range(n)]
+        took = time.monotonic() - started
+    assert echoes == [f"echo:f{i}" for i in range(n)]
+    # 20 frames past the burst at RATE per second: at least about 20 / RATE seconds. A lower
+    # bound only (a slow machine makes it longer), so it cannot flake.
+    assert took >= 0.8 * (n - BURST) / RATE, took
 
 
 @pytest.fixture(scope="module")
