@@ -633,9 +633,14 @@
         for (const [k, v] of Object.entries(a.args)) {
           const lab = node("label", "i-arg");
           lab.append(node("span", "", k));
-          const inp = node("input");
+          // A multi-line or long value (a file's content, a JSON object) gets a textarea:
+          // an <input> drops newlines, so "Edit and run" would change what was not edited.
+          const text = typeof v === "string" ? v : JSON.stringify(v, null, 2);
+          const multi = text.includes("\n") || text.length > 80;
+          const inp = node(multi ? "textarea" : "input");
+          if (multi) inp.rows = Math.min(8, text.split("\n").length + 1);
           inp.name = k;
-          inp.value = typeof v === "string" ? v : JSON.stringify(v);
+          inp.value = text;
           inp.dataset.json = typeof v === "string" ? "" : "1";
           lab.append(inp);
           fs.append(lab);

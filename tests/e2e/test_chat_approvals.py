@@ -7,6 +7,11 @@ HumanInTheLoopMiddleware tool review (approve, edit, reject). Typing while a pla
 question is pending answers it; typing while a tool review is pending is refused with a
 hint to use the card (docs/chat.md).
 
+The same card answers agent-chat-ui's inbox shape (`HumanInterrupt` lists: accept, edit,
+ignore), and LangChain's real `HumanInTheLoopMiddleware` in a `create_agent` graph: an
+approved tool call runs (its file appears), an edited one runs with the edited arguments, a
+rejected one never runs.
+
 The cluster serves tests/e2e/approval_graphs.py. Screenshots: tests/output/approval-*.png.
 """
 
@@ -34,9 +39,11 @@ GRAPHS = Path(__file__).with_name("approval_graphs.py")
 def cluster(
     private_cluster: ClusterFactory, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    """Web + one worker serving ask_chat and review_chat."""
+    """Web + one worker serving the approval graphs."""
     config = tmp_path_factory.mktemp("approval-config") / "langgraph.json"
-    graphs = {"ask_chat": f"{GRAPHS}:ask_chat", "review_chat": f"{GRAPHS}:review_chat"}
+    graphs = {
+        name: f"{GRAPHS}:{name}" for name in ("ask_chat", "review_chat", "inbox_chat", "hitl_agent")
+    }
     config.write_text(json.dumps({"graphs": graphs}))
     with private_cluster("chat-approvals", {"THREADRUN_CONFIG": str(config)}) as c:
         c.side_by_side(c.start_web, c.start_worker)
@@ -150,4 +157,102 @@ def test_tool_review_is_approved_edited_or_rejected_from_its_card(
         what="the decision in the answer",
     )
     page.wait_state("done")
+    assert not page.js("document.querySelector('.interrupt-card')")
+
+
+def ask(page: Page, text: str) -> str:
+    """Send `text` and wait for the interrupt card; the thread id. (`Page.send` waits for the
+    run's id, which a graph that pauses at once may already have dropped for the card.)"""
+    page.page.fill("#input", text)
+    page.page.keyboard.press("Enter")
+    card(page)
+    return str(page.js("window.threadrunTest.threadId()"))
+
+
+def answered(page: Page, text: str) -> None:
+    """Wait until an assistant message contains `text` and the run is done."""
+    page.wait(
+        "Array.from(document.querySelectorAll('.msg-ai'))"
+        f".some(m => m.textContent.includes({text!r}))",
+        what=f"an answer with {text!r}",
+    )
+    page.wait_state("done")
+
+
+@pytest.mark.parametrize(
+    ("button", "expected"),
+    [
+        ("i-approve", '"type": "accept"'),
+        ("i-edit", '"to": "dev@example.com"'),
+        ("i-reject", '"type": "ignore"'),
+    ],
+    ids=["accept", "edit", "ignore"],
+)
+def test_agent_chat_ui_inbox_interrupt_is_answered_in_its_shape(
+    cluster: Cluster,
+    open_page: Any,  # noqa: F811 - the imported fixture
+    button: str,
+    expected: str,
+) -> None:
+    """H3: an interrupt in agent-chat-ui's inbox shape (a `HumanInterrupt` list) is a review
+    card with the action's arguments as a form; its buttons resume with the inbox's own
+    response list (`accept` / `edit` with `{action, args}` / `ignore`)."""
+    page = open_page(cluster.url)
+    new_chat(page)
+    pick(page, "inbox_chat")
+    ask(page, "deploy please")
+    assert page.js("document.querySelector('.interrupt-card').dataset.interruptKind") == "inbox"
+    assert page.js("document.querySelector('.interrupt-card input[name=to]').value") == (
+        "ops@example.com"
+    )
+    if button == "i-edit":
+        page.page.fill(".interrupt-card input[name=to]", "dev@example.com")
+    page.page.click(f".interrupt-card .{button}")
+    answered(page, expected)
+    if button == "i-edit":
+        answered(page, '"action": "send_email"')
+    assert not page.js("document.querySelector('.interrupt-card')")
+
+
+def artifact_paths(base: str, tid: str) -> list[str]:
+    with httpx.Client(base_url=base, headers={"x-api-key": ALICE}, timeout=30) as c:
+        return [a["path"] for a in c.get(f"/threads/{tid}/artifacts").json()]
+
+
+@pytest.mark.parametrize("button", ["i-approve", "i-edit", "i-reject"])
+def test_real_hitl_middleware_tool_call_runs_only_as_decided(
+    cluster: Cluster,
+    open_page: Any,  # noqa: F811 - the imported fixture
+    button: str,
+) -> None:
+    """H3: LangChain's own HumanInTheLoopMiddleware (create_agent, the built-in model,
+    `write_artifact`) asks before the tool runs; from the chat page's card an approval runs
+    it (the file is there), an edit runs it with the edited file name (only that file is
+    there) and keeps the arguments not edited exactly (a multi-line content), a rejection
+    never runs it (no file) and the model is told why."""
+    page = open_page(cluster.url)
+    new_chat(page)
+    pick(page, "hitl_agent")
+    tid = ask(page, "please write notes.md")
+    assert page.js("document.querySelector('.interrupt-card').dataset.interruptKind") == "hitl"
+    assert page.js("document.querySelector('.interrupt-card input[name=filename]').value") == (
+        "notes.md"
+    )
+    assert artifact_paths(cluster.url, tid) == []  # nothing ran before the decision
+    page.screenshot(f"hitl-middleware-{button}", prefix="approval")
+    if button == "i-edit":
+        page.page.fill(".interrupt-card input[name=filename]", "edited.md")
+    page.page.click(f".interrupt-card .{button}")
+    if button == "i-reject":
+        answered(page, "rejected")
+        assert artifact_paths(cluster.url, tid) == []
+    else:
+        name = "edited.md" if button == "i-edit" else "notes.md"
+        answered(page, "Saved artifact")
+        assert artifact_paths(cluster.url, tid) == [f"outputs/{name}"]
+        # The multi-line content went through the card's form untouched (an <input> would
+        # have dropped its newlines on "Edit and run").
+        with httpx.Client(base_url=cluster.url, headers={"x-api-key": ALICE}) as c:
+            body = c.get(f"/threads/{tid}/artifacts/outputs/{name}").text
+        assert body.startswith("# notes.md\n\nRequest: please write notes.md\n"), body
     assert not page.js("document.querySelector('.interrupt-card')")
