@@ -167,9 +167,17 @@ def run_body(n: int, tokens: int) -> dict[str, Any]:
     }
 
 
-def stream_runs(urls: list[str], n: int, tokens: int, concurrency: int) -> tuple[int, int]:
+def stream_runs(
+    urls: list[str],
+    n: int,
+    tokens: int,
+    concurrency: int,
+    body: Callable[[int], dict[str, Any]] | None = None,
+) -> tuple[int, int]:
     """Stream `n` runs (one thread each) from `concurrency` client threads, alternating web
-    processes; return (events, failed runs)."""
+    processes; return (events, failed runs). `body(i)` is run i's request (default: the
+    built-in model's `run_body`)."""
+    make = body or (lambda i: run_body(i, tokens))
     clients = [httpx.Client(base_url=u, timeout=300) for u in urls]
     try:
 
@@ -177,7 +185,7 @@ def stream_runs(urls: list[str], n: int, tokens: int, concurrency: int) -> tuple
             cl = clients[i % len(clients)]
             tid = cl.post("/threads", json={}).raise_for_status().json()["thread_id"]
             events, ended_ok = 0, False
-            with cl.stream("POST", f"/threads/{tid}/runs/stream", json=run_body(i, tokens)) as r:
+            with cl.stream("POST", f"/threads/{tid}/runs/stream", json=make(i)) as r:
                 r.raise_for_status()
                 for line in r.iter_lines():
                     if line.startswith("event: "):
