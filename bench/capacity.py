@@ -26,7 +26,8 @@ Then, for each target rate, the model (docs/operations.md, "Capacity"):
 - runs worker processes = in-flight runs (Little's law: rate x execution time) / the worker's
   slots (THREADRUN_WORKER_CONCURRENCY), at least cores;
 - web: open streams = rate x client-observed run time; cores as above;
-- PostgreSQL connections = web processes x db_pool_max + workers x (slots + 2);
+- PostgreSQL connections = web processes x db_pool_max + workers x (db_pool_max +
+  checkpoint_savers), the pools' ceilings (docs/operations.md, "Scaling");
 - Redis memory = rate x (execution time + stream_ttl_after_end_s) x stream bytes per run;
 - PostgreSQL growth per day before any TTL sweep (docs/project.md `checkpointer.ttl`);
 - the first bottleneck among the parts that do not scale out: one Redis primary runs its
@@ -96,6 +97,7 @@ class Costs:
     insert_us: float
     worker_slots: int
     db_pool_max: int
+    checkpoint_savers: int
     stream_ttl_s: int
 
 
@@ -198,6 +200,7 @@ def measure(
         insert_us=insert,
         worker_slots=settings.worker_concurrency,
         db_pool_max=settings.db_pool_max,
+        checkpoint_savers=settings.checkpoint_savers,
         stream_ttl_s=settings.stream_ttl_after_end_s,
     )
 
@@ -242,7 +245,9 @@ def plan(c: Costs, rate: float, utilisation: float) -> Plan:
         workers=workers,
         inflight_runs=inflight,
         postgres_cores=cores(c.postgres_ms),
-        postgres_connections=web_processes * c.db_pool_max + workers * (c.worker_slots + 2),
+        postgres_connections=(
+            web_processes * c.db_pool_max + workers * (c.db_pool_max + c.checkpoint_savers)
+        ),
         postgres_xacts_per_s=rate * c.pg_xacts,
         postgres_growth_gib_per_day=rate * c.pg_bytes * 86_400 / 1024**3,
         redis_cores=None if c.redis_ms is None else cores(c.redis_ms),

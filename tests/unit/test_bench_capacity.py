@@ -29,6 +29,7 @@ def costs(**kw: float) -> Costs:
         insert_us=50.0,
         worker_slots=8,
         db_pool_max=20,
+        checkpoint_savers=8,
         stream_ttl_s=300,
     )
     base.update(kw)
@@ -43,7 +44,7 @@ def test_plan_sizes_each_part_from_its_cost_per_run() -> None:
     assert math.isclose(p.inflight_runs, 50.0)  # Little: 100/s x 0.5 s
     assert p.workers == max(math.ceil(50 / 8), 4)  # slots need 7, cores need 4
     assert math.isclose(p.open_streams, 100.0)
-    assert p.postgres_connections == 2 * 20 + 7 * (8 + 2)
+    assert p.postgres_connections == 2 * 20 + 7 * (20 + 8)
     assert math.isclose(p.redis_memory_mib, 100 * 300.5 * 10_240 / 1024**2)
     assert math.isclose(p.postgres_xacts_per_s, 1000.0)
 
