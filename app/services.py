@@ -25,15 +25,13 @@ from shared.project import Project, load_project
 from shared.redis_keys import Keys
 from shared.retention import policy as retention_policy
 from shared.runs.limits import RunLimits
-from shared.runs.manager import RunManager
+from shared.runs.manager import RunManager, webhook_checks
 from shared.runs.store import RunStore
 from shared.runs.taskqueue import Dispatcher, make_celery
 from shared.settings import Settings
 from shared.state.accessor import CheckpointStateAccessor
 from shared.state.modes import ensure_recorded_mode
 from shared.store import StoreConfig, UserStores, web_stores
-from shared.webhooks.policy import EgressPolicy
-from shared.webhooks.project_rules import project_rules
 
 
 @dataclass
@@ -105,9 +103,7 @@ class Services:
             checkpoints=state,  # a run from an unknown checkpoint is a 404
             default_strategy=settings.default_multitask_strategy,
             max_after_s=settings.run_after_seconds_max,
-            webhook_policy=EgressPolicy.parse(settings.webhook_allow),
-            webhook_url_max=settings.webhook_url_max,
-            webhook_rules=project_rules(settings.config),  # langgraph.json `webhooks`
+            **webhook_checks(settings),  # THREADRUN_WEBHOOK_ALLOW, langgraph.json `webhooks`
         )
         hub = SubscriptionHub(
             client,

@@ -54,7 +54,7 @@ from shared.retention import policy as retention_policy
 from shared.retention.removal import ThreadRemover
 from shared.retention.sweeper import ThreadSweeper
 from shared.runs.limits import RunLimits
-from shared.runs.manager import RunManager
+from shared.runs.manager import RunManager, webhook_checks
 from shared.runs.store import RunStore
 from shared.runs.taskqueue import Dispatcher, make_celery
 from shared.settings import Settings
@@ -90,6 +90,7 @@ def build_cron_manager(settings: Settings) -> CronManager:
         assistants=assistants,
         default_strategy=settings.default_multitask_strategy,
         max_after_s=settings.run_after_seconds_max,
+        **webhook_checks(settings),  # as the web checks them: a firing is an admission
     )
     return CronManager(
         CronStore(pool),

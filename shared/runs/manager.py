@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Collection, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import psycopg
 import redis
@@ -42,8 +42,9 @@ from shared.runs.model import (
 from shared.runs.store import Admission, AdmitItem, RunStore
 from shared.runs.taskqueue import Dispatcher
 from shared.runs.threads_store import Purge
+from shared.settings import Settings
 from shared.webhooks.policy import BadWebhookUrl, EgressPolicy, admission_refusal, parse_url
-from shared.webhooks.project_rules import WebhookRules
+from shared.webhooks.project_rules import WebhookRules, project_rules
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,18 @@ class CheckpointLookup(Protocol):
     def has_checkpoint(self, thread_id: str, checkpoint_id: str) -> bool:
         """Whether the thread (root namespace) has this checkpoint."""
         ...
+
+
+def webhook_checks(settings: Settings) -> dict[str, Any]:
+    """RunManager's webhook checks from the settings and the project file's `webhooks`: the
+    same for every process that admits runs (the web, and the scheduler whose cron firings
+    are admissions too), so a URL THREADRUN_WEBHOOK_ALLOW lets through at creation is not
+    refused at firing, and the project's rules hold for both."""
+    return {
+        "webhook_policy": EgressPolicy.parse(settings.webhook_allow),
+        "webhook_url_max": settings.webhook_url_max,
+        "webhook_rules": project_rules(settings.config),
+    }
 
 
 class RunManager:

@@ -43,6 +43,8 @@ ENV = {
     # The recovery pass deletes a delivered temporary thread this long after its run ended
     # (default 30 s): the stateless test waits for that deletion.
     "THREADRUN_TEMPORARY_THREAD_GRACE_S": "1",
+    "THREADRUN_CRON_TICK_S": "0.5",
+    "THREADRUN_CRON_MIN_INTERVAL_S": "1",
 }
 
 
@@ -317,3 +319,32 @@ def test_a_cancelled_pending_run_delivers(hooks: Cluster, receiver: Receiver) ->
     (hit,) = received(receiver, path)
     body = orjson.loads(hit.body)
     assert body["run_id"] == run_id and body["status"] == "interrupted"
+
+
+def test_a_cron_firings_webhook_to_an_allowed_host_is_delivered(
+    hooks: Cluster, receiver: Receiver
+) -> None:
+    """Webhooks, crons: a cron whose webhook names a host THREADRUN_WEBHOOK_ALLOW lets
+    through fires and delivers. The scheduler used to check a firing's webhook against the
+    default egress policy (and none of the project's `webhooks` rules), so every firing of
+    such a cron failed with "127.0.0.1 is a loopback address" while its creation was 200."""
+    hooks.start_scheduler("scheduler-webhooks")
+    path = f"/hook/cron-{uuid.uuid4().hex[:8]}"
+
+    async def go(c: LangGraphClient) -> str:
+        cron = await c.crons.create(
+            "lead_agent",
+            schedule="* * * * * *",
+            input=human("tick"),
+            config=knobs(),
+            webhook=receiver.url(path),
+        )
+        return str(cron["cron_id"])
+
+    cron_id = run(go, hooks.url)
+    try:
+        hit = received(receiver, path)[0]
+        webhooks.verify(SECRET, hit.headers, hit.body)
+        assert orjson.loads(hit.body)["status"] == "success"
+    finally:
+        httpx.delete(f"{hooks.url}/runs/crons/{cron_id}", headers={"x-api-key": ALICE})
