@@ -2,10 +2,15 @@
 (public ids) and the ids threads are stored under (shared/runs/thread_ids.py).
 
 In: every thread id a request names (URL, body, WebSocket frame) goes through `resolve`,
-one indexed query on (owner, public_id). Out: every storage id resolved during the request
-is written back as its public id in the response (JSON bodies, SSE streams, Location
-headers; WebSocket frames through the session's `aliases`). A thread the server named has
-one id for both, so its requests add no translation.
+one indexed query on (owner, public_id). Out: the storage ids resolved during the request
+are written back as public ids at the positions that hold a thread id, never inside what a
+user wrote (`shared.runs.thread_ids.PublicIds`). Threads, runs and crons are shaped with
+their public id by their views; what carries storage ids from below is translated here by
+its shape: the state and history answers (checkpoint configs), journal pages, memory
+facts, the SSE streams event by event (only the events that hold an id, and only when a
+storage id occurs in them: the others are relayed byte for byte), error messages and
+Location headers; WebSocket frames through the session's `aliases` (`ws_frame`). A thread
+the server named has one id for both, so its requests add no translation.
 
 The ops endpoints and page (cross-owner, the ops role) show storage ids.
 """
@@ -13,21 +18,56 @@ The ops endpoints and page (cross-owner, the ops role) show storage ids.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from flask import Flask, Response, g
+from flask import Flask, Response, g, request
 
 from app import authz
 from app.auth import principal
 from app.ids import parsed_thread_id
 from app.services import current_services
+from shared import serde
 from shared.errors import ThreadNotFound
 from shared.runs.model import RunRequest, Thread
-from shared.runs.thread_ids import AliasRewriter
+from shared.runs.thread_ids import (
+    PublicIds,
+    Shape,
+    SseTranslator,
+    each,
+    field,
+    protocol_event_data,
+    run_event_data,
+)
 
-REWRITTEN_TYPES = ("application/json", "text/event-stream")
-"""Only our JSON and SSE bodies are rewritten; files (artifacts) go out as they are."""
+_events = field("events", each(PublicIds.owned))
+JSON_SHAPES: dict[str, Shape] = {
+    "state.get_state": PublicIds.snapshot,
+    "state.get_state_at": PublicIds.snapshot,
+    "state.post_state_at": PublicIds.snapshot,
+    "state.update_state": PublicIds.snapshot,
+    "state.get_history": each(PublicIds.snapshot),
+    "state.post_history": each(PublicIds.snapshot),
+    "events.run_events": _events,
+    "events.thread_events": _events,
+    "events.message_page": _events,
+    "runs.create": PublicIds.run,
+    "runs.create_batch": each(PublicIds.run),
+    "runs.list_runs": each(PublicIds.run),
+    "runs.get": PublicIds.run,
+    "runs.cancel": PublicIds.run,
+    "memory.list_facts": field("facts", each(lambda ids, f: ids.owned(f, "source_thread_id"))),
+}
+"""The JSON answers that carry storage ids from below (run rows, LangGraph's checkpoint
+configs, the journal's and memory's rows), by view; every other answer (threads, crons, a
+run's final values) is shaped with public ids by its view or is the user's own, and goes
+out as it is (only an error's message is translated). A streamed answer is translated
+chunk by chunk, each chunk one JSON document (`cancel?wait=1`: its heartbeats, then the run)."""
+
+SSE_DATA: dict[str, Callable[[PublicIds, str, bytes], bytes]] = {
+    "thread_stream_protocol.stream_events": protocol_event_data,
+}
+"""How an SSE view's `data:` is read (default: a run event's data, by its event name)."""
 
 
 def aliases() -> dict[str, str]:
@@ -97,13 +137,23 @@ def on_thread(request: RunRequest) -> RunRequest:
     return dataclasses.replace(request, public_thread_id=public_of(request.thread_id))
 
 
-def _rewritten(body: Iterable[bytes] | Iterable[str], rewriter: AliasRewriter) -> Iterator[bytes]:
+def ws_frame(text: str, known: dict[str, str]) -> str:
+    """A WebSocket frame of the session whose resolved ids are `known`, translated."""
+    return PublicIds(known).ws_frame(text) if known else text
+
+
+def protocol_text(text: str, known: dict[str, str]) -> str:
+    """A thread streaming protocol message, translated (its WebSocket)."""
+    return protocol_event_data(PublicIds(known), "", text.encode()).decode() if known else text
+
+
+def _translated(body: Iterable[bytes] | Iterable[str], sse: SseTranslator) -> Iterator[bytes]:
     try:
         for chunk in body:
-            out = rewriter.feed(chunk.encode() if isinstance(chunk, str) else chunk)
+            out = sse.feed(chunk.encode() if isinstance(chunk, str) else chunk)
             if out:
                 yield out
-        tail = rewriter.flush()
+        tail = sse.flush()
         if tail:
             yield tail
     finally:  # the client left: close the inner stream (its on-close actions run)
@@ -112,24 +162,55 @@ def _rewritten(body: Iterable[bytes] | Iterable[str], rewriter: AliasRewriter) -
             close()
 
 
+def _document(data: bytes, shape: Shape, ids: PublicIds) -> bytes:
+    if not ids.occurs_in(data):
+        return data
+    try:
+        obj = serde.loads(data)
+    except ValueError:
+        return data  # not a whole document (a heartbeat, a part): as it is
+    shape(ids, obj)
+    return serde.dumps(obj)
+
+
+def _documents(
+    body: Iterable[bytes] | Iterable[str], shape: Shape, ids: PublicIds
+) -> Iterator[bytes]:
+    try:
+        for chunk in body:
+            yield _document(chunk.encode() if isinstance(chunk, str) else chunk, shape, ids)
+    finally:
+        close: Any = getattr(body, "close", None)
+        if close is not None:
+            close()
+
+
 def translate(response: Response) -> Response:
-    """Public ids in place of the storage ids this request resolved."""
+    """Public ids in place of the storage ids this request resolved, at their positions."""
     found = g.get("thread_aliases")
     if not found:
         return response
-    rewriter = AliasRewriter(found)
-    if not rewriter:
+    ids = PublicIds(found)
+    if not ids:
         return response
     for header in ("Location", "Content-Location"):
         value = response.headers.get(header)
         if value:
-            response.headers[header] = rewriter.rewrite(value.encode()).decode()
-    if response.direct_passthrough or response.mimetype not in REWRITTEN_TYPES:
+            response.headers[header] = ids.text(value)
+    if response.direct_passthrough:
         return response
-    if response.is_streamed:
-        response.response = _rewritten(response.response, rewriter)
-    else:
-        response.set_data(rewriter.rewrite(response.get_data()))
+    endpoint = request.endpoint or ""
+    if response.mimetype == "text/event-stream" and response.is_streamed:
+        data_of = SSE_DATA.get(endpoint, run_event_data)
+        response.response = _translated(response.response, SseTranslator(ids, data_of))
+    elif response.mimetype == "application/json":
+        shape = PublicIds.message if response.status_code >= 400 else JSON_SHAPES.get(endpoint)
+        if shape is None:
+            pass
+        elif response.is_streamed:
+            response.response = _documents(response.response, shape, ids)
+        else:
+            response.set_data(_document(response.get_data(), shape, ids))
     return response
 
 

@@ -4,9 +4,13 @@ Through the Flask app in process (no network), on a private database (shared.too
 dropped at the end: the lookup of a client's id (`RunStore.resolve_thread_id`, one indexed
 query on (owner, public_id)), then the same reads on a thread the server named (one id for
 both: nothing to rewrite) and on one whose id the client chose (its storage id rewritten into
-the client's id in the answer). Prints p50 / p95 in milliseconds.
+the client's id in the answer). Then the stream relay on its own (no IO): one Redis read's
+SSE chunk of a client-chosen thread (token `messages` events, each naming the thread in its
+metadata, a `values` and a `checkpoints` event) through the translation the web applies
+(`SseTranslator`: only the events that hold an id are parsed), and a chunk with no storage
+id in it (passed through). Prints p50 / p95 in milliseconds.
 
-    python -m bench.thread_ids [--runs 20] [--repeat 200]
+    python -m bench.thread_ids [--runs 20] [--repeat 200] [--tokens 20]
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from pydantic import SecretStr
 
 from bench.chaos import table
 from bench.thread_search import _timed
+from shared import serde
+from shared.runs.thread_ids import PublicIds, SseTranslator, run_event_data, storage_id
 from shared.settings import Settings
 from shared.tools.testing import Sandbox
 
@@ -29,7 +35,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.thread_ids")
     parser.add_argument("--runs", type=int, default=20, help="run rows on each thread")
     parser.add_argument("--repeat", type=int, default=200)
+    parser.add_argument("--tokens", type=int, default=20, help="messages events per chunk")
+    parser.add_argument("--relay-only", action="store_true", help="only the stream relay rows")
     args = parser.parse_args(argv)
+    relay = relay_rows(args.tokens, args.repeat * 10)
+    if args.relay_only:
+        print(f"stream relay: {args.repeat * 10} chunks per row\n" + table(HEAD, relay))
+        return
 
     from app import create_app
     from app.services import current_services
@@ -71,10 +83,42 @@ def main(argv: list[str] | None = None) -> None:
                 ):
                     p50, p95 = _timed(lambda path=path: get(path), args.repeat)
                     rows.append([f"{name}, {what}", f"{p50:.3f}", f"{p95:.3f}"])
-    print(
-        f"thread ids: {args.repeat} calls per row\n"
-        + table(["operation", "p50 ms", "p95 ms"], rows)
+    print(f"thread ids: {args.repeat} calls per row\n" + table(HEAD, rows + relay))
+
+
+HEAD = ["operation", "p50 ms", "p95 ms"]
+
+
+def sse_chunk(storage: str, tokens: int) -> bytes:
+    """One Redis read's SSE chunk of a run on the thread stored under `storage`."""
+    meta = {"thread_id": storage, "run_id": str(uuid.uuid4()), "langgraph_node": "agent"}
+    events: list[tuple[str, object]] = [
+        ("messages", [{"type": "AIMessageChunk", "content": f"tok{n} ", "id": "m1"}, meta])
+        for n in range(tokens)
+    ]
+    events.append(("values", {"messages": [{"type": "human", "content": "hi " * 50}]}))
+    config = {"configurable": {"thread_id": storage, "checkpoint_id": str(uuid.uuid4())}}
+    events.append(("checkpoints", {"config": config, "values": {}, "metadata": meta}))
+    return b"".join(
+        f"id: 1-{n}\nevent: {name}\ndata: {serde.dumps_str(data)}\n\n".encode()
+        for n, (name, data) in enumerate(events)
     )
+
+
+def relay_rows(tokens: int, repeat: int) -> list[list[str]]:
+    """The relay's cost per chunk: with a storage id in it, and without."""
+    public = str(uuid.uuid4())
+    storage = storage_id("bench", public)
+    ids = PublicIds({storage: public})
+    rows = []
+    for what, chunk in (
+        (f"client-chosen id ({tokens} tokens)", sse_chunk(storage, tokens)),
+        (f"no storage id ({tokens} tokens)", sse_chunk(str(uuid.uuid4()), tokens)),
+    ):
+        sse = SseTranslator(ids, run_event_data)
+        p50, p95 = _timed(lambda c=chunk, t=sse: t.feed(c), repeat)
+        rows.append([f"SSE chunk relay, {what}", f"{p50:.4f}", f"{p95:.4f}"])
+    return rows
 
 
 if __name__ == "__main__":

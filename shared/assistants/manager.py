@@ -28,6 +28,7 @@ from shared.assistants.model import (
     AssistantPatch,
     AssistantVersion,
     OnConflict,
+    storage_id,
     synced,
 )
 from shared.assistants.store import AssistantFilter, AssistantStore
@@ -131,12 +132,15 @@ class AssistantManager:
             config=config,
             context=context or {},
         )
+        # A client-chosen id is stored per owner (A4: no user's choice meets another's).
+        chosen = self.assistant_id(spec.assistant_id) if spec.assistant_id else None
         assistant, _ = self.store.create(
-            spec.assistant_id or str(uuid.uuid4()),
+            chosen or str(uuid.uuid4()),
             owner,
             content,
             if_exists=spec.if_exists,
             graphs=self._graphs.ids(),
+            storage_id=storage_id(owner, chosen) if chosen else None,
         )
         return assistant
 

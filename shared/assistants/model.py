@@ -12,12 +12,25 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from shared.errors import AssistantReadOnly, ValidationFailed
 from shared.vocab import JSONObject
+
+OWNER_NAMESPACE = uuid.UUID("0c3c8a6e-2f4b-4d9e-8a51-7b1e6d2f9c34")
+"""The root of the per-owner namespaces of client-chosen assistant ids (fixed: changing it
+would orphan every stored client-chosen assistant)."""
+
+
+def storage_id(owner: str, public_id: str) -> str:
+    """Where `owner`'s assistant with the client-chosen `public_id` is stored (A4): per
+    owner, whether or not another user has that public id, so `POST /assistants
+    {"assistant_id": X}` answers the same whoever else has X (as thread ids do)."""
+    return str(uuid.uuid5(uuid.uuid5(OWNER_NAMESPACE, owner), str(uuid.UUID(public_id))))
+
 
 SYSTEM_METADATA: JSONObject = {"created_by": "system"}
 """The metadata of a graph's system assistant, as the LangGraph Agent Server gives it."""
@@ -63,7 +76,8 @@ class AssistantContent:
 
 @dataclass(frozen=True, slots=True)
 class Assistant:
-    """One `assistants` row: its current version's content, its owner (None: a system one)."""
+    """One `assistants` row: its current version's content, its owner (None: a system one).
+    `assistant_id` is the id its owner sees (its public id), `storage_id` its row's key."""
 
     assistant_id: str
     graph_id: str
@@ -76,12 +90,14 @@ class Assistant:
     metadata: JSONObject = field(default_factory=dict)
     config: JSONObject = field(default_factory=dict)
     context: JSONObject = field(default_factory=dict)
+    storage_id: str = ""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Assistant:
         """The assistant of an `assistants` row (a dict row of psycopg)."""
         return cls(
-            assistant_id=str(row["assistant_id"]),
+            assistant_id=str(row.get("public_id") or row["assistant_id"]),
+            storage_id=str(row["assistant_id"]),
             graph_id=row["graph_id"],
             name=row["name"],
             version=int(row["version"]),
@@ -116,9 +132,10 @@ class AssistantVersion:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> AssistantVersion:
-        """The version of an `assistant_versions` row."""
+        """The version of an `assistant_versions` row (joined with its assistant's
+        `public_id`: the id its owner knows)."""
         return cls(
-            assistant_id=str(row["assistant_id"]),
+            assistant_id=str(row.get("public_id") or row["assistant_id"]),
             version=int(row["version"]),
             graph_id=row["graph_id"],
             name=row["name"],

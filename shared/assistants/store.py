@@ -2,7 +2,9 @@
 
 Every read takes the caller and the graph ids of the config: a user sees their own
 assistants and the system assistants of the graphs this deployment serves (`VISIBLE`);
-anything else reads exactly like a missing assistant.
+anything else reads exactly like a missing assistant. Ids are per owner (A4): a read names
+an assistant by its public id (`a.public_id`: the caller's own, or a system one), a write
+after it goes by the row's key (`assistant_id`, its storage id); see model.storage_id.
 """
 
 from __future__ import annotations
@@ -38,11 +40,11 @@ _VERSION_COLUMNS = "assistant_id, version, graph_id, config, context, metadata, 
 # to commit, so two processes upserting a system assistant at once both succeed).
 CREATE_ASSISTANT_SQL = f"""
 WITH a AS (
-    INSERT INTO assistants (assistant_id, graph_id, owner, name, description, metadata, config,
-                            context, version, created_at, updated_at)
-    VALUES (%(assistant_id)s, %(graph_id)s, %(owner)s, %(name)s, %(description)s, %(metadata)s,
-            %(config)s, %(context)s, 1, now(), now())
-    ON CONFLICT (assistant_id) DO NOTHING
+    INSERT INTO assistants (assistant_id, public_id, graph_id, owner, name, description,
+                            metadata, config, context, version, created_at, updated_at)
+    VALUES (%(assistant_id)s, %(public_id)s, %(graph_id)s, %(owner)s, %(name)s,
+            %(description)s, %(metadata)s, %(config)s, %(context)s, 1, now(), now())
+    ON CONFLICT DO NOTHING
     RETURNING *
 ), v AS (
     INSERT INTO assistant_versions ({_VERSION_COLUMNS}, created_at)
@@ -53,13 +55,16 @@ SELECT * FROM a
 ASSISTANT_QUOTA_SQL = """
 SELECT (SELECT count(*) FROM (SELECT 1 FROM assistants WHERE owner = %(owner)s LIMIT %(max)s) q)
            AS n,
-       EXISTS (SELECT 1 FROM assistants WHERE assistant_id = %(assistant_id)s) AS present
+       EXISTS (SELECT 1 FROM assistants WHERE owner = %(owner)s AND public_id = %(public_id)s)
+           AS present
 """
 """How many assistants the owner has, counted up to the quota, and whether the id exists
 already (then the create makes no new assistant: it answers it or 409)."""
 GET_ASSISTANT_SQL = (
-    f"SELECT a.* FROM assistants a WHERE a.assistant_id = %(assistant_id)s AND {VISIBLE}"
+    f"SELECT a.* FROM assistants a WHERE a.public_id = %(assistant_id)s AND {VISIBLE}"
 )
+SYSTEM_ID_SQL = "SELECT 1 FROM assistants WHERE owner IS NULL AND assistant_id = %(public_id)s"
+"""Whether an id is a system assistant's (the same for every user: no user may take it)."""
 LOCK_ASSISTANT_SQL = GET_ASSISTANT_SQL + " FOR UPDATE"
 NEXT_VERSION_SQL = """
 SELECT coalesce(max(version), 0) + 1 AS version FROM assistant_versions
@@ -97,12 +102,14 @@ SEARCH_ASSISTANTS_SQL = (
 )
 COUNT_ASSISTANTS_SQL = "SELECT count(*) AS n FROM assistants a" + _FILTERS
 LIST_VERSIONS_SQL = f"""
-SELECT v.* FROM assistant_versions v JOIN assistants a USING (assistant_id)
-WHERE v.assistant_id = %(assistant_id)s AND {VISIBLE} AND v.metadata @> %(metadata)s
+SELECT v.*, a.public_id FROM assistant_versions v JOIN assistants a USING (assistant_id)
+WHERE a.public_id = %(assistant_id)s AND {VISIBLE} AND v.metadata @> %(metadata)s
 ORDER BY v.version DESC
 LIMIT %(limit)s OFFSET %(offset)s
 """
 SORT_COLUMNS = frozenset({"assistant_id", "graph_id", "name", "created_at", "updated_at"})
+_SORT_COLUMN = {"assistant_id": "public_id"}
+"""A sort by id is by the id the caller sees."""
 
 
 def _json(value: Any) -> Jsonb:
@@ -144,17 +151,27 @@ class AssistantStore:
         *,
         if_exists: OnConflict,
         graphs: Sequence[str],
+        storage_id: str | None = None,
     ) -> tuple[Assistant, bool]:
-        """Create the assistant with its version 1; return it and whether it is new.
+        """Create the assistant `assistant_id` (its public id; stored under `storage_id`,
+        default the same) with its version 1; return it and whether it is new.
 
-        An id that exists answers the existing assistant for `do_nothing` when the caller
-        can see it; otherwise AssistantExists (409), for another user's id exactly as for
-        one's own, so ids are never handed out across users.
+        Only the caller's own assistants and the system ones can conflict (A4): an id
+        another user has is stored under another key, so it creates the caller's own
+        assistant, exactly like a fresh id. An id that exists answers the existing
+        assistant for `do_nothing`; otherwise AssistantExists (409).
         """
-        params = {"assistant_id": assistant_id, "owner": owner, **_content(content)}
+        params = {
+            "assistant_id": storage_id or assistant_id,
+            "public_id": assistant_id,
+            "owner": owner,
+            **_content(content),
+        }
         with self._pool.connection() as conn:
             self._check_quota(conn, owner, assistant_id)
-            row = conn.execute(CREATE_ASSISTANT_SQL, params).fetchone()
+            row = None
+            if conn.execute(SYSTEM_ID_SQL, params).fetchone() is None:
+                row = conn.execute(CREATE_ASSISTANT_SQL, params).fetchone()
             if row is not None:
                 return Assistant.from_row(row), True
             existing = conn.execute(GET_ASSISTANT_SQL, _who(assistant_id, owner, graphs)).fetchone()
@@ -169,7 +186,7 @@ class AssistantStore:
         if limit is None:
             return
         row = conn.execute(
-            ASSISTANT_QUOTA_SQL, {"owner": owner, "max": limit, "assistant_id": assistant_id}
+            ASSISTANT_QUOTA_SQL, {"owner": owner, "max": limit, "public_id": assistant_id}
         ).fetchone()
         if row is not None and int(row["n"]) >= limit and not row["present"]:
             raise LimitExceeded(
@@ -185,7 +202,12 @@ class AssistantStore:
         created = []
         with self._pool.connection() as conn:
             for assistant_id, content in contents.items():
-                params = {"assistant_id": assistant_id, "owner": None, **_content(content)}
+                params = {
+                    "assistant_id": assistant_id,
+                    "public_id": assistant_id,
+                    "owner": None,
+                    **_content(content),
+                }
                 if conn.execute(CREATE_ASSISTANT_SQL, params).fetchone() is not None:
                     created.append(assistant_id)
         return created
@@ -209,8 +231,8 @@ class AssistantStore:
         with self._pool.connection() as conn, conn.transaction():
             current = _lock_writable(conn, assistant_id, owner, graphs)
             content = patch.applied_to(current)
-            version = _next_version(conn, assistant_id)
-            fields = {"assistant_id": assistant_id, "version": version, **_content(content)}
+            version = _next_version(conn, current.storage_id)
+            fields = {"assistant_id": current.storage_id, "version": version, **_content(content)}
             conn.execute(INSERT_VERSION_SQL, fields)
             row = conn.execute(SET_CURRENT_SQL, fields).fetchone()
         assert row is not None  # locked above
@@ -221,16 +243,16 @@ class AssistantStore:
     ) -> Assistant:
         """Make an existing version the current one (its content becomes the assistant's)."""
         with self._pool.connection() as conn, conn.transaction():
-            _lock_writable(conn, assistant_id, owner, graphs)
+            key = _lock_writable(conn, assistant_id, owner, graphs).storage_id
             found = conn.execute(
-                GET_VERSION_SQL, {"assistant_id": assistant_id, "version": version}
+                GET_VERSION_SQL, {"assistant_id": key, "version": version}
             ).fetchone()
             if found is None:
                 raise AssistantNotFound(f"version {version} of assistant {assistant_id} not found")
             target = AssistantVersion.from_row(found)
             row = conn.execute(
                 SET_CURRENT_SQL,
-                {"assistant_id": assistant_id, "version": version, **_content(_of(target))},
+                {"assistant_id": key, "version": version, **_content(_of(target))},
             ).fetchone()
         assert row is not None  # locked above
         return Assistant.from_row(row)
@@ -238,8 +260,8 @@ class AssistantStore:
     def delete(self, assistant_id: str, owner: str, graphs: Sequence[str]) -> None:
         """Delete the caller's assistant and every version of it."""
         with self._pool.connection() as conn, conn.transaction():
-            _lock_writable(conn, assistant_id, owner, graphs)
-            conn.execute(DELETE_ASSISTANT_SQL, {"assistant_id": assistant_id, "owner": owner})
+            key = _lock_writable(conn, assistant_id, owner, graphs).storage_id
+            conn.execute(DELETE_ASSISTANT_SQL, {"assistant_id": key, "owner": owner})
 
     def search(
         self,
@@ -255,7 +277,8 @@ class AssistantStore:
         """Visible assistants matching `where`, in the asked order (ties by id)."""
         if sort_by not in SORT_COLUMNS or sort_order not in ("asc", "desc"):
             raise ValueError(f"cannot sort assistants by {sort_by} {sort_order}")
-        sql = SEARCH_ASSISTANTS_SQL.format(order=f"a.{sort_by} {sort_order.upper()}")
+        column = _SORT_COLUMN.get(sort_by, sort_by)
+        sql = SEARCH_ASSISTANTS_SQL.format(order=f"a.{column} {sort_order.upper()}")
         params = {**_filter(owner, graphs, where), "limit": limit, "offset": offset}
         with self._pool.connection() as conn:
             return [Assistant.from_row(r) for r in conn.execute(sql, params)]

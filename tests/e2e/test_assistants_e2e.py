@@ -170,7 +170,8 @@ def test_system_assistant_is_stable_shared_and_read_only(cluster: Cluster) -> No
 
 def test_another_users_assistant_is_a_404(cluster: Cluster) -> None:
     """Bob cannot see, update, delete, version, draw or run on Alice's assistant; it is not
-    in his search or count; its id conflicts for him exactly as a taken one does."""
+    in his search or count; its id makes an assistant of his own, exactly as a fresh id does
+    (A4: assistant ids are per owner, no 409 that tells Alice's exists)."""
 
     async def alice(c: LangGraphClient) -> str:
         a = await c.assistants.create("lead_agent", metadata={"who": "alice-only"})
@@ -196,8 +197,10 @@ def test_another_users_assistant_is_a_404(cluster: Cluster) -> None:
         tid = (await c.threads.create())["thread_id"]
         with pytest.raises(NotFoundError):
             await c.runs.create(tid, aid, input=human("x"))
-        with pytest.raises(ConflictError):
-            await c.assistants.create("lead_agent", assistant_id=aid, if_exists="do_nothing")
+        mine = await c.assistants.create("lead_agent", assistant_id=aid, if_exists="do_nothing")
+        assert mine["assistant_id"] == aid and mine["metadata"] == {}
+        assert (await c.assistants.get(aid))["metadata"] == {}
+        await c.assistants.delete(aid)
 
     run(bob, cluster.url, BOB)
 

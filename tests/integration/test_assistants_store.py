@@ -70,8 +70,8 @@ def test_migrated_schema_is_the_declared_one(pool: ConnectionPool) -> None:
     """The two tables have exactly the declared columns and primary keys."""
     declared = {
         "assistants": {
-            "assistant_id", "graph_id", "owner", "name", "description", "metadata", "config",
-            "context", "version", "created_at", "updated_at",
+            "assistant_id", "public_id", "graph_id", "owner", "name", "description", "metadata",
+            "config", "context", "version", "created_at", "updated_at",
         },
         "assistant_versions": {
             "assistant_id", "version", "graph_id", "config", "context", "metadata", "name",
@@ -225,7 +225,8 @@ def test_concurrent_updates_get_distinct_versions(manager: AssistantManager) -> 
 
 def test_ownership(manager: AssistantManager) -> None:
     """Another user's assistant is a 404 for every verb; a system one is read-only (403);
-    an id taken by another user conflicts like one's own."""
+    an id another user has makes the caller's own assistant (A4: ids are per owner, no
+    409 that tells it exists), one's own id conflicts, a system one's id is never taken."""
     a = manager.create(ALICE, AssistantSpec(graph_id="lead_agent", name=f"o-{tag()}"))
     aid = a.assistant_id
     for verb in (
@@ -246,13 +247,18 @@ def test_ownership(manager: AssistantManager) -> None:
     ):
         with pytest.raises(AssistantReadOnly):
             verb()
-    with pytest.raises(AssistantExists):
-        manager.create(BOB, AssistantSpec(graph_id="lead_agent", assistant_id=aid))
-    with pytest.raises(AssistantExists):
+    bobs = manager.create(BOB, AssistantSpec(graph_id="lead_agent", assistant_id=aid, name="b"))
+    assert bobs.assistant_id == aid and bobs.owner == BOB and bobs.storage_id != a.storage_id
+    assert manager.get(BOB, aid) == bobs and manager.get(ALICE, aid) == a
+    for owner in (ALICE, BOB):
+        with pytest.raises(AssistantExists):
+            manager.create(owner, AssistantSpec(graph_id="lead_agent", assistant_id=aid))
+    with pytest.raises(AssistantExists):  # the same id for everyone: not an oracle
         manager.create(
-            BOB,
-            AssistantSpec(graph_id="lead_agent", assistant_id=aid, if_exists=OnConflict.DO_NOTHING),
+            BOB, AssistantSpec(graph_id="lead_agent", assistant_id=assistant_id_for("lead_agent"))
         )
+    manager.delete(BOB, aid)
+    assert manager.get(ALICE, aid) == a
     again = manager.create(
         ALICE,
         AssistantSpec(graph_id="lead_agent", assistant_id=aid, if_exists=OnConflict.DO_NOTHING),

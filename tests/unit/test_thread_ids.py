@@ -1,5 +1,5 @@
-"""A4: thread ids are per owner: storage ids of client-chosen ids, and the rewrite of
-storage ids into public ids on the way out (shared/runs/thread_ids.py)."""
+"""A4: thread ids are per owner: storage ids of client-chosen ids, and their translation
+into public ids on the way out (shared/runs/thread_ids.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from shared.runs.thread_ids import AliasRewriter, rewrite_text, storage_id
+from shared.runs.thread_ids import PublicIds, SseTranslator, run_event_data, storage_id
 
 
 def test_a4_storage_id_is_per_owner_and_stable() -> None:
@@ -23,31 +23,42 @@ def test_a4_storage_id_is_per_owner_and_stable() -> None:
         storage_id("alice", "not-a-uuid")
 
 
-def test_a4_rewriter_replaces_storage_ids_by_public_ids() -> None:
-    """A4: a whole body gets every public id in place of its storage id; other ids stay."""
-    p1, p2, other = (str(uuid.uuid4()) for _ in range(3))
-    s1, s2 = storage_id("bob", p1), storage_id("bob", p2)
-    rw = AliasRewriter({s1: p1, s2: p2, other: other})
-    body = f'{{"thread_id":"{s1}","parent":{{"thread_id":"{s2}"}},"run_id":"{other}"}}'.encode()
-    assert rw.rewrite(body).decode() == (
-        f'{{"thread_id":"{p1}","parent":{{"thread_id":"{p2}"}},"run_id":"{other}"}}'
-    )
-    assert not AliasRewriter({other: other})  # a server-made id needs no translation
-    assert rewrite_text(f"thread {s1} not found", {s1: p1}) == f"thread {p1} not found"
+def test_a4_translation_writes_public_ids_at_id_positions_once() -> None:
+    """A4: a snapshot gets every public id in place of its storage id at its id positions;
+    other ids stay, and a public id equal to another thread's storage id is not translated
+    again; server-made text is translated id by id."""
+    p1, other = str(uuid.uuid4()), str(uuid.uuid4())
+    s1 = storage_id("bob", p1)
+    s2 = storage_id("bob", s1)  # a second thread whose client id is the first's storage id
+    ids = PublicIds({s1: p1, s2: s1, other: other})
+    snap = {
+        "config": {"configurable": {"thread_id": s1}},
+        "parent_config": {"configurable": {"thread_id": s2}},
+        "checkpoint": {"thread_id": s2},
+        "values": {"run_id": other, "thread_id": s1},
+    }
+    ids.snapshot(snap)
+    assert snap == {
+        "config": {"configurable": {"thread_id": p1}},
+        "parent_config": {"configurable": {"thread_id": s1}},
+        "checkpoint": {"thread_id": s1},
+        "values": {"run_id": other, "thread_id": s1},
+    }
+    assert not PublicIds({other: other})  # a server-made id needs no translation
+    assert ids.text(f"thread {s1} and {s2}") == f"thread {p1} and {s1}"
 
 
 @pytest.mark.parametrize("cut", [1, 5, 20, 35, 36, 37])
-def test_a4_rewriter_handles_an_id_cut_between_chunks(cut: int) -> None:
-    """A4: a stream whose chunk boundary cuts a storage id still comes out rewritten, and
-    nothing else is held back (heartbeats go out at once)."""
+def test_a4_sse_translation_handles_an_id_cut_between_chunks(cut: int) -> None:
+    """A4: a stream whose chunk boundary cuts a storage id still comes out translated, and
+    whole messages without one go out at once (heartbeats)."""
     public = str(uuid.uuid4())
     storage = storage_id("bob", public)
-    stream = f'data: {{"thread_id": "{storage}"}}\n\n'.encode()
+    stream = f'event: metadata\ndata: {{"thread_id":"{storage}"}}\n\n'.encode()
     at = stream.index(storage.encode()) + cut
-    rw = AliasRewriter({storage: public})
-    out = rw.feed(stream[:at]) + rw.feed(stream[at:]) + rw.flush()
+    sse = SseTranslator(PublicIds({storage: public}), run_event_data)
+    out = sse.feed(stream[:at]) + sse.feed(stream[at:]) + sse.flush()
     assert out == stream.replace(storage.encode(), public.encode())
-    assert rw.feed(b": heartbeat\n\n") == b": heartbeat\n\n"
-    assert rw.feed(b"\n") == b"\n"
-    held = rw.feed(b"x" + storage.encode()[:10])
-    assert held == b"x" and rw.flush() == storage.encode()[:10]
+    assert sse.feed(b": heartbeat\n\n") == b": heartbeat\n\n"
+    held = sse.feed(b"event: values\ndata: " + storage.encode()[:10])
+    assert held == b"" and sse.flush() == b"event: values\ndata: " + storage.encode()[:10]

@@ -44,7 +44,6 @@ from shared.bridge.base import Heartbeat
 from shared.bridge.protocol import ProtocolItem, ProtocolWalk
 from shared.errors import ThreadrunError
 from shared.ops.connections import TRACKER
-from shared.runs.thread_ids import rewrite_text
 
 log = logging.getLogger(__name__)
 bp = Blueprint("thread_stream_protocol", __name__)
@@ -175,7 +174,7 @@ class _Socket:
         # Public thread ids in place of storage ids (A4), as the SSE answer's are.
         text = serde.dumps_str(message)
         with self.lock:
-            self.ws.send(rewrite_text(text, self.aliases) if self.aliases else text)
+            self.ws.send(public_ids.protocol_text(text, self.aliases))
 
     def serve(self) -> None:
         try:
