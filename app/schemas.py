@@ -248,6 +248,9 @@ class RunConfig(Strict):
     recursion_limit: int | None = Field(default=None, ge=1, le=10_000)
     max_concurrency: int | None = Field(default=None, ge=1)
     run_name: str | None = None
+    durability: Durability | None = None
+    """An assistant's default for its runs (a run's own `durability` wins); taken out of the
+    config at admission (`RunRequest.on_assistant`), the graph never sees it."""
 
     @field_validator("configurable")
     @classmethod

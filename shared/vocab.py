@@ -206,6 +206,9 @@ def event_names(requested: Iterable[str]) -> frozenset[str]:
 
 
 Durability = Literal["sync", "async", "exit"]
+DEFAULT_DURABILITY: Durability = "async"
+"""LangGraph's default, and what a run records when neither it nor its assistant chose one
+(as the official server records it; docs/guarantees.md says what each mode loses)."""
 
 
 class StreamOptions(TypedDict, total=False):

@@ -16,6 +16,7 @@ from typing import Any
 
 from shared.assistants.model import Assistant, merged_config, merged_context
 from shared.vocab import (
+    DEFAULT_DURABILITY,
     INFLIGHT_STATUSES,
     TERMINAL_STATUSES,
     CancelAction,
@@ -105,12 +106,17 @@ class RunRequest:
 
     def on_assistant(self, assistant: Assistant) -> RunRequest:
         """This request on `assistant`: its id, and its config and context under the
-        request's own (`merged_config`, `merged_context`)."""
+        request's own (`merged_config`, `merged_context`); its `durability` the request's,
+        else the config's (`config.durability`, the assistant's default), else LangGraph's."""
+        config = merged_config(assistant.config, self.config)
+        default = config.pop("durability", None)  # never the graph's: LangGraph has no such key
+        durability = self.kwargs.get("durability") or default
         return dataclasses.replace(
             self,
             assistant_id=assistant.assistant_id,
-            config=merged_config(assistant.config, self.config),
+            config=config,
             context=merged_context(assistant.context, self.context),
+            kwargs={**self.kwargs, "durability": durability or DEFAULT_DURABILITY},
         )
 
 
