@@ -59,8 +59,13 @@ def update_state(thread_id: str, body: StateUpdate) -> Response:
     """Write values into the thread's state as a new checkpoint."""
     thread = owned_thread(thread_id, "update")
     graph_id = _graph_id(thread)
-    if graph_id is None:
-        raise Conflict("the thread has no graph yet: start a run on it before updating its state")
+    if graph_id is None:  # a 400 as on the official server, which clients check for
+        raise ValidationFailed(
+            "the thread has no associated graph: start a run on it, or set its metadata"
+            " graph_id, before updating its state",
+            field="metadata.graph_id",
+            status=400,
+        )
     if thread.status is ThreadStatus.BUSY:
         raise Conflict("the thread has a run in progress; update its state when it is idle")
     check_messages(body.values)  # a malformed message is a 422 naming it, not a 500
