@@ -61,9 +61,29 @@ class Keys:
         id -> JSON: spec, state `ok`/`error`, error, worker, at), for the ops view."""
         return f"{self.prefix}ops:graphs"
 
+    def ops_supervisors(self) -> str:
+        """Hash of `make run` supervisors' children (host -> JSON), for the ops view
+        (shared/ops/supervision.py)."""
+        return f"{self.prefix}ops:supervisors"
+
     def ops_web_index(self) -> str:
         """Sorted set of reporting web processes, scored by their last report (unix s)."""
         return f"{self.prefix}ops:web"
+
+    def ops_worker_losses(self) -> str:
+        """Sorted set of lost workers (worker id, scored by when the loss was first seen,
+        unix s); `ops_worker_loss_events` holds each one's event. Tagged `{ops}` with it:
+        one Lua script writes both."""
+        return f"{self.prefix}{{ops}}:worker-losses"
+
+    def ops_worker_loss_events(self) -> str:
+        """Hash: lost worker id -> its loss event (JSON: at, worker, how, runs, ...)."""
+        return f"{self.prefix}{{ops}}:worker-losses:events"
+
+    def ops_worker_finished(self, host: str, pid: str) -> str:
+        """Hash of one worker process's finished runs: `worker` (its worker id, so a reused
+        pid starts again at zero) and a count per terminal status."""
+        return f"{self.prefix}ops:worker-finished:{host}:{pid}"
 
     def celery_prefix(self) -> str:
         """kombu's `global_keyprefix`: every key Celery writes starts with it."""

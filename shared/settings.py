@@ -579,6 +579,17 @@ class Settings(BaseSettings):
         description="The ops crons tile turns red when an enabled cron is overdue by this "
         "much (its scheduler is not firing).",
     )
+    ops_worker_history_s: float = Field(
+        default=7 * 86_400.0,
+        gt=0,
+        description="The ops view keeps each lost worker's event (when, which worker, the "
+        "runs it held) and each worker's finished-run counts this long.",
+    )
+    ops_worker_losses_max: int = Field(
+        default=500,
+        ge=1,
+        description="...and at most this many worker-loss events (the oldest go first).",
+    )
     metrics_require_ops: bool = Field(
         default=False, description="GET /metrics needs an ops key (off: scrapers need none)."
     )

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 import redis
 
+from shared.agent.graphs import GraphConfigError, GraphNotFound
 from shared.bridge.publisher import EventSink
 from shared.journal import RunJournal
 from shared.runs.model import CancelAction, JSONObject, Run, RunStatus, Sink, ThreadStatus
@@ -43,6 +44,36 @@ class StopReason(enum.Enum):
 
 TRANSIENT_ERRORS = (psycopg.OperationalError, redis.ConnectionError, redis.TimeoutError)
 """Failures of our own services, not of the graph: the run is retried, not failed."""
+
+PERMANENT_ERRORS = (GraphNotFound, GraphConfigError)
+"""Failures no other attempt can get past: the graph is not served by this deployment, or
+it cannot be imported or built. The run ends `error` with it at once, never retried."""
+
+
+def attempt_cause(error: JSONObject, *, permanent: bool) -> JSONObject:
+    """What an attempt that failed without ending its run records (its error record, and
+    whether another attempt could succeed), for the reaper's final error."""
+    return {"error": error.get("error"), "message": error.get("message"), "permanent": permanent}
+
+
+def reaped_error(
+    *, attempt: int, max_attempts: int, owner: str | None, cause: JSONObject | None
+) -> JSONObject:
+    """The error of a run the reaper ends: its last attempt's recorded cause when it had
+    one that no retry gets past (that error as it is), else `MaxAttemptsExceeded` naming
+    what ended the last attempt: its recorded cause, or the loss of its worker."""
+    if cause is not None and cause.get("permanent"):
+        return {"error": cause.get("error"), "message": cause.get("message")}
+    who = f"worker {owner}" if owner else "its worker"
+    if cause is not None:
+        last = f"{cause.get('error')}: {cause.get('message')}"
+        message = f"attempt {attempt} of {max_attempts} failed with {last}"
+        return {"error": "MaxAttemptsExceeded", "message": message, "cause": dict(cause)}
+    message = (
+        f"owner lease expired after attempt {attempt} of {max_attempts}: {who} stopped "
+        "renewing it (it died, froze or lost Redis)"
+    )
+    return {"error": "MaxAttemptsExceeded", "message": message}
 
 
 class AttemptOutcome(enum.StrEnum):

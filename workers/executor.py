@@ -52,6 +52,7 @@ from shared.state.savers import GATE_KEY, HEAD_KEY, HELD_WRITES_KEY, LEASE_KEY, 
 from shared.vocab import DEFAULT_STREAM_MODES, graph_modes
 from workers.attempts import (
     INTERRUPTED,
+    PERMANENT_ERRORS,
     TRANSIENT_ERRORS,
     AttemptOutcome,
     AttemptResult,
@@ -61,11 +62,13 @@ from workers.attempts import (
 )
 from workers.fairness import fair_share_cap, over_fair_share
 from workers.finalize_steps import (
+    count_finished,
     delete_temporary_thread,
     finish_once,
     head_copy_writer,
     keep_result,
     publish_end,
+    record_failure,
     release_active,
     settle_journal,
 )
@@ -135,8 +138,27 @@ async def execute_run(
         ):
             return await hand_back(rt, attempt, f"service failure: {outcome.error}")
         return await finalize(rt, attempt, outcome)
+    except PERMANENT_ERRORS as exc:  # outside `execute` (a rollback's restore, a state read)
+        return await end_failed(rt, attempt, exc)
+    except Exception as exc:  # the lease expires and the reaper retries: it names the cause
+        await record_failure(rt, attempt, _error_of(exc, rt), permanent=False)
+        raise
     finally:
         rt.keeper.release(run_id)
+
+
+async def end_failed(rt: WorkerRuntime, attempt: RunAttempt, exc: BaseException) -> AttemptResult:
+    """End the run `error` with `exc`, which no other attempt can get past (G4); if even
+    that fails, record it as the attempt's cause: the reaper then ends the run with it."""
+    log.error("run failed: %s", exc, extra={"run_id": attempt.run_id})
+    error = _error_of(exc)
+    try:
+        sink = attempt.sink if attempt.sink is not None else open_sink(rt, attempt)
+        sink.emit("error", serde.dumps(error))
+        return await finalize(rt, attempt, GraphOutcome(RunStatus.ERROR, error, ThreadStatus.ERROR))
+    except Exception:
+        await record_failure(rt, attempt, error, permanent=True)
+        raise
 
 
 # --- claim ------------------------------------------------------------------------------------
@@ -663,6 +685,7 @@ async def finalize(rt: WorkerRuntime, attempt: RunAttempt, outcome: GraphOutcome
         # the REST API's `end` keeps the shape it has always had).
         end["thread_status"] = settled.thread_status
     await publish_end(rt, attempt, sink, serde.dumps(end))
+    await count_finished(rt, rt.worker_id, settled.status)  # the ops view's, after the end
     try:
         await rt.leases.release(attempt.run_id, attempt.lease, ended=True)
     except redis.RedisError:  # both expire by themselves

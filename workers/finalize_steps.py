@@ -6,8 +6,10 @@ the journal flush fails open and the receipt is written with bounded retries; th
 terminal write is retried through a PostgreSQL restart and never lands twice; the `end`
 is retried through a Redis outage, never twice and never past a newer epoch. The side
 effects of an ended run are best effort: the user's active-run slot (A4, also given
-back by the reaper for the runs it ends), the head copy written with the status, and
-for a thread deleted with its run the kept `/wait` answer and the deletion.
+back by the reaper for the runs it ends), the head copy written with the status, the
+worker's finished-run count of the ops view, and for a thread deleted with its run the
+kept `/wait` answer and the deletion. An attempt that fails without ending its run
+records why (`record_failure`), for the reaper that ends it later.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from shared.runs.model import JSONObject, RunStatus, ThreadStatus
 from shared.runs.result import final_result
 from shared.runs.store import Finish
 from shared.state import head_copies
-from workers.attempts import TRANSIENT_ERRORS, GraphOutcome, RunAttempt
+from workers.attempts import TRANSIENT_ERRORS, GraphOutcome, RunAttempt, attempt_cause
 from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -151,6 +153,35 @@ async def release_active(rt: WorkerRuntime, user_id: str | None, run_id: str) ->
         )
     except redis.RedisError:
         log.warning("could not release the active-run slot", extra={"run_id": run_id})
+
+
+async def count_finished(rt: WorkerRuntime, worker_id: str, status: str) -> None:
+    """One more run of `worker_id` ended `status` (the ops view's per-worker counts; the
+    reaper counts a run it ends on the lost owner's). Best effort."""
+    try:
+        await rt.history.count_finished(worker_id, status)
+    except redis.RedisError:
+        log.warning("could not count the finished run of worker %s", worker_id)
+
+
+async def record_failure(
+    rt: WorkerRuntime, attempt: RunAttempt, error: JSONObject, *, permanent: bool
+) -> None:
+    """Record what the attempt failed with when it cannot end the run itself: its lease
+    expires and the reaper ends the run with this cause (`permanent`: at once) or, after
+    the last attempt, names it. Best effort: without it the reaper says the lease expired."""
+    cause = attempt_cause(error, permanent=permanent)
+    try:
+        await asyncio.to_thread(
+            rt.store.record_attempt_failure,
+            attempt.run_id,
+            attempt.thread_id,
+            attempt.run.attempt,
+            attempt.epoch,
+            cause,
+        )
+    except Exception:
+        log.exception("could not record the attempt's failure", extra={"run_id": attempt.run_id})
 
 
 async def keep_result(rt: WorkerRuntime, attempt: RunAttempt, settled: GraphOutcome) -> None:

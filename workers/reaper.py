@@ -3,11 +3,16 @@
 Every runs worker runs this loop; a Redis leader lock (SET NX PX, renewed by the
 holder) makes one of them active at a time, and any other takes over within one lock
 TTL when the leader dies, so there is no single point whose death stops recovery.
+
+A run whose lease expired ends with the cause its last attempt recorded, at once when that
+cause is one no retry gets past (the graph is not served or cannot be loaded), and its
+owner's loss is kept for the ops view (shared/ops/worker_history.py), once per worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 import psycopg
@@ -15,10 +20,13 @@ import psycopg
 from shared import lua, metrics, serde
 from shared.bridge.base import END_EVENT
 from shared.bridge.publisher import PublishCall
+from shared.ops.worker_history import LEASES_EXPIRED
 from shared.redis_keys import REAPER_LEAD_TTL_INTERVALS
 from shared.runs.leases import lease_value
 from shared.runs.model import CancelAction, RunStatus
-from workers.finalize_steps import release_active
+from shared.vocab import JSONObject
+from workers.attempts import reaped_error
+from workers.finalize_steps import count_finished, release_active
 from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -49,16 +57,23 @@ async def reap_once(rt: WorkerRuntime) -> dict[str, int]:
     for run_id in await asyncio.to_thread(rt.webhooks.sweep, s.webhook_stale_s):
         if await asyncio.to_thread(rt.dispatcher.dispatch_webhook, run_id):
             counts["webhooks_redispatched"] = counts.get("webhooks_redispatched", 0) + 1
+    lost: dict[str, list[str]] = {}  # owner -> its runs whose lease expired
     for run in await asyncio.to_thread(rt.store.running_runs, s.lease_ttl_s):
         run_id, epoch, attempt = run.run_id, run.owner_epoch, run.attempt
         if await rt.leases.is_held(run_id):
             continue
         reason = f"owner lease expired after attempt {attempt}"
+        # What the attempt recorded it failed with, if it could (workers/executor.py); an
+        # owner that recorded why its attempt failed was not lost.
+        cause = await asyncio.to_thread(rt.store.attempt_cause, run_id, attempt)
+        if run.owner and cause is None:
+            lost.setdefault(run.owner, []).append(run_id)
+        permanent = bool(cause and cause.get("permanent"))
         # A rollback requested of a run whose owner then died still gets done: one more
         # attempt, which restores the pre-run state instead of running the graph (R5).
         rollback_due = run.cancel_action is CancelAction.ROLLBACK and attempt == s.max_attempts
         try:
-            if attempt < s.max_attempts or rollback_due:
+            if not permanent and (attempt < s.max_attempts or rollback_due):
                 requeued = await asyncio.to_thread(
                     rt.store.requeue, run_id, epoch, reason, lock_timeout_s=s.reaper_lock_timeout_s
                 )
@@ -66,26 +81,48 @@ async def reap_once(rt: WorkerRuntime) -> dict[str, int]:
                     counts["requeued"] += 1
                     await asyncio.to_thread(rt.dispatcher.dispatch_quietly, run_id)
                 continue
-            if await fail_run(rt, run_id, epoch, reason):
+            error = reaped_error(
+                attempt=attempt, max_attempts=s.max_attempts, owner=run.owner, cause=cause
+            )
+            if await fail_run(rt, run_id, epoch, reason, error):
                 counts["failed"] += 1
                 metrics.run_finished(RunStatus.ERROR, None)  # L5: its owners kept dying
+                if run.owner:
+                    await count_finished(rt, run.owner, RunStatus.ERROR)
         except psycopg.errors.LockNotAvailable:
             # A frozen owner is inside a fenced write; PostgreSQL ends its session after
             # fence_idle_timeout_s, and the next pass gets the row. Never hang the pass.
             counts["locked"] += 1
+    await _record_losses(rt, lost)
     return counts
 
 
-async def fail_run(rt: WorkerRuntime, run_id: str, epoch: int, reason: str) -> bool:
-    """L5: end the run `error`, then, as its new owner, publish `error` and `end` (A1, G4)
-    so that every stream, join and wait on it finishes."""
+async def _record_losses(rt: WorkerRuntime, lost: dict[str, list[str]]) -> None:
+    """Keep the loss of each owner whose runs' leases expired (once per worker, whoever
+    records it first). Best effort: recovery does not depend on it."""
+    for owner, run_ids in lost.items():
+        try:
+            await rt.history.record_loss(owner, run_ids, LEASES_EXPIRED)
+        except Exception:
+            log.warning("could not record the loss of worker %s", owner, exc_info=True)
+
+
+async def fail_run(
+    rt: WorkerRuntime, run_id: str, epoch: int, reason: str, error: JSONObject | None = None
+) -> bool:
+    """L5: end the run `error` (with `error`, by default MaxAttemptsExceeded with `reason`),
+    then, as its new owner, publish `error` and `end` (A1, G4) so that every stream, join
+    and wait on it finishes."""
     expired = await asyncio.to_thread(
-        rt.store.fail_expired,
-        run_id,
-        epoch,
-        rt.worker_id,
-        reason,
-        lock_timeout_s=rt.settings.reaper_lock_timeout_s,
+        functools.partial(
+            rt.store.fail_expired,
+            run_id,
+            epoch,
+            rt.worker_id,
+            reason,
+            lock_timeout_s=rt.settings.reaper_lock_timeout_s,
+            error=error,
+        )
     )
     if expired is None:
         return False

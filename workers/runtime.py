@@ -36,6 +36,7 @@ from shared.authz.users import stored_user
 from shared.bridge.publisher import PublishBatcher, StreamPublisher
 from shared.db import make_async_pool, make_pool
 from shared.journal import RunEventStore
+from shared.ops.worker_history import AsyncWorkerHistory
 from shared.project import load_project
 from shared.redis_keys import Keys
 from shared.retention.removal import ThreadRemover
@@ -114,6 +115,7 @@ class WorkerRuntime:
         s = self.settings
         self.redis = redis_clients.async_client(s, health_check_interval=30)
         self.release_run = lua.register(self.redis, "limit_release_run")  # once per process
+        self.history = AsyncWorkerHistory(s, self.redis)  # the ops view's worker records
         # Every use of this pool goes through a saver, and a saver holds its lock for the
         # whole call: at most `checkpoint_savers` connections are ever in use at once.
         self.apool = await make_async_pool(s, name="worker-saver", max_size=s.checkpoint_savers + 2)

@@ -72,6 +72,12 @@ class OpsAuditQuery(_Strict):
     limit: int = Field(default=100, ge=1, le=1000)
 
 
+class OpsWorkerLossesQuery(_Strict):
+    """GET /ops/api/worker-losses."""
+
+    limit: int = Field(default=50, ge=1, le=500)
+
+
 class OpsCronsQuery(_Strict):
     """GET /ops/api/crons: any user's crons, or `user_id`'s; `enabled` filters."""
 
@@ -283,11 +289,39 @@ def queues() -> Response:
 
 @bp.get("/ops/api/workers")
 def workers() -> Response:
-    """Workers answering a Celery inspect broadcast, with their queues and active runs."""
+    """Workers answering a Celery inspect broadcast, with their queues, active runs and
+    finished-run counts per terminal status."""
     require_ops()
     c = _ops().collector
     ws = c.workers()
     return json_response({"workers": ws, "online": c.workers_online(ws)})
+
+
+@bp.get("/ops/api/supervisors")
+def supervisors() -> Response:
+    """`make run` supervisors (one per host) and their children: each one's state
+    (`running`, `restarting` with `restart_in_s`, `crash_loop`: given up on, down until
+    the supervisor restarts), pid, restarts and how it last exited. Empty where no
+    supervisor runs (a deployment's own process manager)."""
+    require_ops()
+    return json_response({"supervisors": _ops().collector.supervisors()})
+
+
+@bp.get("/ops/api/worker-losses")
+@query(OpsWorkerLossesQuery)
+def worker_losses(query: OpsWorkerLossesQuery) -> Response:
+    """Lost workers, latest first (kept THREADRUN_OPS_WORKER_HISTORY_S): when the loss was
+    first seen, the worker, how (`not answering`: gone from the worker broadcast while runs
+    named it their owner; `leases expired`: the reaper found its runs' leases gone), the
+    runs it held with their status now, and the runs it had finished."""
+    require_ops()
+    c = _ops().collector
+    return json_response(
+        {
+            "losses": c.worker_losses(query.limit),
+            "retention_s": c.settings.ops_worker_history_s,
+        }
+    )
 
 
 @bp.get("/ops/api/streams")

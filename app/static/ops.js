@@ -377,6 +377,51 @@ async function drawFailures() {
   );
 }
 
+/** "3 success · 1 error · 0 interrupted" (timeouts only when there are some). */
+function finishedText(f) {
+  if (!f) return "–";
+  const parts = [`${f.success} success`, `${f.error} error`, `${f.interrupted} interrupted`];
+  if (f.timeout) parts.splice(2, 0, `${f.timeout} timeout`);
+  return parts.map((p) => p.replace(" ", "\u00a0")).join(" · "); // wraps between counts only
+}
+
+// Each lost worker once (kept for the server's retention): when, which, how it was seen,
+// the runs it held with what became of them, and what it had finished before.
+function drawLosses(o) {
+  const losses = o.worker_losses || [];
+  const now = o.at;
+  setText(document.getElementById("losses-note"), losses.length ? `(${losses.length})` : "(none kept)");
+  sync(
+    "losses",
+    losses,
+    (l) => l.worker,
+    (l) => [el("td", null, "num"), el("td", null, "mono wrap"), el("td"), el("td"), el("td", null, "finished")],
+    (tr, l) => {
+      const when = cell(tr, 0);
+      setText(when, `${dur(now - l.at)} ago`);
+      when.title = new Date(l.at * 1000).toLocaleString();
+      setText(cell(tr, 1), l.name ? `${l.name} (${l.worker})` : l.worker);
+      cell(tr, 1).title = l.worker;
+      setText(cell(tr, 2), l.how);
+      const runs = cell(tr, 3);
+      const key = JSON.stringify(l.runs);
+      if (runs.dataset.key !== key) {
+        runs.dataset.key = key;
+        runs.replaceChildren(
+          ...l.runs.map((r) => {
+            const span = el("span", null, "loss-run");
+            const code = el("code", r.run_id, "id");
+            code.title = r.run_id;
+            span.append(code, el("span", r.status || "gone", `pill ${r.status || ""}`));
+            return span;
+          }),
+        );
+      }
+      setText(cell(tr, 4), finishedText(l.finished));
+    },
+  );
+}
+
 function drawRest(o) {
   sync(
     "queues",
@@ -404,11 +449,33 @@ function drawRest(o) {
     "workers",
     o.workers,
     (w) => w.name,
-    (w) => [el("td", w.name, "mono"), el("td"), el("td", null, "num"), el("td", null, "mono")],
+    (w) => [el("td", w.name, "mono"), el("td"), el("td", null, "num"), el("td", null, "mono"), el("td", null, "finished")],
     (tr, w) => {
       setText(cell(tr, 1), w.queues.join(", "));
       setText(cell(tr, 2), w.concurrency ?? "–");
       setText(cell(tr, 3), w.active_runs.length ? w.active_runs.map(short).join(" ") : "–");
+      setText(cell(tr, 4), finishedText(w.finished));
+    },
+  );
+
+  // `make run`'s supervisor and its children (none: a deployment's own process manager).
+  const sups = o.supervisors || [];
+  document.getElementById("supervised-card").hidden = !sups.length;
+  setText(document.getElementById("supervised-note"), sups.length > 1 ? `(${sups.length} hosts)` : sups.length ? `(${sups[0].host})` : "");
+  const STATE = { running: "success", restarting: "pending", crash_loop: "error" };
+  sync(
+    "supervised",
+    sups.flatMap((sup) => sup.children.map((c) => ({ ...c, host: sup.host }))),
+    (c) => `${c.host}/${c.name}`,
+    (c) => [el("td", c.name, "mono"), el("td"), el("td", null, "num"), el("td", null, "num"), el("td")],
+    (tr, c) => {
+      const st = cell(tr, 1);
+      if (!st.firstChild) st.append(el("span"));
+      const label = c.state === "restarting" && c.restart_in_s != null ? `restarting in ${dur(c.restart_in_s)}` : c.state.replace("_", " ");
+      setText(st.firstChild, label, `pill ${STATE[c.state] || ""}`);
+      setText(cell(tr, 2), c.pid ?? "–");
+      setText(cell(tr, 3), c.restarts);
+      setText(cell(tr, 4), c.last_exit || "–");
     },
   );
 
@@ -417,7 +484,7 @@ function drawRest(o) {
     "graphs",
     o.graphs || [],
     (g) => g.graph_id,
-    (g) => [el("td", g.graph_id, "mono"), el("td", null, "mono"), el("td"), el("td", null, "error-cell")],
+    (g) => [el("td", g.graph_id, "mono"), el("td", null, "mono wrap"), el("td"), el("td", null, "error-cell")],
     (tr, g) => {
       setText(cell(tr, 1), g.spec);
       const st = cell(tr, 2);
@@ -493,6 +560,7 @@ async function refresh() {
     every = o.refresh_s || every;
     drawHealth(o.health);
     drawRuns(o);
+    drawLosses(o);
     drawRest(o);
     await Promise.all([drawFailures(), drawAudit()]);
     setText(status, `updated ${new Date().toLocaleTimeString()}`, "muted");

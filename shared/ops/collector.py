@@ -7,6 +7,9 @@ Sources:
 - workers online and their queues: a Celery `inspect` broadcast (`active_queues` and
   `stats`, answered within `ops_inspect_timeout_s`), cached `ops_inspect_cache_s` per
   process; a worker's active runs are the running runs whose `owner` names its host:pid;
+- worker losses (a worker gone from the broadcast while runs name it as their owner is
+  recorded as one, once: shared/ops/worker_history.py) and each worker's finished-run
+  counts: Redis, written by the web's ops view and by the workers;
 - memory backlog and skipped updates: `shared.memory.stats.memory_stats`;
 - each graph's load state (ok, or the error that keeps it from being served): what the
   last runs worker to start found and wrote to Redis (`Keys.ops_graphs`);
@@ -35,6 +38,8 @@ from shared import metrics
 from shared.ops.actions import REQUEUE_WHY, requeue_verdict
 from shared.ops.connections import read_connections
 from shared.ops.store import OpsStore
+from shared.ops.supervision import read_supervisors, supervision_tile
+from shared.ops.worker_history import NOT_ANSWERING, WorkerHistory, process_of
 from shared.redis_keys import Keys, MemoryKeys
 from shared.runs.taskqueue import MEMORY_QUEUE, RUNS_QUEUE, WEBHOOKS_QUEUE
 from shared.settings import Settings
@@ -89,6 +94,9 @@ class WorkerInspector:
         self._lock = threading.Lock()
         self._at = 0.0
         self._value: list[dict[str, Any]] = []
+        # Every worker this process has seen answer: (host, pid) -> its Celery name, so
+        # that a lost worker's event can name it (bounded: the newest NAMES_KEPT).
+        self.names: dict[tuple[str, str], str] = {}
         # The pinned answer of the current context (a request's greenlet or thread).
         self._pin: contextvars.ContextVar[list[list[dict[str, Any]]] | None] = (
             contextvars.ContextVar(f"ops-pin-{id(self)}", default=None)
@@ -142,16 +150,51 @@ class WorkerInspector:
         out = []
         for name in sorted(set(queues) | set(stats)):
             info = stats.get(name) or {}
+            host = name.split("@", 1)[1] if "@" in name else name
+            if info.get("pid") is not None:
+                self.names[(host, str(info["pid"]))] = name
             out.append(
                 {
                     "name": name,
-                    "host": name.split("@", 1)[1] if "@" in name else name,
+                    "host": host,
                     "pid": info.get("pid"),
                     "queues": sorted(q.get("name", "") for q in queues.get(name) or []),
                     "concurrency": (info.get("pool") or {}).get("max-concurrency"),
                 }
             )
+        while len(self.names) > NAMES_KEPT:
+            self.names.pop(next(iter(self.names)))
         return out
+
+
+NAMES_KEPT = 1000
+"""Worker names a web process remembers for the loss events (a dict keeps insertion order)."""
+
+
+RENEWAL_SLACK_S = 1.0
+"""How late past `lease_renew_s` a lease's renewal may be before its owner counts as having
+stopped renewing (`renewal_missed`)."""
+
+
+def renewal_missed(lease_left_s: float | None, lease_ttl_s: float, lease_renew_s: float) -> bool:
+    """Whether a running run's owner has stopped renewing its lease: the lease is gone, or
+    its last renewal (TTL minus what is left) is older than one renewal period plus
+    RENEWAL_SLACK_S. A worker too busy to answer the ops broadcast in time still renews its
+    leases, so this tells it from a dead one."""
+    if lease_left_s is None:
+        return True
+    return lease_ttl_s - lease_left_s > lease_renew_s + RENEWAL_SLACK_S
+
+
+def lost_owners(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """{owner: [run ids]} of the orphaned rows (see `orphan_state`) whose owner also stopped
+    renewing their leases (`renewal_missed`): the record of a loss is kept for days, so it
+    takes both signs, never a slow broadcast alone."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("orphaned") and r.get("renewal_missed") and r.get("owner"):
+            out.setdefault(str(r["owner"]), []).append(str(r["run_id"]))
+    return out
 
 
 class OpsCollector:
@@ -174,6 +217,10 @@ class OpsCollector:
             celery, settings.ops_inspect_timeout_s, settings.ops_inspect_cache_s
         )
         self._memory_stats = memory_stats if memory_stats is not None else _find_memory_stats()
+        self.history = WorkerHistory(settings, client)
+        # (owner, run) pairs this process already recorded: a page refresh every few
+        # seconds re-sees the same orphans, and records them once.
+        self._recorded: set[tuple[str, str]] = set()
 
     # -- runs -------------------------------------------------------------------------------
     def runs_summary(self) -> dict[str, Any]:
@@ -260,6 +307,10 @@ class OpsCollector:
                 {
                     **r,
                     "orphaned": orphaned,
+                    "renewal_missed": orphaned
+                    and renewal_missed(
+                        lease_left, self.settings.lease_ttl_s, self.settings.lease_renew_s
+                    ),
                     "recovers_in_s": recovers_in,
                     "lease": {
                         "held": value is not None,
@@ -275,7 +326,51 @@ class OpsCollector:
                     },
                 }
             )
+        self._record_losses(out)
         return out
+
+    def _record_losses(self, rows: list[dict[str, Any]]) -> None:
+        """Keep a worker loss for each owner of orphaned runs (once, whoever records it
+        first: shared/ops/worker_history.py). Best effort: the view goes on without it."""
+        for owner, run_ids in lost_owners(rows).items():
+            new = [r for r in run_ids if (owner, r) not in self._recorded]
+            if not new:
+                continue
+            proc = process_of(owner)
+            name = self.inspector.names.get(proc) if proc else None
+            try:
+                self.history.record_loss(owner, new, NOT_ANSWERING, name)
+            except redis.RedisError as exc:
+                log.warning("could not record the loss of worker %s: %s", owner, exc)
+                continue
+            if len(self._recorded) > 10 * NAMES_KEPT:
+                self._recorded.clear()
+            self._recorded.update((owner, r) for r in new)
+
+    def worker_losses(self, limit: int = 50, *, look: bool = True) -> list[dict[str, Any]]:
+        """Lost workers, latest first: when, the worker (id, host, pid, Celery name when
+        known), how the loss was seen, its runs with their status now, and the runs it had
+        finished (`finished`). `look`: first record the losses the running runs show now
+        (the overview has just read them)."""
+        if look:
+            with self.inspector.pinned():
+                self.orphaned_runs()
+        events = self.history.losses(limit)
+        ids = sorted({r for e in events for r in e["runs"]})
+        now = self.store.run_statuses(ids)
+        procs = [(str(e.get("host")), str(e.get("pid"))) for e in events]
+        counts = self.history.finished(procs)
+        for e, finished in zip(events, counts, strict=True):
+            e["finished"] = finished
+            e["runs"] = [
+                {
+                    "run_id": r,
+                    "status": now[r]["status"] if r in now else None,
+                    "attempt": now[r]["attempt"] if r in now else None,
+                }
+                for r in e["runs"]
+            ]
+        return events
 
     def runs_by_prefix(self, prefix: str, limit: int = 10) -> list[dict[str, Any]]:
         """Runs whose id starts with `prefix` (hex digits, dashes ignored), at most `limit`.
@@ -337,7 +432,8 @@ class OpsCollector:
         return self.store.oldest_dispatched_age_s()
 
     def workers(self) -> list[dict[str, Any]]:
-        """Workers online, their queues and the runs they own now."""
+        """Workers online, their queues, the runs they own now and the runs they have
+        finished (`finished`: a count per terminal status)."""
         workers = self.inspector.workers()
         running = self.store.list_runs(status=RunStatus.RUNNING, limit=self.settings.ops_runs_limit)
         by_proc: dict[tuple[str, str], list[str]] = {}
@@ -345,10 +441,12 @@ class OpsCollector:
             parts = (r.get("owner") or "").split(":")
             if len(parts) >= 2:
                 by_proc.setdefault((parts[0], parts[1]), []).append(r["run_id"])
+        procs = [(str(w["host"]), str(w["pid"])) for w in workers]
+        counts = self.history.finished(procs)
         out = []
-        for w in workers:
-            active = by_proc.get((w["host"], str(w["pid"])), [])
-            out.append({**w, "active_runs": active})
+        for w, proc, finished in zip(workers, procs, counts, strict=True):
+            active = by_proc.get(proc, [])
+            out.append({**w, "active_runs": active, "finished": finished})
         return out
 
     def workers_online(self, workers: list[dict[str, Any]] | None = None) -> dict[str, int]:
@@ -472,11 +570,26 @@ class OpsCollector:
             self._queue_age_tile(q),
             self._crons_tile(),
             self._graphs_tile(graphs),
+            *self._supervision_tile(),
         ]
         bad = [t["reason"] for t in tiles if t["state"] == "bad"]
         warn = [t["reason"] for t in tiles if t["state"] == "warn"]
         out = {"ok": not bad, "problems": bad, "warnings": warn, "tiles": tiles}
         return {**out, "graphs": graphs}
+
+    def supervisors(self) -> list[dict[str, Any]]:
+        """`make run` supervisors' children (shared/ops/supervision.py); [] without one."""
+        return read_supervisors(self.redis, self.keys)
+
+    def _supervision_tile(self) -> list[dict[str, Any]]:
+        """The supervised processes' tile, only where a supervisor reports."""
+        records = self.supervisors()
+        verdict = supervision_tile(records)
+        if verdict is None:
+            return []
+        state, reason = verdict
+        n = sum(1 for r in records for c in r["children"] if c["state"] == "running")
+        return [self._tile("supervised", "supervised processes", n, state, reason)]
 
     @staticmethod
     def _tile(key: str, label: str, value: Any, state: str, reason: str) -> dict[str, Any]:
@@ -634,6 +747,8 @@ class OpsCollector:
             "queues": queues,
             "workers": workers,
             "workers_online": online,
+            "worker_losses": self.worker_losses(limit=20, look=False),
+            "supervisors": self.supervisors(),
             "streams": self.streams(stream_ids, conns["subscribers"]),
             "connections": conns,
             "gaps_sent_this_host": counters.get("threadrun_stream_gaps_total", 0.0),

@@ -119,6 +119,9 @@ WHERE category = 'model' AND type = 'model.end'
   AND created_at >= date_trunc('hour', now()) - make_interval(hours => %(hours)s - 1)
 GROUP BY 1 ORDER BY 1
 """
+RUN_STATUSES_SQL = """
+SELECT run_id::text, status, attempt, error FROM runs WHERE run_id = ANY(%(ids)s::uuid[])
+"""
 INSERT_AUDIT_SQL = """
 INSERT INTO ops_audit (actor, action, run_id, params, result, detail)
 VALUES (%(actor)s, %(action)s, %(run_id)s, %(params)s, %(result)s, %(detail)s)
@@ -227,6 +230,14 @@ class OpsStore:
         """Model tokens by hour (of the `model.end` event) for the last `hours` hours."""
         with self._pool.connection() as conn:
             return conn.execute(TOKENS_PER_HOUR_SQL, {"hours": hours}).fetchall()
+
+    def run_statuses(self, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """{run_id: {status, attempt, error}} of the runs that still exist."""
+        if not run_ids:
+            return {}
+        with self._pool.connection() as conn:
+            rows = conn.execute(RUN_STATUSES_SQL, {"ids": run_ids}).fetchall()
+        return {r["run_id"]: r for r in rows}
 
     def audit(
         self,

@@ -365,7 +365,7 @@ WHERE r.status = 'pending'
 RETURNING r.run_id::text
 
 -- name: running_runs
-SELECT run_id::text, thread_id::text, owner_epoch, attempt, cancel_action FROM runs
+SELECT run_id::text, thread_id::text, owner, owner_epoch, attempt, cancel_action FROM runs
 WHERE status = 'running' AND updated_at < now() - make_interval(secs => %(min_age_s)s)
 
 -- name: share_thread_of_run
@@ -399,6 +399,16 @@ RETURNING thread_id, owner_epoch, config,
 UPDATE runs SET status = 'pending', owner = NULL, dispatched_at = now(), updated_at = now()
 WHERE run_id = %(run_id)s AND status = 'running' AND owner_epoch = %(epoch)s
 RETURNING thread_id
+
+-- name: attempt_cause
+-- What the given attempt of the run failed with when it could not end the run itself (its
+-- `attempt_failed` lifecycle event, workers/executor.py), for the reaper's final error. The
+-- primary key (run_id, seq) read backwards stops at the attempt's latest one.
+SELECT payload FROM run_events
+WHERE run_id = %(run_id)s AND category = 'lifecycle' AND type = 'attempt_failed'
+  AND payload ->> 'attempt' = %(attempt)s::text
+ORDER BY seq DESC
+LIMIT 1
 
 
 -- shared by the parts of RunStore (shared/runs/store_base.py) ----------------------------

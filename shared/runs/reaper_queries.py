@@ -1,6 +1,11 @@
 """The reaper's queries (R4, L5; workers/reaper.py): find pending runs whose dispatch was
 lost and running runs whose lease may have lapsed, then requeue or fail those.
 
+An attempt that fails without ending its run (an error escaping the attempt's phases)
+records its cause as an `attempt_failed` lifecycle event (`record_attempt_failure`), so the
+reaper that later takes the run over ends it with that cause (`attempt_cause`), not with a
+bare lease expiry.
+
 The reaper decides from Redis leases, which this module does not read; it only offers the
 candidates and the fenced writes (matching the epoch the reaper saw), so a worker that is
 alive after all and finishes first wins, and the reaper's write matches nothing.
@@ -22,6 +27,9 @@ STALE_PENDING_HEADS_SQL = query("stale_pending_heads")
 RUNNING_RUNS_SQL = query("running_runs")
 FAIL_EXPIRED_SQL = query("fail_expired")
 REQUEUE_EXPIRED_SQL = query("requeue_expired")
+ATTEMPT_CAUSE_SQL = query("attempt_cause")
+ATTEMPT_FAILED = "attempt_failed"
+"""The lifecycle event of an attempt that failed without ending its run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +52,7 @@ class RunningRun:
     owner_epoch: int
     attempt: int
     cancel_action: CancelAction | None
+    owner: str | None = None  # the worker id of its (maybe dead) owner
 
 
 class ReaperQueries(StoreBase):
@@ -67,9 +76,26 @@ class ReaperQueries(StoreBase):
                 owner_epoch=int(r["owner_epoch"]),
                 attempt=int(r["attempt"]),
                 cancel_action=CancelAction(r["cancel_action"]) if r["cancel_action"] else None,
+                owner=r["owner"],
             )
             for r in rows
         ]
+
+    def record_attempt_failure(
+        self, run_id: str, thread_id: str, attempt: int, epoch: int, cause: JSONObject
+    ) -> None:
+        """Record what attempt `attempt` (epoch `epoch`) of the run failed with, when it
+        could not end the run itself (`cause`: the error record, with `permanent` when no
+        other attempt can succeed)."""
+        payload = {"attempt": attempt, "epoch": epoch, **cause}
+        with self._pool.connection() as conn, conn.transaction():
+            self._lifecycle(conn, run_id, thread_id, ATTEMPT_FAILED, payload)
+
+    def attempt_cause(self, run_id: str, attempt: int) -> JSONObject | None:
+        """What attempt `attempt` of the run recorded it failed with, or None."""
+        with self._pool.connection() as conn:
+            row = conn.execute(ATTEMPT_CAUSE_SQL, {"run_id": run_id, "attempt": attempt}).fetchone()
+        return dict(row["payload"]) if row is not None else None
 
     def requeue(
         self, run_id: str, epoch: int, reason: str, *, lock_timeout_s: float | None = None
@@ -96,10 +122,14 @@ class ReaperQueries(StoreBase):
         reason: str,
         *,
         lock_timeout_s: float | None = None,
+        error: JSONObject | None = None,
     ) -> Expired | None:
-        """End a run whose owners kept dying as `error` (L5), taking ownership (epoch + 1) so
-        the caller may publish the run's `error` and `end` under a lease of its own."""
-        error: JSONObject = {"error": "MaxAttemptsExceeded", "message": reason}
+        """End a run whose owners kept dying, or whose last attempt failed for good, as
+        `error` (L5), taking ownership (epoch + 1) so the caller may publish the run's
+        `error` and `end` under a lease of its own. `error`: the run's error record (by
+        default `MaxAttemptsExceeded` with `reason`)."""
+        if error is None:
+            error = {"error": "MaxAttemptsExceeded", "message": reason}
         with self._pool.connection() as conn, conn.transaction():
             lock_timeout(conn, lock_timeout_s)
             row = conn.execute(

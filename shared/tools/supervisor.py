@@ -38,10 +38,19 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 from shared.errors import ConfigError
+from shared.ops.supervision import (
+    CRASH_LOOP,
+    RESTARTING,
+    RUNNING,
+    ChildState,
+    SupervisionReporter,
+)
 from shared.project import activate
+from shared.redis_clients import sync_client
+from shared.redis_keys import Keys
 from shared.settings import Settings
 from shared.tools.devservices import DevServicesError, parent_death_signal, redact, resolve_services
 from shared.tools.project_deps import ensure as ensure_dependencies
@@ -307,6 +316,7 @@ class Supervisor:
         poll_s: float = 0.1,
         policy: Callable[[], RestartPolicy] | None = None,
         reload: Callable[[], bool] | None = None,
+        report: Callable[[list[ChildState]], None] | None = None,
     ) -> None:
         self.specs = list(specs)
         self.env = dict(os.environ if env is None else env)
@@ -326,6 +336,12 @@ class Supervisor:
         self.given_up: list[str] = []
         self.reload = reload
         """The dev loop's check (THREADRUN_RELOAD): True when the graphs' files changed."""
+        self.report = report
+        """Called with every child's state on each watch tick (the ops view's record:
+        shared/ops/supervision.py, which throttles the writes)."""
+        self.restarts: dict[str, int] = {}
+        self.last_exit: dict[str, str] = {}
+        self.since: dict[str, float] = {}
 
     def say(self, text: str) -> None:
         """A message of the supervisor itself."""
@@ -355,6 +371,7 @@ class Supervisor:
         pump.start()
         child = Child(spec, proc, pump)
         self.children.append(child)
+        self.since[spec.name] = time.time()
         return child
 
     def _pump(self, name: str, stream: IO[bytes]) -> None:
@@ -404,6 +421,8 @@ class Supervisor:
                         return code if code > 0 else 1
                     self._on_exit(child, code)
             self._start_due()
+            if self.report is not None:
+                self.report(self.states())
             if self.reload is not None and self.reload():
                 self.restart_all("the graphs' files changed")
             if not self.children and not self.pending:
@@ -419,6 +438,29 @@ class Supervisor:
                     return 1
             self.stop_requested.wait(self.poll_s)
         return 0
+
+    def states(self) -> list[ChildState]:
+        """Every supervised child's state, in spec order (the ops view's record)."""
+        now = time.monotonic()
+        by_name: dict[str, ChildState] = {}
+        common = self._history
+        for child in self.children:
+            name = child.spec.name
+            by_name[name] = ChildState(name, RUNNING, child.proc.pid, **common(name))
+        for name, (at, _spec) in self.pending.items():
+            wait = round(max(0.0, at - now), 1)
+            by_name[name] = ChildState(name, RESTARTING, None, restart_in_s=wait, **common(name))
+        for name in self.given_up:
+            by_name[name] = ChildState(name, CRASH_LOOP, None, **common(name))
+        order = {spec.name: i for i, spec in enumerate(self.specs)}
+        return sorted(by_name.values(), key=lambda c: order.get(c.name, len(order)))
+
+    def _history(self, name: str) -> dict[str, Any]:
+        return {
+            "restarts": self.restarts.get(name, 0),
+            "last_exit": self.last_exit.get(name),
+            "since": self.since.get(name, time.time()),
+        }
 
     def restart_all(self, why: str) -> None:
         """Stop every child gracefully (SIGTERM: Celery's warm shutdown hands its runs back)
@@ -436,6 +478,8 @@ class Supervisor:
         name = child.spec.name
         policy = self.policies.setdefault(name, self.policy())
         decision = policy.on_exit(time.monotonic())
+        self.last_exit[name] = exit_status(code)
+        self.since[name] = time.time()
         if decision.outcome is RestartOutcome.GIVE_UP:
             self.failed.append(child)
             self.given_up.append(name)
@@ -458,6 +502,7 @@ class Supervisor:
             if at <= now:
                 del self.pending[name]
                 child = self.spawn(spec)
+                self.restarts[name] = self.restarts.get(name, 0) + 1
                 self.say(f"restarted {name} (pid {child.proc.pid})")
 
     def _reap(self, child: Child) -> None:
@@ -488,6 +533,15 @@ class Supervisor:
             self._reap(child)
         self.children.clear()
         self.pending.clear()
+
+
+def ops_reporter(services_env: Mapping[str, str]) -> SupervisionReporter:
+    """The reporter of this supervisor's children to the ops view, on the resolved services
+    (their URLs are this process's settings too: it supervises that deployment)."""
+    os.environ.update(services_env)
+    settings = Settings()
+    client = sync_client(settings, socket_timeout=2.0, socket_connect_timeout=2.0)
+    return SupervisionReporter(client, Keys(settings.redis_prefix))
 
 
 def install_signal_handlers(supervisor: Supervisor) -> None:
@@ -565,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     sup: Supervisor | None = None
+    reporter: SupervisionReporter | None = None
     try:
         out.line(
             "supervisor",
@@ -579,7 +634,16 @@ def main(argv: list[str] | None = None) -> int:
             watch = ReloadWatch(watched_roots(project, settings.config))
             reload = watch.changed
             out.line("supervisor", f"reload on: watching {', '.join(map(str, watch.roots))}")
-        sup = Supervisor(specs, env=cenv, output=out, grace_s=grace, policy=policy, reload=reload)
+        reporter = ops_reporter(services.env)
+        sup = Supervisor(
+            specs,
+            env=cenv,
+            output=out,
+            grace_s=grace,
+            policy=policy,
+            reload=reload,
+            report=lambda states: reporter.publish(states, supervisor_pid=os.getpid()),
+        )
         install_signal_handlers(sup)
         code = sup.run_to_completion(migrate_spec())
         if code is None:
@@ -601,6 +665,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if sup is not None:
             sup.stop()
+        if reporter is not None:
+            reporter.remove()
         services.stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -181,6 +181,18 @@ def test_h1_crash_loop_stops_only_that_child_with_one_message(
         memory = st.pid_of("memory")
         os.kill(memory, 0)  # the rest keep running
         assert st.proc.poll() is None
+        # H2: the ops view says so (it said "all clear" before): the supervisors' record
+        # names the child and its last exit, and the health strip is bad.
+        with httpx.Client(base_url=st.base, timeout=10) as client:
+            children = client.get("/ops/api/supervisors").json()["supervisors"][0]["children"]
+            worker = next(c for c in children if c["name"] == "worker")
+            assert worker["state"] == "crash_loop", children
+            assert worker["last_exit"] == "signal SIGKILL (code -9)" and worker["restarts"] == 1
+            assert {c["state"] for c in children if c["name"] != "worker"} == {"running"}
+            health = client.get("/ops/api/health").json()
+            tile = next(t for t in health["tiles"] if t["key"] == "supervised")
+            assert tile["state"] == "bad" and "worker" in tile["reason"], tile
+            assert not health["ok"]
 
 
 def test_h1_in_flight_run_resumes_after_its_worker_is_killed_and_restarted(
