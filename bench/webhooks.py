@@ -42,27 +42,35 @@ def q(xs: list[float], p: int) -> float:
 
 
 class Receiver:
-    """Records the wall-clock receipt time of every POST by its path."""
+    """Records the wall-clock receipt time of every POST by its path, on `host`; a path
+    under `/slow/` hangs `slow_s` first and is only counted (`slow_seen`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", slow_s: float = 0.0) -> None:
         self.got: dict[str, tuple[float, bytes]] = {}
+        self.host = host
+        self.slow_seen = 0
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                owner.got[self.path] = (time.time(), body)
+                if self.path.startswith("/slow/"):
+                    owner.slow_seen += 1
+                    time.sleep(slow_s)
+                else:
+                    owner.got[self.path] = (time.time(), body)
                 self.send_response(204)
                 self.end_headers()
 
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+        return f"http://{self.host}:{self.server.server_address[1]}{path}"
 
     def close(self) -> None:
         self.server.shutdown()

@@ -1,0 +1,205 @@
+"""Noisy neighbours: does one user's chat stay fast while 20 others fire crons at slow webhooks?
+
+Run with `.venv/bin/python -m bench.cron_load [--users 20] [--crons 50] [--runs 60]
+[--concurrency 10] [--slow-s 15] [--every-s 10]`. It starts real processes (a web process,
+a runs worker, a webhooks worker and the cron scheduler) on a private database and Redis
+prefix (Sandbox), and a local receiver on 127.0.0.1 (THREADRUN_WEBHOOK_ALLOW), all removed
+at the end.
+
+1. Quiet: user `chat` streams `--runs` runs of the built-in model (`messages-tuple`, 20
+   tokens) from `--concurrency` client threads, each with a webhook to the receiver's fast
+   path: TTFT (request to the first token event) and webhook latency (the run's `ended_at`,
+   PostgreSQL's clock, to the receipt) per run.
+2. Loaded: `--users` other users make `--crons` crons each, firing every `--every-s`
+   seconds (a six-field schedule; THREADRUN_CRON_MIN_INTERVAL_S is lowered to it), each run
+   with a webhook to a path that hangs `--slow-s` before answering. Once the first firings
+   are in, the same chat batch again.
+
+The table gives p50/p90 of both phases and the loaded/quiet ratio of the p50s; the
+per-user run limits (THREADRUN_MAX_ACTIVE_RUNS_PER_USER) and the webhook fairness gate
+(shared/webhooks/fairness.py) are what should hold the ratio down. Below it, the firings by
+outcome (`fired`, `limited`, ...) and the slow deliveries seen, so the load is on record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import httpx
+import orjson
+import psycopg
+
+from bench.chaos import table
+from bench.webhooks import Receiver
+from shared.settings import Settings
+from shared.tools.testing import Cluster, Sandbox, cluster_env, wait_for
+
+CHAT_TOKENS = 20
+
+
+def chat_batch(
+    base: str, key: str, rec: Receiver, phase: str, runs: int, concurrency: int
+) -> tuple[list[float], list[float]]:
+    """TTFTs (ms) and webhook latencies (ms) of `runs` streamed runs at `concurrency`."""
+    client = httpx.Client(base_url=base, headers={"x-api-key": key}, timeout=120)
+
+    def one(i: int) -> tuple[float, str]:
+        tid = client.post("/threads", json={}).raise_for_status().json()["thread_id"]
+        path = f"/chat/{phase}/{i}"
+        body = {
+            "assistant_id": "lead_agent",
+            "input": {"messages": [{"role": "user", "content": f"hello {phase} {i}"}]},
+            "stream_mode": ["messages-tuple"],
+            "config": {"configurable": {"tokens": CHAT_TOKENS, "token_delay_ms": 0}},
+            "webhook": rec.url(path),
+        }
+        ttft = None
+        t0 = time.perf_counter()
+        with client.stream("POST", f"/threads/{tid}/runs/stream", json=body) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if ttft is None and line == "event: messages":
+                    ttft = (time.perf_counter() - t0) * 1000
+                if line == "event: error":
+                    raise RuntimeError(f"chat run {i} ended with an error event")
+        if ttft is None:
+            raise RuntimeError(f"chat run {i}: no token streamed")
+        return ttft, path
+
+    try:
+        with ThreadPoolExecutor(concurrency) as pool:
+            results = list(pool.map(one, range(runs)))
+    finally:
+        client.close()
+    hooks: list[float] = []
+    for _, path in results:
+        wait_for(lambda p=path: p in rec.got, timeout=120, what=f"the webhook of {path}")
+        at, raw = rec.got[path]
+        ended = dt.datetime.fromisoformat(orjson.loads(raw)["ended_at"]).timestamp()
+        hooks.append((at - ended) * 1000)
+    return [t for t, _ in results], hooks
+
+
+def make_crons(base: str, keys: list[str], crons: int, every_s: int, slow: Receiver) -> None:
+    """`crons` crons per user key, every `every_s` seconds, webhooks to the slow path."""
+
+    def for_user(key: str) -> None:
+        with httpx.Client(base_url=base, headers={"x-api-key": key}, timeout=60) as c:
+            for j in range(crons):
+                c.post(
+                    "/runs/crons",
+                    json={
+                        "assistant_id": "lead_agent",
+                        "schedule": f"* * * * * */{every_s}",
+                        "input": {"messages": [{"role": "user", "content": f"cron {j}"}]},
+                        "config": {"configurable": {"tokens": 4}},
+                        "webhook": slow.url(f"/slow/{key}/{j}"),
+                    },
+                ).raise_for_status()
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(for_user, keys))
+
+
+def firings(dsn: str) -> dict[str, int]:
+    """Firings by outcome; one failed firing's error is printed (a bench that only fails
+    measures nothing)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT outcome, count(*) FROM cron_firings GROUP BY 1").fetchall()
+        error = conn.execute(
+            "SELECT error FROM cron_firings WHERE outcome = 'failed' LIMIT 1"
+        ).fetchone()
+    if error is not None:
+        print(f"bench.cron_load: a failed firing: {error[0]}", file=sys.stderr, flush=True)
+    return {str(o): int(n) for o, n in rows}
+
+
+def pct(xs: list[float], p: int) -> float:
+    return statistics.quantiles(xs, n=100)[p - 1] if len(xs) > 1 else xs[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--users", type=int, default=20, help="users that fire crons")
+    parser.add_argument("--crons", type=int, default=50, help="crons per such user")
+    parser.add_argument("--runs", type=int, default=60, help="chat runs per phase")
+    parser.add_argument("--concurrency", type=int, default=10, help="chat client threads")
+    parser.add_argument("--slow-s", type=float, default=15.0, help="the slow receiver's hang")
+    parser.add_argument("--every-s", type=int, default=10, help="cron period, seconds")
+    args = parser.parse_args()
+    users = [f"u{i:02d}" for i in range(args.users)]
+    api_keys = ",".join([f"key-{u}:{u}" for u in users] + ["key-chat:chat"])
+    sandbox = Sandbox(Settings())
+    rec = Receiver()
+    # The slow receivers get an address of their own: a slow third-party endpoint is another
+    # host than the chat user's (the delivery gate caps attempts per host).
+    slow = Receiver(host="127.0.0.2", slow_s=args.slow_s)
+    try:
+        settings = sandbox.create()
+        with TemporaryDirectory(prefix="bench-cron-load-") as tmp:
+            env = cluster_env(
+                settings,
+                {
+                    "THREADRUN_DATA_DIR": str(Path(tmp) / "data"),
+                    "THREADRUN_API_KEYS": api_keys,
+                    "THREADRUN_RUNS_PER_MINUTE": "100000",
+                    "THREADRUN_WEBHOOK_ALLOW": "127.0.0.1,127.0.0.2",
+                    "THREADRUN_WEBHOOK_SECRET": "bench",
+                    "THREADRUN_CRON_MIN_INTERVAL_S": str(args.every_s),
+                    "THREADRUN_CRON_TICK_S": "1",
+                },
+            )
+            with Cluster(settings, env, Path(tmp)) as c:
+                c.start_web()
+                c.start_worker("runs")
+                c.start_webhooks_worker()
+                c.start_scheduler()
+                print("bench.cron_load: quiet phase", file=sys.stderr, flush=True)
+                chat_batch(c.url, "key-chat", rec, "warm", 10, 5)
+                quiet = chat_batch(c.url, "key-chat", rec, "quiet", args.runs, args.concurrency)
+                print("bench.cron_load: making crons", file=sys.stderr, flush=True)
+                make_crons(c.url, [f"key-{u}" for u in users], args.crons, args.every_s, slow)
+                wait_for(
+                    lambda: sum(firings(settings.dsn).values()) > 0,
+                    timeout=args.every_s * 3 + 30,
+                    what="the first cron firings",
+                )
+                print("bench.cron_load: loaded phase", file=sys.stderr, flush=True)
+                loaded = chat_batch(c.url, "key-chat", rec, "loaded", args.runs, args.concurrency)
+                fired = firings(settings.dsn)
+        rows = []
+        for name, q, ld in (
+            ("chat TTFT", quiet[0], loaded[0]),
+            ("chat webhook", quiet[1], loaded[1]),
+        ):
+            rows.append(
+                [
+                    name,
+                    f"{statistics.median(q):.1f} / {pct(q, 90):.1f}",
+                    f"{statistics.median(ld):.1f} / {pct(ld, 90):.1f}",
+                    f"{statistics.median(ld) / statistics.median(q):.2f}x",
+                ]
+            )
+        print(
+            f"cron_load: {args.users} users x {args.crons} crons every {args.every_s} s "
+            f"(webhooks hang {args.slow_s:g} s), chat {args.runs} runs at C={args.concurrency}\n"
+            + table(["ms", "quiet p50 / p90", "loaded p50 / p90", "loaded/quiet p50"], rows)
+            + "\nfirings by outcome: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(fired.items()))
+            + f"; slow webhook deliveries received: {slow.slow_seen}"
+        )
+    finally:
+        rec.close()
+        slow.close()
+        sandbox.destroy()
+
+
+if __name__ == "__main__":
+    main()
