@@ -142,7 +142,10 @@ def _ours(exc: ThreadrunError) -> Reply:
 
 def _http(exc: HTTPException) -> Reply:
     code = (exc.name or "error").lower().replace(" ", "_")
-    return Reply(exc.code or 500, error_body(code, exc.description or exc.name))
+    # werkzeug's own headers go along (a 405's Allow, which RFC 9110 requires; a 401's
+    # WWW-Authenticate), less its HTML content type: the body is JSON.
+    headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
+    return Reply(exc.code or 500, error_body(code, exc.description or exc.name), headers or None)
 
 
 def _unexpected(exc: BaseException) -> Reply:

@@ -135,8 +135,11 @@ class ThreadGetQuery(Strict):
     @field_validator("include", mode="before")
     @classmethod
     def _comma_separated(cls, v: Any) -> Any:
+        # `include=ttl,x` or `include=ttl&include=x` (every value is checked, not the first).
         if isinstance(v, str):
-            return [part.strip() for part in v.split(",") if part.strip()]
+            v = [v]
+        if isinstance(v, list) and all(isinstance(item, str) for item in v):
+            return [part.strip() for item in v for part in item.split(",") if part.strip()]
         return v
 
 

@@ -79,6 +79,7 @@ def component_tags(graph_id: str, body: UiComponentRequest) -> Response:
 
 
 @assets_bp.get("/ui/<graph_id>/<path:filename>")
+@returns("*/*")  # the bundle's own files: scripts, styles
 def asset(graph_id: str, filename: str) -> Response:
     """One file of `graph_id`'s bundle (anything else is 404)."""
     bundle = _bundle(graph_id)

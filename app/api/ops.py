@@ -147,6 +147,7 @@ def _ops() -> OpsServices:
 # --- the page -------------------------------------------------------------------------------
 @bp.get("/ops")
 @bp.get("/ops/")
+@returns("text/html")
 def page() -> Response:
     """The live ops page (ops role; the key may come as `?api_key=`)."""
     who = authenticate_builtin(extra_key=request.args.get("api_key"))
@@ -156,6 +157,7 @@ def page() -> Response:
 
 
 @bp.get("/ops/static/<path:filename>")
+@returns("*/*")  # ops.js or ops.css
 def static_file(filename: str) -> Response:
     """ops.js and ops.css (they hold no data)."""
     return static_response(filename, _STATIC_FILES)

@@ -12,7 +12,7 @@ from flask import Blueprint, Response
 from app import authz, public_ids
 from app.api.shapes import thread_json, ttl_json
 from app.auth import principal
-from app.http import answers, body, query
+from app.http import answers, body, non_empty_args, query
 from app.ids import parsed_thread_id
 from app.limits import config_sized
 from app.responses import json_response
@@ -119,7 +119,7 @@ def create(body: ThreadCreate) -> Response:
 
 
 @bp.get("/threads/<thread_id>")
-@query(ThreadGetQuery)
+@query(ThreadGetQuery, args=lambda: non_empty_args(multi=("include",)))
 def get(thread_id: str, query: ThreadGetQuery) -> Response:
     """One thread (`include=ttl`: with its `ttl`, as the official server shows it)."""
     thread = owned_thread(thread_id)

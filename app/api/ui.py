@@ -14,6 +14,8 @@ from pathlib import Path
 from flask import Blueprint, Response, redirect, request, send_from_directory
 from werkzeug.exceptions import NotFound
 
+from app.http import returns
+
 bp = Blueprint("ui", __name__)
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 _STATIC_FILES = frozenset(
@@ -87,12 +89,14 @@ def root() -> Response:
 
 @bp.get("/ui")
 @bp.get("/ui/")
+@returns("text/html")
 def page() -> Response:
     """The chat page."""
     return page_response("index.html", websockets=True)
 
 
 @bp.get("/ui/static/<path:filename>")
+@returns("*/*")  # the page's scripts and styles
 def static_file(filename: str) -> Response:
     """chat.js, chat.css, the vendored Markdown parser and sanitizer (only the page's own files; anything else is 404)."""
     return static_response(filename, _STATIC_FILES)

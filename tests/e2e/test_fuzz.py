@@ -211,7 +211,20 @@ def _json_values() -> st.SearchStrategy[Any]:
 
 
 def _frames(c: Committed) -> st.SearchStrategy[Any]:
-    ids = st.sampled_from([c.fuzz_thread, c.fuzz_run, str(uuid.uuid4()), "", "../x", "0" * 36])
+    # The owner's thread and run too: another user's ids must be refused like unknown ones.
+    owner_thread, owner_run = c.owner_threads[0]
+    ids = st.sampled_from(
+        [
+            c.fuzz_thread,
+            c.fuzz_run,
+            owner_thread,
+            owner_run,
+            str(uuid.uuid4()),
+            "",
+            "../x",
+            "0" * 36,
+        ]
+    )
     ids = ids | st.text(max_size=40)
     cursors = (
         st.sampled_from(["0", "-", "0-0", "-1", "$", "9999999999999-0", "1-x"])
@@ -235,6 +248,13 @@ def _frames(c: Committed) -> st.SearchStrategy[Any]:
             "action": st.sampled_from(["interrupt", "rollback"]) | _json_values(),
             "config": _json_values(),
             "metadata": _json_values(),
+            "durability": st.sampled_from(["sync", "async", "exit", "bogus"]) | _json_values(),
+            "checkpoint_during": st.booleans() | _json_values(),
+            "cancel_on_disconnect": st.booleans() | _json_values(),
+            "on_disconnect": st.sampled_from(["cancel", "continue"]) | _json_values(),
+            "multitask_strategy": st.sampled_from(["reject", "enqueue", "interrupt", "rollback"])
+            | _json_values(),
+            "if_not_exists": st.sampled_from(["create", "reject"]) | _json_values(),
         },
     ).map(json.dumps)
     return st.one_of(
