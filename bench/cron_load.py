@@ -27,7 +27,6 @@ import argparse
 import datetime as dt
 import statistics
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -37,7 +36,9 @@ import orjson
 import psycopg
 
 from bench.chaos import table
+from bench.first_token import stream_timed
 from bench.webhooks import Receiver
+from bench.webhooks import q as percentile
 from shared.settings import Settings
 from shared.tools.testing import Cluster, Sandbox, cluster_env, wait_for
 
@@ -51,7 +52,6 @@ def chat_batch(
     client = httpx.Client(base_url=base, headers={"x-api-key": key}, timeout=120)
 
     def one(i: int) -> tuple[float, str]:
-        tid = client.post("/threads", json={}).raise_for_status().json()["thread_id"]
         path = f"/chat/{phase}/{i}"
         body = {
             "assistant_id": "lead_agent",
@@ -60,18 +60,7 @@ def chat_batch(
             "config": {"configurable": {"tokens": CHAT_TOKENS, "token_delay_ms": 0}},
             "webhook": rec.url(path),
         }
-        ttft = None
-        t0 = time.perf_counter()
-        with client.stream("POST", f"/threads/{tid}/runs/stream", json=body) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if ttft is None and line == "event: messages":
-                    ttft = (time.perf_counter() - t0) * 1000
-                if line == "event: error":
-                    raise RuntimeError(f"chat run {i} ended with an error event")
-        if ttft is None:
-            raise RuntimeError(f"chat run {i}: no token streamed")
-        return ttft, path
+        return stream_timed(client, body, f"chat run {i}").ttft_ms, path
 
     try:
         with ThreadPoolExecutor(concurrency) as pool:
@@ -119,10 +108,6 @@ def firings(dsn: str) -> dict[str, int]:
     if error is not None:
         print(f"bench.cron_load: a failed firing: {error[0]}", file=sys.stderr, flush=True)
     return {str(o): int(n) for o, n in rows}
-
-
-def pct(xs: list[float], p: int) -> float:
-    return statistics.quantiles(xs, n=100)[p - 1] if len(xs) > 1 else xs[0]
 
 
 def main() -> None:
@@ -182,8 +167,8 @@ def main() -> None:
             rows.append(
                 [
                     name,
-                    f"{statistics.median(q):.1f} / {pct(q, 90):.1f}",
-                    f"{statistics.median(ld):.1f} / {pct(ld, 90):.1f}",
+                    f"{statistics.median(q):.1f} / {percentile(q, 90):.1f}",
+                    f"{statistics.median(ld):.1f} / {percentile(ld, 90):.1f}",
                     f"{statistics.median(ld) / statistics.median(q):.2f}x",
                 ]
             )

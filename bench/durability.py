@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -36,7 +35,7 @@ import psycopg
 import redis
 
 from bench.chaos import table
-from bench.first_token import median_us, pct
+from bench.first_token import median_us, pct, stream_timed
 from bench.scale import tree_cpu_s
 from bench.system_cpu import (
     CLK_TCK,
@@ -68,23 +67,8 @@ def run_body(n: int, tokens: int, durability: str) -> dict[str, Any]:
 
 def one_run(client: httpx.Client, n: int, tokens: int, durability: str) -> tuple[int, float]:
     """(events, TTFT ms) of one streamed run on a new thread, read to its end."""
-    tid = client.post("/threads", json={}).raise_for_status().json()["thread_id"]
-    events, ttft = 0, None
-    t0 = time.perf_counter()
-    body = run_body(n, tokens, durability)
-    with client.stream("POST", f"/threads/{tid}/runs/stream", json=body) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("event: "):
-                continue
-            events += 1
-            if ttft is None and line == "event: messages":
-                ttft = (time.perf_counter() - t0) * 1000
-            if line == "event: error":
-                raise RuntimeError(f"run {n} ({durability}) ended with an error event")
-    if ttft is None:
-        raise RuntimeError(f"run {n} ({durability}): no token streamed")
-    return events, ttft
+    timed = stream_timed(client, run_body(n, tokens, durability), f"run {n} ({durability})")
+    return timed.events, timed.ttft_ms
 
 
 @dataclass

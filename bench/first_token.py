@@ -50,25 +50,43 @@ def run_body(n: int, tokens: int) -> dict[str, Any]:
     }
 
 
-def one_run(client: httpx.Client, n: int, tokens: int) -> tuple[float, float]:
-    """(TTFE, TTFT) of one streamed run in ms; the stream is read to its end."""
+@dataclass(frozen=True)
+class Timed:
+    """One streamed run as its client saw it: events read, time to the first event and to
+    the first token (`messages`), in ms."""
+
+    events: int
+    ttfe_ms: float
+    ttft_ms: float
+
+
+def stream_timed(client: httpx.Client, body: dict[str, Any], what: str) -> Timed:
+    """Stream `body` as a run on a new thread, read to its end, timed from the request; a
+    RuntimeError naming `what` for an `error` event or a run that streamed no token."""
     tid = client.post("/threads", json={}).raise_for_status().json()["thread_id"]
-    ttfe = ttft = None
+    events, ttfe, ttft = 0, None, None
     t0 = time.perf_counter()
-    with client.stream("POST", f"/threads/{tid}/runs/stream", json=run_body(n, tokens)) as r:
+    with client.stream("POST", f"/threads/{tid}/runs/stream", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("event: "):
                 continue
+            events += 1
             now = (time.perf_counter() - t0) * 1000
             ttfe = now if ttfe is None else ttfe
             if ttft is None and line == "event: messages":
                 ttft = now
             if line == "event: error":
-                raise RuntimeError(f"run {n} ended with an error event")
+                raise RuntimeError(f"{what} ended with an error event")
     if ttfe is None or ttft is None:
-        raise RuntimeError(f"run {n}: no event or no token streamed")
-    return ttfe, ttft
+        raise RuntimeError(f"{what}: no event or no token streamed")
+    return Timed(events, ttfe, ttft)
+
+
+def one_run(client: httpx.Client, n: int, tokens: int) -> tuple[float, float]:
+    """(TTFE, TTFT) of one streamed run in ms; the stream is read to its end."""
+    timed = stream_timed(client, run_body(n, tokens), f"run {n}")
+    return timed.ttfe_ms, timed.ttft_ms
 
 
 def median_us(fn: Callable[[], object], n: int = BASELINE_N) -> float:
