@@ -543,18 +543,20 @@ class OpsCollector:
         workers_online: dict[str, int] | None = None,
         queues: dict[str, dict[str, Any]] | None = None,
         graphs: list[dict[str, Any]] | None = None,
+        supervisors: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Is anything wrong? One tile per question, each `ok`, `warn` or `bad` with its
         reason as a sentence (the page must not rely on colour alone), and the verdict;
         `graphs` beside them: each graph's load state (`graphs()`)."""
         with self.inspector.pinned():
-            return self._health(workers_online, queues, graphs)
+            return self._health(workers_online, queues, graphs, supervisors)
 
     def _health(
         self,
         workers_online: dict[str, int] | None,
         queues: dict[str, dict[str, Any]] | None,
         graphs: list[dict[str, Any]] | None,
+        supervisors: list[dict[str, Any]] | None,
     ) -> dict[str, Any]:
         s = self.settings
         online = workers_online if workers_online is not None else self.workers_online()
@@ -570,7 +572,7 @@ class OpsCollector:
             self._queue_age_tile(q),
             self._crons_tile(),
             self._graphs_tile(graphs),
-            *self._supervision_tile(),
+            *self._supervision_tile(supervisors),
         ]
         bad = [t["reason"] for t in tiles if t["state"] == "bad"]
         warn = [t["reason"] for t in tiles if t["state"] == "warn"]
@@ -581,9 +583,10 @@ class OpsCollector:
         """`make run` supervisors' children (shared/ops/supervision.py); [] without one."""
         return read_supervisors(self.redis, self.keys)
 
-    def _supervision_tile(self) -> list[dict[str, Any]]:
-        """The supervised processes' tile, only where a supervisor reports."""
-        records = self.supervisors()
+    def _supervision_tile(self, records: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        """The supervised processes' tile, only where a supervisor reports (`records`: the
+        supervisors read already, else they are read here)."""
+        records = records if records is not None else self.supervisors()
         verdict = supervision_tile(records)
         if verdict is None:
             return []
@@ -738,17 +741,20 @@ class OpsCollector:
         queues = self.queues(memory)
         counters = metrics.counter_values()
         graphs = self.graphs()
+        supervisors = self.supervisors()
         return {
             "at": time.time(),
             "refresh_s": self.settings.ops_refresh_s,
-            "health": self.health(workers_online=online, queues=queues, graphs=graphs),
+            "health": self.health(
+                workers_online=online, queues=queues, graphs=graphs, supervisors=supervisors
+            ),
             "graphs": graphs,
             "runs": {**self.runs_summary(), "inflight": runs},
             "queues": queues,
             "workers": workers,
             "workers_online": online,
             "worker_losses": self.worker_losses(limit=20, look=False),
-            "supervisors": self.supervisors(),
+            "supervisors": supervisors,
             "streams": self.streams(stream_ids, conns["subscribers"]),
             "connections": conns,
             "gaps_sent_this_host": counters.get("threadrun_stream_gaps_total", 0.0),

@@ -16,23 +16,9 @@ import simple_websocket
 from shared.runs.thread_ids import storage_id
 from shared.tools.testing import Cluster
 from tests.e2e.conftest import ALICE, BOB
+from tests.e2e.test_thread_ids import _h, _run
 
 pytestmark = pytest.mark.e2e
-
-KNOBS = {"configurable": {"tokens": 2}}
-
-
-def _h(key: str) -> dict[str, str]:
-    return {"x-api-key": key}
-
-
-def _run(text: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "assistant_id": "lead_agent",
-        "input": {"messages": [{"role": "user", "content": text}]},
-        "config": KNOBS,
-        **extra,
-    }
 
 
 def test_a4_metadata_holding_storage_ids_round_trips_unchanged(cluster: Cluster) -> None:
