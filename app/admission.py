@@ -33,6 +33,7 @@ from app.services import current_project, current_services
 from shared.errors import AssistantNotFound, ThreadNotFound
 from shared.runs.limits import RunSlot
 from shared.runs.model import Run, RunRequest
+from shared.runs.priority import run_priority
 
 AUTH_KEYS = ("langgraph_auth_user", "langgraph_auth_user_id", "langgraph_auth_permissions")
 """What only the server may put in a run's `configurable`."""
@@ -49,7 +50,8 @@ def admit_run(owner: str, wanted: RunRequest, raw: dict[str, Any] | None = None)
     subject = principal().subject
     lim.check_run_rate(subject)
     slot = lim.reserve_run(subject)
-    return _bound([slot], lambda: [current_services().runs.admit(owner, wanted)])[0]
+    priority = _priority(slot)
+    return _bound([slot], lambda: [current_services().runs.admit(owner, wanted, priority)])[0]
 
 
 def admit_batch(owner: str, wanted: Sequence[RunRequest]) -> list[Run]:
@@ -75,7 +77,17 @@ def admit_batch(owner: str, wanted: Sequence[RunRequest]) -> list[Run]:
         for slot in slots:
             slot.release()
         raise
-    return _bound(slots, lambda: current_services().runs.admit_batch(owner, list(wanted)))
+    priorities = [_priority(slot) for slot in slots]
+    return _bound(
+        slots, lambda: current_services().runs.admit_batch(owner, list(wanted), priorities)
+    )
+
+
+def _priority(slot: RunSlot) -> int:
+    """The queue priority of a run a caller asked for: the foreground, by how many runs the
+    caller already had pending or running (fair dispatch, shared/runs/priority.py)."""
+    step = limiter().settings.dispatch_position_step
+    return run_priority(slot.position, background=False, step=step)
 
 
 def prepared(owner: str, wanted: RunRequest) -> RunRequest:

@@ -27,7 +27,7 @@ from shared.retention import policy as retention_policy
 from shared.runs.limits import RunLimits
 from shared.runs.manager import RunManager, webhook_checks
 from shared.runs.store import RunStore
-from shared.runs.taskqueue import Dispatcher, make_celery
+from shared.runs.taskqueue import Dispatcher
 from shared.settings import Settings
 from shared.state.accessor import CheckpointStateAccessor
 from shared.state.modes import ensure_recorded_mode
@@ -96,7 +96,7 @@ class Services:
         )
         manager = RunManager(
             store,
-            Dispatcher(make_celery(settings)),
+            Dispatcher.of(settings, client),
             client,
             keys,
             assistants=assistants,

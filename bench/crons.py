@@ -39,7 +39,7 @@ from shared.redis_keys import Keys
 from shared.runs.manager import RunManager
 from shared.runs.model import OnCompletion, RunRequest
 from shared.runs.store import RunStore
-from shared.runs.taskqueue import Dispatcher, make_celery
+from shared.runs.taskqueue import Dispatcher
 from shared.settings import Settings
 from shared.tools.testing import Sandbox
 
@@ -50,7 +50,7 @@ def manager(s: Settings, pool: DictPool) -> CronManager:
     assistants = AssistantManager(AssistantStore(pool), GraphRegistry.from_config(s.config))
     runs = RunManager(
         RunStore(pool),
-        Dispatcher(make_celery(s)),
+        Dispatcher.of(s),
         redis.Redis.from_url(s.redis_url),
         Keys(s.redis_prefix),
         assistants=assistants,

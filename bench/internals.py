@@ -297,7 +297,7 @@ class Bench:
             aredis=client,
             sredis=sync_client,
             celery=celery,
-            dispatcher=Dispatcher(celery),
+            dispatcher=Dispatcher.of(s, sync_client, celery),
             leases=LeaseManager(client, keys, ttl_s=s.lease_ttl_s),
             publisher=StreamPublisher(client, keys, s),
             subscriber=StreamSubscriber(sync_client, keys, s),
@@ -435,7 +435,7 @@ async def stage_dispatch(b: Bench) -> list[Row]:
     # What-if: the same app without `task_send_sent_event` (one PUBLISH fewer per dispatch).
     quiet_celery = make_celery(b.settings)
     quiet_celery.conf.task_send_sent_event = False
-    quiet = Dispatcher(quiet_celery)
+    quiet = Dispatcher.of(b.settings, b.sredis, quiet_celery)
 
     async def ours(i: int) -> float:
         t0 = time.perf_counter()

@@ -43,7 +43,7 @@ async def run(settings: Settings, n: int) -> list[Row]:
     rows: list[Row] = []
     on = make_celery(settings.model_copy(update={"task_events": True}))
     off = make_celery(settings.model_copy(update={"task_events": False}))
-    d_on, d_off = Dispatcher(on), Dispatcher(off)
+    d_on, d_off = Dispatcher.of(settings, client, on), Dispatcher.of(settings, client, off)
     queue_key = Keys(settings.redis_prefix).celery_queue(RUNS_QUEUE)
     raw_key = f"{settings.redis_prefix}bench:lpush"
     d_on.dispatch_run(str(uuid.uuid4()))

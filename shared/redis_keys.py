@@ -44,6 +44,11 @@ class Keys:
         wakes thread followers (GET /threads/{id}/stream) when a run starts; never events."""
         return f"{self.prefix}thread:{{{thread_id}}}:runs"
 
+    def run_queue(self) -> str:
+        """Sorted set of the runs waiting for a worker slot, by priority then age
+        (shared/runs/run_queue.py)."""
+        return f"{self.prefix}runq"
+
     def reaper_leader(self) -> str:
         """The reaper's leader lock (one active reaper, any worker may take over)."""
         return f"{self.prefix}reaper:leader"

@@ -174,6 +174,12 @@ class Settings(BaseSettings):
         description="Share of a worker's concurrency one user's runs may hold while other"
         " users' runs wait (their further runs are put back for fair_share_retry_s).",
     )
+    dispatch_position_step: int = Field(
+        default=4,
+        ge=1,
+        description="Fair dispatch: every this many of a user's pending or running runs lower"
+        " the queue priority of the user's next run one step (shared/runs/priority.py).",
+    )
     fair_share_retry_s: float = Field(
         default=0.5,
         gt=0,

@@ -56,7 +56,7 @@ from shared.retention.sweeper import ThreadSweeper
 from shared.runs.limits import RunLimits
 from shared.runs.manager import RunManager, webhook_checks
 from shared.runs.store import RunStore
-from shared.runs.taskqueue import Dispatcher, make_celery
+from shared.runs.taskqueue import Dispatcher
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def build_cron_manager(settings: Settings) -> CronManager:
             default_ttl=retention_policy.default_ttl(settings),
             max_threads_per_user=settings.max_threads_per_user if project.owner_quotas else None,
         ),
-        Dispatcher(make_celery(settings)),
+        Dispatcher.of(settings, client),
         client,
         Keys(settings.redis_prefix),
         assistants=assistants,
@@ -100,6 +100,7 @@ def build_cron_manager(settings: Settings) -> CronManager:
         batch_size=settings.cron_batch_size,
         limits=RunLimits(client, settings, runs.ended_among),
         owner_valid=owners.valid,
+        position_step=settings.dispatch_position_step,
         # As on the API, the one user of local single-user mode (no credentials at all) is
         # not throttled unless `limit_local_user` asks.
         throttled=lambda subject: (

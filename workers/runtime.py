@@ -42,7 +42,7 @@ from shared.redis_keys import Keys
 from shared.retention.removal import ThreadRemover
 from shared.runs.leases import LeaseManager
 from shared.runs.store import RunStore
-from shared.runs.taskqueue import Dispatcher, make_celery
+from shared.runs.taskqueue import Dispatcher
 from shared.settings import Settings
 from shared.state.accessor import CheckpointStateAccessor
 from shared.state.modes import ensure_recorded_mode
@@ -93,7 +93,7 @@ class WorkerRuntime:
             page_size_max=settings.event_page_size_max,
             fence_idle_timeout_s=settings.fence_idle_timeout_s,
         )
-        self.dispatcher = Dispatcher(make_celery(settings))
+        self.dispatcher = Dispatcher.of(settings, self._sync_redis)
         self._graphs: dict[tuple[str, int], Pregel[Any, Any, Any, Any]] = {}
         self.graph_errors: dict[str, str] = {}  # graph id -> why it cannot be loaded
         self._slot = 0

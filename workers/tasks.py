@@ -7,6 +7,7 @@ import concurrent.futures
 import logging
 import uuid
 
+from shared.runs.run_queue import NEXT
 from shared.runs.taskqueue import RUN_TASK
 from workers.attempts import StopReason
 from workers.celery_app import celery
@@ -20,13 +21,19 @@ _reaper: concurrent.futures.Future[None] | None = None
 
 @celery.task(name=RUN_TASK, ignore_result=True)
 def execute(run_id: str) -> str:
-    """Execute one run (the whole attempt happens on the runtime's loop)."""
+    """Execute one run (the whole attempt happens on the runtime's loop): the best waiting
+    one of the run queue when the message names none (shared/runs/run_queue.py)."""
+    rt = get_runtime()
+    if run_id == NEXT:
+        taken = rt.dispatcher.queue.pop()
+        if taken is None:
+            return "queue empty"  # its run was taken by another message (a re-dispatch)
+        run_id = taken
     try:
         uuid.UUID(run_id)
     except (ValueError, TypeError):
         log.error("ignoring run task with a malformed id: %r", run_id)
         return "malformed"
-    rt = get_runtime()
     result = rt.submit(execute_run(rt, run_id, claim_at_once(rt, run_id))).result()
     log.info("run %s: %s", run_id, result)
     return str(result)

@@ -70,7 +70,7 @@ def build_service(settings: Settings) -> WebhookService:
         head = state.heads({run.thread_id: run.graph_id}).get(run.thread_id)
         return None if head is None else head.values_json
 
-    dispatcher = Dispatcher(celery)
+    dispatcher = Dispatcher.of(settings, celery=celery)
     project = load_project(settings.config)
     disabled = (
         f"webhooks are disabled by http.disable_webhooks in {project.path}"

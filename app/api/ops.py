@@ -121,7 +121,7 @@ def _init(state: BlueprintSetupState) -> None:
     pool = make_pool(ops_settings, name="ops", max_size=OPS_POOL_MAX)
     store = OpsStore(pool)
     celery = make_celery(settings)
-    dispatcher = Dispatcher(celery)
+    dispatcher = Dispatcher.of(settings, svc.redis, celery)
     manager = RunManager(RunStore(pool), dispatcher, svc.redis, Keys(settings.redis_prefix))
     reporter = ConnectionReporter(
         svc.redis, Keys(settings.redis_prefix), TRACKER, settings.ops_report_s

@@ -44,6 +44,7 @@ from shared.crons.store import CronStore, Fired
 from shared.errors import ValidationFailed
 from shared.runs.limits import RunLimits, RunSlot
 from shared.runs.manager import RunManager
+from shared.runs.priority import run_priority
 from shared.runs.store import Admission
 from shared.vocab import JSONObject
 
@@ -90,12 +91,14 @@ class CronManager:
         limits: RunLimits | None = None,
         throttled: Callable[[str], bool] = lambda subject: True,
         owner_valid: Callable[[str], bool] = lambda owner: True,
+        position_step: int = 4,
     ) -> None:
         """`limits`: the per-user run limits the firings count against (None: none, for
         the web's manager, which never fires); `throttled(subject)`: whether they apply to
         that user (not to the one user of local single-user mode, as on the API);
         `owner_valid(owner)`: whether the owner still has a credential
-        (`shared.auth.keys.OwnerCredentials`): a revoked user's crons are disabled."""
+        (`shared.auth.keys.OwnerCredentials`): a revoked user's crons are disabled;
+        `position_step`: `dispatch_position_step` (shared/runs/priority.py)."""
         self.store = store
         self._runs = runs
         self._limits = limits
@@ -106,6 +109,7 @@ class CronManager:
         self._min_interval_s = min_interval_s
         self._batch_size = batch_size
         self._clock = clock
+        self._position_step = position_step
 
     # --- the API -----------------------------------------------------------------------------
     def check_schedule(self, schedule: str, timezone: str | None) -> None:
@@ -255,9 +259,12 @@ class CronManager:
     def _after_commit(self, fired: Fired, report: TickReport) -> None:
         """Dispatch the committed run and log the firing (its row is the audit record)."""
         run = None
-        if fired.admission is not None:
-            run = self._runs.after_commit(fired.admission)
         slot = self._slots.pop((fired.cron.cron_id, fired.tick_at), None)
+        if fired.admission is not None:
+            # Behind every run a caller asked for, by its owner's runs in flight (R4, P7).
+            position = slot.position if slot is not None else 0
+            priority = run_priority(position, background=True, step=self._position_step)
+            run = self._runs.after_commit(fired.admission, priority)
         if slot is not None:
             try:
                 if run is not None:

@@ -2,7 +2,8 @@
 -- KEYS[1] the user's admitted runs (sorted set, member run id)
 -- KEYS[2] the user's reservations of admissions in flight (member token, score ms)
 -- ARGV[1] limit, ARGV[2] token, ARGV[3] reservation and key ttl in ms
--- Returns {1} when reserved, else {0, run ids...} for the caller to prune ended runs.
+-- Returns {1, n} when reserved (n: the runs and reservations the user held before), else
+-- {0, run ids...} for the caller to prune ended runs.
 -- Invariant: runs + live reservations never exceed the limit; a reservation whose
 -- process died mid-admission expires after the ttl and is dropped here first.
 local t = redis.call('TIME')
@@ -17,4 +18,4 @@ if n >= tonumber(ARGV[1]) then
 end
 redis.call('ZADD', KEYS[2], now, ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ttl)
-return {1}
+return {1, n}

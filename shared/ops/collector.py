@@ -393,14 +393,20 @@ class OpsCollector:
 
     # -- queues and workers -----------------------------------------------------------------
     def queue_depths(self) -> dict[str, int]:
-        """Messages waiting in each Celery queue's Redis lists."""
+        """Messages waiting in each Celery queue's Redis lists; for `runs`, the runs waiting
+        in the run queue (its messages name no run, shared/runs/run_queue.py)."""
+        others = [q for q in QUEUES if q != RUNS_QUEUE]
         pipe = self.redis.pipeline(transaction=False)
-        for q in QUEUES:
+        pipe.zcard(self.keys.run_queue())
+        for q in others:
             for suffix in PRIORITY_SUFFIXES:
                 pipe.llen(self.keys.celery_queue(q) + suffix)
-        got = pipe.execute()
+        got = [int(x) for x in pipe.execute()]
         n = len(PRIORITY_SUFFIXES)
-        return {q: int(sum(got[i * n : (i + 1) * n])) for i, q in enumerate(QUEUES)}
+        depths = {RUNS_QUEUE: got[0]}
+        for i, q in enumerate(others):
+            depths[q] = sum(got[1 + i * n : 1 + (i + 1) * n])
+        return depths
 
     def queues(self, memory: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
         """Depth and age of the oldest waiting item per queue.

@@ -40,6 +40,9 @@ class RunSlot:
     user_id: str
     token: str
     done: bool = False
+    position: int = 0
+    """How many runs (and admissions in flight) the user held when this slot was taken:
+    what fair dispatch orders by (shared/runs/priority.py)."""
 
     def bind(self, run_id: str) -> None:
         """The admission succeeded: the slot now counts this run until it ends."""
@@ -103,7 +106,7 @@ class RunLimits:
         for attempt in range(2):
             out = self._reserve(keys=keys, args=args)
             if int(out[0]) == 1:
-                return RunSlot(self, user_id, token)
+                return RunSlot(self, user_id, token, position=int(out[1]) if len(out) > 1 else 0)
             if attempt == 0:
                 members = [x.decode() if isinstance(x, bytes) else str(x) for x in out[1:]]
                 ended = list(self._ended_among(members))

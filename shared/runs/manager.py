@@ -39,6 +39,7 @@ from shared.runs.model import (
     RunRequest,
     RunStatus,
 )
+from shared.runs.priority import FIRST_PRIORITY, REDISPATCH
 from shared.runs.store import Admission, AdmitItem, RunStore
 from shared.runs.taskqueue import Dispatcher
 from shared.runs.threads_store import Purge
@@ -118,8 +119,9 @@ class RunManager:
         assistant = self._assistants.resolve(owner, request.assistant_id)
         return request.on_assistant(assistant), assistant.graph_id
 
-    def admit(self, owner: str, request: RunRequest) -> Run:
-        """Create a run atomically (R2), then dispatch it after commit (R4)."""
+    def admit(self, owner: str, request: RunRequest, priority: int = FIRST_PRIORITY) -> Run:
+        """Create a run atomically (R2), then dispatch it after commit (R4) at `priority`
+        (shared/runs/priority.py)."""
         item = self.admit_item(owner, request)
         admission = self.store.admit(
             item.request,
@@ -133,7 +135,7 @@ class RunManager:
                 f"thread {request.thread_id} already has a run in progress"
                 " (multitask_strategy=reject)"
             )
-        return self._after_commit(admission)
+        return self._after_commit(admission, priority)
 
     def admit_item(self, owner: str, request: RunRequest) -> AdmitItem:
         """What admitting `request` writes: checked, on its assistant (404 for one the owner
@@ -151,12 +153,12 @@ class RunManager:
         `after_commit` once it committed. REJECTED is returned, not raised."""
         return self.store.admit_in(conn, owner, self.admit_item(owner, request))
 
-    def after_commit(self, admission: Admission) -> Run | None:
+    def after_commit(self, admission: Admission, priority: int = FIRST_PRIORITY) -> Run | None:
         """What `admit` does once the admission committed: tell the owners of cancelled runs,
-        dispatch (R4); the run, or None when it was rejected."""
+        dispatch (R4) at `priority`; the run, or None when it was rejected."""
         if admission.run is None:
             return None
-        return self._after_commit(admission)
+        return self._after_commit(admission, priority)
 
     def _check(self, request: RunRequest) -> None:
         """Refuse what the schema cannot know: a delay beyond the deployment's limit, a
@@ -199,8 +201,14 @@ class RunManager:
         if not self._checkpoints.has_checkpoint(request.thread_id, str(checkpoint_id)):
             raise missing
 
-    def admit_batch(self, owner: str, requests: Sequence[RunRequest]) -> list[Run]:
-        """Create several runs all or nothing (one transaction), then dispatch them.
+    def admit_batch(
+        self,
+        owner: str,
+        requests: Sequence[RunRequest],
+        priorities: Sequence[int] | None = None,
+    ) -> list[Run]:
+        """Create several runs all or nothing (one transaction), then dispatch them, each at
+        its priority (default: the first).
 
         An unknown assistant, a missing thread or a busy one under `reject` refuses the
         whole batch with the error of the first such item, naming its index.
@@ -218,14 +226,20 @@ class RunManager:
             except AssistantNotFound as exc:
                 raise AssistantNotFound(f"item {index}: {exc}") from exc
             items.append(AdmitItem(request, str(uuid.uuid4()), graph_id, strategy))
-        return [self._after_commit(a) for a in self.store.admit_many(owner, items)]
+        admitted = self.store.admit_many(owner, items)
+        wanted = list(priorities) if priorities is not None else [FIRST_PRIORITY] * len(admitted)
+        return [self._after_commit(a, p) for a, p in zip(admitted, wanted, strict=True)]
 
-    def _after_commit(self, admission: Admission) -> Run:
-        """Tell the owners of cancelled runs, dispatch what the admission says (R4)."""
+    def _after_commit(self, admission: Admission, priority: int) -> Run:
+        """Tell the owners of cancelled runs, dispatch what the admission says (R4): the
+        admitted run at `priority`, any other run it lets start as a re-dispatch."""
         for victim in admission.cancel_running:
             self._signal_cancel(victim, admission.cancel_action)
+        admitted = admission.run.run_id if admission.run is not None else None
         for run_id in admission.dispatch:
-            self._dispatcher.dispatch_quietly(run_id)
+            self._dispatcher.dispatch_quietly(
+                run_id, priority if run_id == admitted else REDISPATCH
+            )
         for run_id in admission.ended:  # pending runs it ended: their webhooks are due
             self._dispatcher.dispatch_webhook(run_id)
         run = admission.run

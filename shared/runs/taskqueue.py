@@ -15,6 +15,8 @@ from kombu.transport import redis as kombu_redis
 
 from shared import redis_clients
 from shared.redis_keys import Keys
+from shared.runs.priority import REDISPATCH
+from shared.runs.run_queue import NEXT, RunQueue
 from shared.settings import Settings
 
 RUN_TASK = "threadrun.runs.execute"
@@ -80,7 +82,8 @@ def make_celery(settings: Settings) -> Celery:
         # never broker redelivery, which on Redis can duplicate a still-running task or
         # loop forever with task_reject_on_worker_lost (R4, L3).
         task_acks_late=False,
-        # One message reserved per free slot: a busy worker does not hoard runs.
+        # One message reserved per free slot: a busy worker does not hoard runs. Which run a
+        # message starts is decided when a slot takes it (shared/runs/run_queue.py).
         worker_prefetch_multiplier=1,
         task_ignore_result=True,
         result_backend=None,
@@ -120,8 +123,19 @@ class _Sent:
 class Dispatcher:
     """Sends run tasks after their rows are committed (R4)."""
 
-    def __init__(self, celery: Celery) -> None:
+    def __init__(self, celery: Celery, queue: RunQueue) -> None:
         self._celery = celery
+        self.queue = queue
+
+    @classmethod
+    def of(
+        cls, settings: Settings, client: redis.Redis | None = None, celery: Celery | None = None
+    ) -> Dispatcher:
+        """The deployment's dispatcher: its Celery app (a new one when None), and its run
+        queue on `client` (a new client of the data node when None)."""
+        client = client if client is not None else redis_clients.sync_client(settings)
+        app = celery if celery is not None else make_celery(settings)
+        return cls(app, RunQueue(client, Keys(settings.redis_prefix)))
 
     def _send(self, name: str, run_id: str, queue: str, countdown: float | None = None) -> None:
         self._celery.send_task(
@@ -133,26 +147,30 @@ class Dispatcher:
             result_cls=_Sent,
         )
 
-    def dispatch_run(self, run_id: str) -> None:
-        """Enqueue the execution of one run; a lost message is re-sent by the reaper."""
-        self._send(RUN_TASK, run_id, RUNS_QUEUE)
+    def dispatch_run(self, run_id: str, priority: int = REDISPATCH) -> None:
+        """Queue one run at `priority` (shared/runs/priority.py) and send the message a
+        free slot starts it with (shared/runs/run_queue.py); a run whose message is lost
+        is re-dispatched by the reaper."""
+        self.queue.push(run_id, priority)
+        self._send(RUN_TASK, NEXT, RUNS_QUEUE)
 
     def dispatch_later(self, run_id: str, countdown_s: float) -> None:
-        """Enqueue the run's execution to start no sooner than `countdown_s` from now; a
-        failed send is left to the reaper (R4), like `dispatch_quietly`."""
+        """Enqueue the run's execution to start no sooner than `countdown_s` from now (a
+        message naming the run: it bypasses the run queue); a failed send is left to the
+        reaper (R4), like `dispatch_quietly`."""
         try:
             self._send(RUN_TASK, run_id, RUNS_QUEUE, countdown_s)
         except Exception:  # noqa: BLE001 - any broker failure: the reaper re-dispatches
             log.warning("delayed dispatch failed; the reaper will retry", extra={"run_id": run_id})
 
-    def dispatch_quietly(self, run_id: str) -> bool:
+    def dispatch_quietly(self, run_id: str, priority: int = REDISPATCH) -> bool:
         """Dispatch after commit; on failure log it and leave the run to the reaper (R4).
 
         The run row is committed, so a failed send loses nothing: the reaper re-dispatches
         a pending head whose dispatch is older than `dispatch_stale_s`.
         """
         try:
-            self.dispatch_run(run_id)
+            self.dispatch_run(run_id, priority)
         except Exception:  # any broker failure: the reaper re-dispatches (R4)
             log.exception("dispatch failed; the reaper will retry", extra={"run_id": run_id})
             return False

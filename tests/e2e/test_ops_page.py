@@ -120,11 +120,11 @@ class OpsPage:
 
 
 def lose_dispatch(c: Cluster, run_id: str) -> None:
-    """As if the run's dispatch had been lost (R4): no message in the runs queue, and its row
-    says it was never dispatched."""
+    """As if the run's dispatch had been lost (R4): not in the run queue, no message in the
+    runs queue, and its row says it was never dispatched."""
     r = redis.Redis.from_url(c.settings.redis_url)
-    queue = Keys(c.settings.redis_prefix).celery_queue("runs")
-    r.delete(*[queue + s for s in PRIORITY_SUFFIXES])
+    keys = Keys(c.settings.redis_prefix)
+    r.delete(*[keys.celery_queue("runs") + s for s in PRIORITY_SUFFIXES], keys.run_queue())
     r.close()
     with psycopg.connect(c.settings.dsn, autocommit=True) as conn:
         conn.execute("UPDATE runs SET dispatched_at = NULL WHERE run_id = %s", [run_id])

@@ -40,7 +40,7 @@ from shared.runs.limits import RunLimits
 from shared.runs.manager import RunManager
 from shared.runs.model import MultitaskStrategy, OnCompletion, RunRequest
 from shared.runs.store import RunStore
-from shared.runs.taskqueue import Dispatcher, make_celery
+from shared.runs.taskqueue import Dispatcher
 from shared.settings import PROJECT_ROOT, Settings
 from shared.tools.testing import settings_env
 
@@ -64,7 +64,7 @@ def crons(cpool: ConnectionPool, settings: Settings) -> Iterator[CronManager]:
     client = redis.Redis.from_url(settings.redis_url)
     runs = RunManager(
         RunStore(cpool),
-        Dispatcher(make_celery(settings)),
+        Dispatcher.of(settings, client),
         client,
         Keys(settings.redis_prefix),
         assistants=assistants,

@@ -26,7 +26,7 @@ from shared.bridge.publisher import EventSink, PublishBatcher, StreamPublisher
 from shared.bridge.subscriber import StreamSubscriber
 from shared.redis_keys import Keys
 from shared.runs.leases import LeaseManager, RenewOutcome, lease_value
-from shared.runs.taskqueue import RUNS_QUEUE, Dispatcher, make_celery
+from shared.runs.taskqueue import RUNS_QUEUE, Dispatcher
 from shared.settings import Settings
 from shared.tools.testing.redis_ha import RedisHA, redis_server
 
@@ -144,7 +144,7 @@ def test_l1_b1_sentinel_clients_follow_a_failover(ha_auth: RedisHA, settings: Se
     web = redis_clients.sync_client(hsettings, blocking=True, max_connections=8, timeout=5)
     sub = StreamSubscriber(web, Keys(hsettings.redis_prefix), hsettings)
     worker = Worker(hsettings, run_id)
-    dispatcher = Dispatcher(make_celery(hsettings))
+    dispatcher = Dispatcher.of(hsettings, web)
     try:
         worker.emit(0, 1, 2)
         assert datas(read(sub, run_id, "-1")) == expected(3)

@@ -1,0 +1,58 @@
+"""The runs waiting for a worker slot, taken in priority order when a slot frees (R4, P7).
+
+A dispatch puts the run id in one Redis sorted set, scored by its priority
+(shared/runs/priority.py) and then the time it was queued, and sends a Celery message that
+names no run (`NEXT`). A worker slot that starts such a message takes the best waiting
+run at that moment (ZPOPMIN). The messages are interchangeable, so neither the queue's
+FIFO nor the messages a worker has prefetched decide which run goes first.
+
+Why not Celery's own priorities: kombu's Redis transport keeps a list per priority, but a
+threads worker prefetches up to `worker_concurrency` messages and starts them in the order
+they came, and `worker_disable_prefetch` left a freed slot idle until the next second's
+poll (measured: one run a second on a one-slot worker).
+
+What can go wrong, and why nothing is lost (R4):
+- the message is lost after the run was queued: the run stays pending, and the reaper
+  re-dispatches a pending run undispatched for `dispatch_stale_s` (a new message);
+- a worker dies after taking the run and before claiming it: the same;
+- a run is queued twice (the reaper's re-dispatch of a run still waiting): it keeps one
+  entry, at the better of the two priorities; the spare message finds the set empty or
+  starts another run, which is no worse than the FIFO it replaces;
+- a taken run cannot be claimed (cancelled, not its thread's head any more): the claim
+  says so, as it did for a message naming it.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from shared import lua
+from shared.redis_keys import Keys
+
+NEXT = ""
+"""The run task's argument that means "the best waiting run" (anything else is a run id)."""
+
+
+class RunQueue:
+    """The waiting runs of one deployment, in Redis (a sorted set under the prefix)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.key = keys.run_queue()
+        self._push = lua.register(client, "run_queue_push")
+
+    def push(self, run_id: str, priority: int) -> None:
+        """Queue `run_id` at `priority`; a run already queued keeps the better place."""
+        self._push(keys=[self.key], args=[priority, run_id])
+
+    def pop(self) -> str | None:
+        """Take the best waiting run: the lowest priority number, the oldest among equals."""
+        got = self.redis.zpopmin(self.key)
+        if not got:
+            return None
+        member = got[0][0]
+        return member.decode() if isinstance(member, bytes) else str(member)
+
+    def depth(self) -> int:
+        """How many runs wait."""
+        return int(self.redis.zcard(self.key))

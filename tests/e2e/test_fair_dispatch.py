@@ -1,0 +1,124 @@
+"""R4, P7: fair dispatch. Free worker slots go to runs in priority order, not queue order.
+
+Before, the runs queue was one FIFO across users: cron firings queued first, then a
+user's burst, ran before another user's first run that came after them
+(`python -m bench.cron_load`: a chat behind 20 users' firings did not finish). Now a run a
+caller asked for is ahead of every cron firing, and among those, a user's first runs are
+ahead of another user's many (shared/runs/priority.py): real Celery, real Redis priority
+lists, a worker that takes a message only for a free slot.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from shared.tools.testing import wait_for
+from tests.e2e.conftest import ClusterFactory, human
+
+pytestmark = pytest.mark.e2e
+
+USERS = ("hog", "chat", "sched")
+KEYS = {u: f"key-{u}" for u in USERS}
+ENV = {
+    "THREADRUN_API_KEYS": ",".join(f"{k}:{u}" for u, k in KEYS.items()),
+    "THREADRUN_CRON_TICK_S": "0.3",
+    "THREADRUN_CRON_MIN_INTERVAL_S": "1",
+    "THREADRUN_DISPATCH_POSITION_STEP": "4",
+}
+SHORT = {"configurable": {"tokens": 1, "token_delay_ms": 0}}
+SCHED_RUNS = "SELECT count(*) FROM runs r JOIN threads t USING (thread_id) WHERE t.owner = 'sched'"
+
+
+def post(url: str, user: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.post(f"{url}{path}", json=body, headers={"x-api-key": KEYS[user]}, timeout=30)
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def runs_by_start(dsn: str) -> list[tuple[str, str]]:
+    """(user, run id) of every run, in the order the worker started them."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT t.owner, r.run_id::text FROM runs r JOIN threads t USING (thread_id)"
+            " ORDER BY r.started_at, r.run_id"
+        ).fetchall()
+    return [(str(u), str(r)) for u, r in rows]
+
+
+def count(dsn: str, sql: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(sql).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_r4_p7_slots_go_to_callers_before_crons_and_to_a_users_first_runs_first(
+    private_cluster: ClusterFactory,
+) -> None:
+    """With no worker running: a cron of `sched` fires three times, then `hog` asks for 8
+    runs and `chat` for 2. A one-slot worker then starts hog's first 4 and chat's 2 (the
+    first priority), then hog's other 4 (their user had 4 runs already), and the firings
+    last, though they were queued first."""
+    with private_cluster("fair-dispatch", ENV) as c:
+        c.side_by_side(c.start_web, c.start_scheduler)
+        cron = post(
+            c.url,
+            "sched",
+            "/runs/crons",
+            {
+                "assistant_id": "lead_agent",
+                "schedule": "* * * * * *",
+                "input": human("tick"),
+                "config": SHORT,
+                "on_run_completed": "keep",  # its runs stay to be counted
+            },
+        )
+        wait_for(
+            lambda: count(c.settings.dsn, SCHED_RUNS) >= 3,
+            timeout=30,
+            what="three firings",
+        )
+        r = httpx.delete(
+            f"{c.url}/runs/crons/{cron['cron_id']}", headers={"x-api-key": KEYS["sched"]}
+        )
+        assert r.status_code in (200, 204), r.text
+        time.sleep(0.5)  # a firing in flight when the cron was deleted commits first
+        fired = count(c.settings.dsn, SCHED_RUNS)
+        asked: dict[str, list[str]] = {"hog": [], "chat": []}
+        for user, n in (("hog", 8), ("chat", 2)):
+            for i in range(n):
+                body = {
+                    "assistant_id": "lead_agent",
+                    "input": human(f"{user} {i}"),
+                    "config": SHORT,
+                }
+                tid = post(c.url, user, "/threads", {})["thread_id"]
+                asked[user].append(str(post(c.url, user, f"/threads/{tid}/runs", body)["run_id"]))
+        total = fired + 10
+        c.start_worker("fair", concurrency=1)
+        wait_for(
+            lambda: (
+                count(
+                    c.settings.dsn,
+                    "SELECT count(*) FROM runs WHERE status NOT IN ('pending', 'running')",
+                )
+                >= total
+            ),
+            timeout=120,
+            what="every run to end",
+        )
+        order = runs_by_start(c.settings.dsn)
+        assert len(order) == total
+        users = [u for u, _ in order]
+        # The firings, queued first, start after every run a caller asked for.
+        assert users[-fired:] == ["sched"] * fired, users
+        ids = [r for _, r in order]
+        # The first priority (hog's first 4, chat's 2) before hog's further 4, in FIFO order
+        # within each priority.
+        assert ids[:6] == asked["hog"][:4] + asked["chat"], users
+        assert ids[6:10] == asked["hog"][4:], users
