@@ -15,7 +15,8 @@ at the end.
    with a webhook to a path that hangs `--slow-s` before answering. Once the first firings
    are in, the same chat batch again.
 
-The table gives p50/p90 of both phases and the loaded/quiet ratio of the p50s; the
+The table gives p50/p90 of both phases and the loaded/quiet ratio of the p50s (and how
+long the chat's runs waited for a worker slot, `started_at - created_at`); the
 per-user run limits (THREADRUN_MAX_ACTIVE_RUNS_PER_USER) and the webhook fairness gate
 (shared/webhooks/fairness.py) are what should hold the ratio down. Below it, the firings by
 outcome (`fired`, `limited`, ...) and the slow deliveries seen, so the load is on record.
@@ -110,6 +111,27 @@ def firings(dsn: str) -> dict[str, int]:
     return {str(o): int(n) for o, n in rows}
 
 
+def db_now(dsn: str) -> dt.datetime:
+    """PostgreSQL's clock (the runs' timestamps are on it)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT now()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def queue_waits(dsn: str, since: dt.datetime) -> list[float]:
+    """How long (ms) each of the chat user's runs created since `since` waited for a worker
+    slot: its `started_at` minus its `created_at`."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM r.started_at - r.created_at) * 1000 FROM runs r"
+            " JOIN threads t USING (thread_id) WHERE t.owner = 'chat' AND r.created_at >= %s"
+            " AND r.started_at IS NOT NULL",
+            (since,),
+        ).fetchall()
+    return [float(w) for (w,) in rows]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--users", type=int, default=20, help="users that fire crons")
@@ -128,6 +150,11 @@ def main() -> None:
     slow = Receiver(host="127.0.0.2", slow_s=args.slow_s)
     try:
         settings = sandbox.create()
+        print(
+            f"bench.cron_load: sandbox {sandbox.db_name} {sandbox.prefix}",
+            file=sys.stderr,
+            flush=True,
+        )
         with TemporaryDirectory(prefix="bench-cron-load-") as tmp:
             env = cluster_env(
                 settings,
@@ -148,7 +175,9 @@ def main() -> None:
                 c.start_scheduler()
                 print("bench.cron_load: quiet phase", file=sys.stderr, flush=True)
                 chat_batch(c.url, "key-chat", rec, "warm", 10, 5)
+                since = db_now(settings.dsn)
                 quiet = chat_batch(c.url, "key-chat", rec, "quiet", args.runs, args.concurrency)
+                quiet_waits = queue_waits(settings.dsn, since)
                 print("bench.cron_load: making crons", file=sys.stderr, flush=True)
                 make_crons(c.url, [f"key-{u}" for u in users], args.crons, args.every_s, slow)
                 wait_for(
@@ -157,12 +186,15 @@ def main() -> None:
                     what="the first cron firings",
                 )
                 print("bench.cron_load: loaded phase", file=sys.stderr, flush=True)
+                since = db_now(settings.dsn)
                 loaded = chat_batch(c.url, "key-chat", rec, "loaded", args.runs, args.concurrency)
+                loaded_waits = queue_waits(settings.dsn, since)
                 fired = firings(settings.dsn)
         rows = []
         for name, q, ld in (
             ("chat TTFT", quiet[0], loaded[0]),
             ("chat webhook", quiet[1], loaded[1]),
+            ("chat queue wait", quiet_waits, loaded_waits),
         ):
             rows.append(
                 [

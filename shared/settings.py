@@ -174,6 +174,13 @@ class Settings(BaseSettings):
         description="Share of a worker's concurrency one user's runs may hold while other"
         " users' runs wait (their further runs are put back for fair_share_retry_s).",
     )
+    worker_background_share: float = Field(
+        default=0.75,
+        gt=0,
+        le=1,
+        description="Share of a worker's slots background runs (cron firings) may hold; the"
+        " rest are kept for runs a caller asked for (shared/runs/priority.py).",
+    )
     dispatch_position_step: int = Field(
         default=4,
         ge=1,
@@ -713,15 +720,12 @@ class Settings(BaseSettings):
         default=2,
         ge=1,
         description="Attempts in flight to one receiver host, across the webhooks workers;"
-        " more wait `webhook_defer_s` (a slow receiver cannot hold every thread).",
+        " more are parked until a slot frees (a slow receiver cannot hold every thread).",
     )
     webhook_user_concurrency: int = Field(
         default=4,
         ge=1,
         description="Attempts in flight of one user's runs, across the webhooks workers.",
-    )
-    webhook_defer_s: float = Field(
-        default=1.0, gt=0, description="How soon an attempt over a share is tried again."
     )
     webhook_max_attempts: int = Field(
         default=6, ge=1, description="Attempts of one delivery before it is `failed`."

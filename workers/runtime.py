@@ -50,6 +50,7 @@ from shared.state.savers import FencedPostgresSaver
 from shared.store import WorkerStore
 from shared.webhooks.store import WebhookStore
 from workers.attempts import RunAttempt
+from workers.background_share import BackgroundShare
 from workers.lease_keeper import LeaseKeeper
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,9 @@ class WorkerRuntime:
             fence_idle_timeout_s=settings.fence_idle_timeout_s,
         )
         self.dispatcher = Dispatcher.of(settings, self._sync_redis)
+        self.background = BackgroundShare(
+            int(settings.worker_background_share * settings.worker_concurrency)
+        )
         self._graphs: dict[tuple[str, int], Pregel[Any, Any, Any, Any]] = {}
         self.graph_errors: dict[str, str] = {}  # graph id -> why it cannot be loaded
         self._slot = 0
@@ -105,6 +109,16 @@ class WorkerRuntime:
             self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
         except ImportError:  # pragma: no cover - uvloop is a dependency
             self.loop = asyncio.new_event_loop()
+        # The loop's `asyncio.to_thread` calls (store reads and writes, dispatches, a
+        # temporary thread's removal) go to its default executor, which asyncio sizes by
+        # the CPUs (6 threads on 2 cores): with `worker_concurrency` runs each making such
+        # calls, a run's claim or finalize queued behind 30 others' for seconds
+        # (`python -m bench.cron_load`). A thread per slot, and a few for the reaper.
+        self.loop.set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(
+                settings.worker_concurrency + 4, thread_name_prefix="threadrun-io"
+            )
+        )
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="threadrun-loop", daemon=True
         )

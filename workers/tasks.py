@@ -13,7 +13,7 @@ from workers.attempts import StopReason
 from workers.celery_app import celery
 from workers.executor import claim_at_once, execute_run
 from workers.reaper import reaper_loop
-from workers.runtime import close_runtime, get_runtime
+from workers.runtime import WorkerRuntime, close_runtime, get_runtime
 
 log = logging.getLogger(__name__)
 _reaper: concurrent.futures.Future[None] | None = None
@@ -24,11 +24,19 @@ def execute(run_id: str) -> str:
     """Execute one run (the whole attempt happens on the runtime's loop): the best waiting
     one of the run queue when the message names none (shared/runs/run_queue.py)."""
     rt = get_runtime()
-    if run_id == NEXT:
-        taken = rt.dispatcher.queue.pop()
-        if taken is None:
-            return "queue empty"  # its run was taken by another message (a re-dispatch)
-        run_id = taken
+    if run_id != NEXT:  # a message naming its run: a delay's, a put-back's, an older release's
+        return _execute(rt, run_id)
+    taken = rt.background.take(rt.dispatcher.queue)
+    if taken is None:
+        return "nothing to take"  # taken by another message (a re-dispatch's), or owed
+    try:
+        return _execute(rt, taken.run_id)
+    finally:
+        if rt.background.done(taken):
+            rt.dispatcher.send_next()
+
+
+def _execute(rt: WorkerRuntime, run_id: str) -> str:
     try:
         uuid.UUID(run_id)
     except (ValueError, TypeError):

@@ -94,7 +94,7 @@ def build_service(settings: Settings) -> WebhookService:
         ),
         load_run=runs.get_run_by_id,
         read_values=read_values,
-        schedule=lambda run_id, delay: dispatcher.dispatch_webhook(run_id, countdown=delay),
+        schedule=lambda run_id, delay: dispatcher.dispatch_webhook(run_id, countdown=delay or None),
         # An attempt in flight holds its claim this long; a worker that died mid-attempt
         # frees it then (a timeout's worth of connect, send and read, with a margin).
         lease_s=3 * settings.webhook_timeout_s + 5,
@@ -107,7 +107,6 @@ def build_service(settings: Settings) -> WebhookService:
             per_owner=settings.webhook_user_concurrency,
             ttl_s=3 * settings.webhook_timeout_s + 5,  # an attempt's lease, as above
         ),
-        defer_s=settings.webhook_defer_s,
     )
 
 

@@ -1,11 +1,10 @@
 """Which waiting run a free worker slot takes next: per-user fair dispatch (R4, P7).
 
-The runs queue is one Celery queue on Redis, split by kombu into one list per priority
-(`PRIORITY_STEPS`, 0 first, FIFO within a priority); a worker takes a message only when
-it has a free slot (`worker_disable_prefetch`, shared/runs/taskqueue.py), so slots are
-filled in priority order. Without priorities the queue was one FIFO across users: 20
-users' cron firings (each user up to `max_active_runs` of them) stood in front of another
-user's chat run (`python -m bench.cron_load`).
+Runs wait in the run queue (shared/runs/run_queue.py), a Redis sorted set by priority
+(`PRIORITY_STEPS`, 0 first) and then age; a worker slot that frees takes the best one.
+Before, the runs queue was one FIFO across users: 20 users' cron firings (each user up to
+`max_active_runs` of them) stood in front of another user's chat run
+(`python -m bench.cron_load`).
 
 A run's priority is decided at admission from two facts known there:
 
@@ -19,8 +18,14 @@ A run's priority is decided at admission from two facts known there:
 
 A re-dispatch (the next run of a thread, a run the reaper recovered or found undispatched,
 an ops retry) is `REDISPATCH`, between the classes: the run has waited already, and is
-behind no fresh foreground run. A background run starved longer than `dispatch_stale_s` is
-re-sent by the reaper at that priority, ahead of newer firings: starvation ages out.
+behind no fresh foreground run. A run still queued keeps its place and its class when it
+is dispatched again (the reaper re-sends a pending run every `dispatch_stale_s`).
+
+A worker keeps slots for the foreground: background runs hold at most
+`worker_background_share` of its slots (workers/fairness.py `BackgroundShare`), so a burst
+of firings never fills a worker that a caller's run then waits for. Cron firings yield to
+callers' runs; they are not starved by each other, and get every slot the foreground
+leaves, up to that share.
 
 A caller no limit applies to (the local user of single-user mode) has position 0: its
 runs keep their class, and among themselves their order.
@@ -29,7 +34,7 @@ runs keep their class, and among themselves their order.
 from __future__ import annotations
 
 PRIORITY_STEPS = tuple(range(10))
-"""kombu's Redis priority lists for the runs queue (`priority_steps`), 0 taken first."""
+"""The priorities of the run queue, 0 taken first."""
 
 FOREGROUND = (0, 1, 2, 3)
 REDISPATCH = 4

@@ -16,21 +16,34 @@ What can go wrong, and why nothing is lost (R4):
   re-dispatches a pending run undispatched for `dispatch_stale_s` (a new message);
 - a worker dies after taking the run and before claiming it: the same;
 - a run is queued twice (the reaper's re-dispatch of a run still waiting): it keeps one
-  entry, at the better of the two priorities; the spare message finds the set empty or
-  starts another run, which is no worse than the FIFO it replaces;
+  entry, its first place and priority; the spare message finds the set empty or starts
+  another run, which is no worse than the FIFO it replaces;
 - a taken run cannot be claimed (cancelled, not its thread's head any more): the claim
   says so, as it did for a message naming it.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import redis
 
 from shared import lua
 from shared.redis_keys import Keys
+from shared.runs.priority import PRIORITY_STEPS
 
 NEXT = ""
 """The run task's argument that means "the best waiting run" (anything else is a run id)."""
+
+PRIORITY_SCALE = 10**13
+"""A queued run's score: priority * PRIORITY_SCALE + the ms it was queued (run_queue_push.lua)."""
+
+
+class Taken(NamedTuple):
+    """A run taken from the queue, with the priority it was queued at."""
+
+    run_id: str
+    priority: int
 
 
 class RunQueue:
@@ -40,18 +53,22 @@ class RunQueue:
         self.redis = client
         self.key = keys.run_queue()
         self._push = lua.register(client, "run_queue_push")
+        self._pop = lua.register(client, "run_queue_pop")
 
-    def push(self, run_id: str, priority: int) -> None:
-        """Queue `run_id` at `priority`; a run already queued keeps the better place."""
-        self._push(keys=[self.key], args=[priority, run_id])
+    def push(self, run_id: str, priority: int) -> bool:
+        """Queue `run_id` at `priority`; False when it was queued already (it keeps its
+        place and its priority)."""
+        return bool(self._push(keys=[self.key], args=[priority, run_id]))
 
-    def pop(self) -> str | None:
-        """Take the best waiting run: the lowest priority number, the oldest among equals."""
-        got = self.redis.zpopmin(self.key)
+    def pop(self, below: int = len(PRIORITY_STEPS)) -> Taken | None:
+        """Take the best waiting run with a priority below `below`: the lowest priority
+        number, the oldest among equals."""
+        got = self._pop(keys=[self.key], args=[below])
         if not got:
             return None
-        member = got[0][0]
-        return member.decode() if isinstance(member, bytes) else str(member)
+        member, score = got
+        run_id = member.decode() if isinstance(member, bytes) else str(member)
+        return Taken(run_id, int(float(score) // PRIORITY_SCALE))
 
     def depth(self) -> int:
         """How many runs wait."""

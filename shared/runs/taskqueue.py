@@ -154,6 +154,14 @@ class Dispatcher:
         self.queue.push(run_id, priority)
         self._send(RUN_TASK, NEXT, RUNS_QUEUE)
 
+    def send_next(self) -> None:
+        """Send one more message that names no run (a worker's owed one, workers/fairness.py
+        `BackgroundShare`); a failed send is left to the reaper (R4)."""
+        try:
+            self._send(RUN_TASK, NEXT, RUNS_QUEUE)
+        except Exception:  # noqa: BLE001 - any broker failure: the reaper re-dispatches
+            log.warning("sending an owed run message failed; the reaper will retry")
+
     def dispatch_later(self, run_id: str, countdown_s: float) -> None:
         """Enqueue the run's execution to start no sooner than `countdown_s` from now (a
         message naming the run: it bypasses the run queue); a failed send is left to the

@@ -13,7 +13,6 @@ would lose or delay the retry. Here a lost countdown message costs at most
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -79,13 +78,12 @@ class WebhookService:
         disabled: str | None = None,
         extra_headers: Mapping[str, str] | None = None,
         gate: DeliveryGate | None = None,
-        defer_s: float = 1.0,
     ) -> None:
         """`gate`: the caps on attempts in flight per receiver host and per owner
-        (shared/webhooks/fairness.py); an attempt over one is sent again in `defer_s`."""
+        (shared/webhooks/fairness.py); an attempt over one is parked until a slot is
+        handed to it."""
         self.store = store
         self._gate = gate
-        self._defer_s = defer_s
         self.sender = sender
         self._secret = secret
         self._backoff = backoff
@@ -100,23 +98,27 @@ class WebhookService:
     def deliver(self, run_id: str) -> Delivered:
         """Take the attempt's fair share (host and owner caps), then claim it, freeze the
         body if it is the first, POST, record; over a cap, nothing is claimed and the
-        delivery comes back in `defer_s` (jittered)."""
+        delivery is parked until a slot of that share is handed to it. A delivery a slot
+        was handed to (here, or when this attempt frees its own) is sent again at once."""
         if self._gate is None:
             return self._deliver(run_id)
         target = self.store.target(run_id)
         if target is None:
             return Delivered(None)  # nothing pending: what the claim would find
         url, owner = target
-        slots = self._gate.enter(_host_of(url), owner)
-        if slots is None:
+        entry = self._gate.enter(_host_of(url), owner, run_id)
+        self._wake(entry.woken)
+        if entry.slots is None:
             metrics.webhook_delivery("deferred")
-            delay = self._defer_s * (1 + random.random())
-            self._schedule(run_id, delay)
-            return Delivered(None, None, delay)
+            return Delivered(None)
         try:
             return self._deliver(run_id)
         finally:
-            self._gate.leave(slots)
+            self._wake(self._gate.leave(entry.slots))
+
+    def _wake(self, run_ids: list[str]) -> None:
+        for woken in run_ids:
+            self._schedule(woken, 0.0)
 
     def _deliver(self, run_id: str) -> Delivered:
         claim = self.store.claim(run_id, self._lease_s)

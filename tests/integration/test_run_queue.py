@@ -22,13 +22,18 @@ from shared.runs.priority import BACKGROUND, FOREGROUND, REDISPATCH
 from shared.runs.run_queue import NEXT, RunQueue
 from shared.runs.taskqueue import RUNS_QUEUE, Dispatcher
 from shared.settings import Settings
+from workers.background_share import BackgroundShare
 
 
 def drain(q: RunQueue) -> list[str]:
     out = []
-    while (run := q.pop()) is not None:
-        out.append(run)
+    while (taken := q.pop()) is not None:
+        out.append(taken.run_id)
     return out
+
+
+def queue(settings: Settings, rclient: redis.Redis) -> RunQueue:
+    return RunQueue(rclient, Keys(f"{settings.redis_prefix}rq{uuid.uuid4().hex[:8]}:"))
 
 
 @hsettings(
@@ -40,7 +45,7 @@ def test_r4_p7_runs_are_taken_by_priority_then_age(
 ) -> None:
     """R4, P7: whatever the order they were queued in, runs come out by priority, and in the
     order they were queued within one priority."""
-    q = RunQueue(rclient, Keys(f"{settings.redis_prefix}rq{uuid.uuid4().hex[:8]}:"))
+    q = queue(settings, rclient)
     queued = []
     for i, p in enumerate(priorities):
         run = f"{i:04d}-{uuid.uuid4()}"
@@ -54,22 +59,53 @@ def test_r4_p7_runs_are_taken_by_priority_then_age(
     assert q.depth() == 0
 
 
-def test_r4_a_run_queued_again_keeps_its_place_or_moves_up(
+def test_r4_a_run_queued_again_keeps_its_place_and_its_class(
     settings: Settings, rclient: redis.Redis
 ) -> None:
-    """R4, P7: the reaper's re-dispatch of a run still waiting does not send it to the back
-    (nor make a second entry); a better priority moves it up; a worse one does not move it."""
-    q = RunQueue(rclient, Keys(f"{settings.redis_prefix}rq{uuid.uuid4().hex[:8]}:"))
-    q.push("a", FOREGROUND[0])
+    """R4, P7: the reaper's re-dispatch of a run still waiting neither sends it to the back
+    nor makes a second entry, nor moves a cron firing out of the background; `pop(below)`
+    takes only priorities under the bound, and says which priority it took."""
+    q = queue(settings, rclient)
+    assert q.push("a", FOREGROUND[0])
     time.sleep(0.002)
-    q.push("b", FOREGROUND[0])
+    assert q.push("b", FOREGROUND[0])
     time.sleep(0.002)
-    q.push("a", FOREGROUND[0])  # again, same priority: keeps its older place
-    q.push("starved", BACKGROUND[0])
-    q.push("b", BACKGROUND[-1])  # worse: no move
-    q.push("starved", REDISPATCH)  # better: moves up, still behind the foreground
+    assert not q.push("a", FOREGROUND[0])  # again: keeps its older place
+    assert q.push("firing", BACKGROUND[0])
+    assert not q.push("firing", REDISPATCH)  # a re-dispatch: still a background run
     assert q.depth() == 3
-    assert drain(q) == ["a", "b", "starved"]
+    assert q.pop(below=BACKGROUND[0]) == ("a", FOREGROUND[0])
+    assert q.pop(below=BACKGROUND[0]) == ("b", FOREGROUND[0])
+    assert q.pop(below=BACKGROUND[0]) is None  # only the firing waits
+    assert q.pop() == ("firing", BACKGROUND[0])
+
+
+def test_p7_background_runs_hold_at_most_their_share_and_owed_messages_come_back(
+    settings: Settings, rclient: redis.Redis
+) -> None:
+    """P7: with a cap of 2, two firings start; the next slot takes a caller's run queued
+    after them, then finds only firings and owes its message; when a firing ends, the
+    message is due again and the third firing starts."""
+    q = queue(settings, rclient)
+    share = BackgroundShare(2)
+    for i in range(3):
+        q.push(f"firing{i}", BACKGROUND[1])
+    q.push("chat", FOREGROUND[0])
+    first = share.take(q)
+    assert first == ("chat", FOREGROUND[0])  # the best first, whatever the cap
+    assert not share.done(first)
+    one, two = share.take(q), share.take(q)
+    assert one is not None and two is not None
+    assert (one.run_id, two.run_id) == ("firing0", "firing1") and share.running == 2
+    q.push("chat2", FOREGROUND[0])
+    assert share.take(q) == ("chat2", FOREGROUND[0])  # the kept slots serve callers
+    assert share.take(q) is None and share.owed == 1  # firing2 waits for the cap
+    assert share.done(one)  # a background slot freed: send the owed message
+    assert share.owed == 0 and share.running == 1
+    third = share.take(q)
+    assert third == ("firing2", BACKGROUND[1]) and share.running == 2
+    assert not share.done(two) and not share.done(third)  # nothing owed
+    assert share.running == 0 and q.depth() == 0
 
 
 def test_r4_a_dispatch_queues_the_run_and_sends_a_message_naming_none(
@@ -87,5 +123,5 @@ def test_r4_a_dispatch_queues_the_run_and_sends_a_message_naming_none(
     assert raw is not None
     body = orjson.loads(base64.b64decode(orjson.loads(raw)["body"]))
     assert body[0] == [NEXT]
-    assert d.queue.pop() == run
+    assert d.queue.pop() == (run, FOREGROUND[1])
     rclient.delete(keys.celery_queue(RUNS_QUEUE), keys.run_queue())

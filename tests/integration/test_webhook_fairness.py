@@ -1,8 +1,8 @@
 """Webhooks, fair shares (shared/webhooks/fairness.py): one user's slow receivers cannot hold
 every delivery thread. An attempt takes a slot for its receiver's host and for its run's
 owner in Redis before it is claimed; over either share it is not claimed (its attempt count
-and backoff untouched) but deferred, and another user's delivery to another host goes out
-at once while the slow ones hang.
+and backoff untouched) but parked until a slot of that share is handed to it, oldest first,
+and another user's delivery to another host goes out at once while the slow ones hang.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from shared.runs.store import AdmitItem, RunStore
 from shared.runs.webhook_delivery import WebhookService
 from shared.settings import Settings
 from shared.tools.testing import wait_for
-from shared.webhooks.fairness import DeliveryGate
+from shared.webhooks.fairness import DeliveryGate, parked
 from shared.webhooks.policy import EgressPolicy
 from shared.webhooks.retry import AttemptOutcome, Backoff
 from shared.webhooks.sender import AttemptResult, Sender
@@ -68,7 +68,6 @@ def service(
         read_values=lambda run: b"{}",
         schedule=lambda run_id, delay: scheduled.append((run_id, delay)),
         gate=gate,
-        defer_s=0.5,
     )
     return svc, scheduled
 
@@ -84,46 +83,92 @@ def ended_run(store: RunStore, owner: str, url: str) -> str:
     return run.run_id
 
 
+def parked_on(client: redis.Redis, key: str) -> list[str]:
+    return [m.decode() for m in client.zrange(parked(key), 0, -1)]
+
+
 def test_a_slow_host_holds_two_threads_and_another_users_delivery_goes_out(
     store: RunStore, pool: ConnectionPool, client: redis.Redis, settings: Settings
 ) -> None:
-    """4 of alice's deliveries to one hanging host: 2 attempts hang, 2 are deferred
-    unclaimed (attempts 0, back in 0.5-1 s); bob's delivery to another host is delivered
-    while they hang; once the host answers, the deferred ones go out."""
+    """4 of alice's deliveries to one hanging host: 2 attempts hang, 2 are parked unclaimed
+    (attempts 0, nothing scheduled: no polling); bob's delivery to another host is
+    delivered while they hang; as each hanging attempt ends, its slot is handed to a parked
+    one, sent again at once (delay 0), which then goes out."""
     sender = HangingSender()
     svc, scheduled = service(store, pool, client, settings, sender)
     alice = f"alice-{uuid.uuid4().hex[:6]}"
     slow = [ended_run(store, alice, "https://slow.example/in") for _ in range(4)]
     bob = ended_run(store, f"bob-{uuid.uuid4().hex[:6]}", "https://fast.example/in")
+    host = LimitKeys(settings.redis_prefix).webhook_host("slow.example")
     with ThreadPoolExecutor(4) as pool_:
         futures = [pool_.submit(svc.deliver, run_id) for run_id in slow]
-        wait_for(lambda: sender.hanging == 2 and len(scheduled) == 2, 10, what="2 hang, 2 wait")
-        deferred = [run_id for run_id, _ in scheduled]
-        assert all(0.5 <= delay <= 1.0 for _, delay in scheduled)
-        assert all(svc.store.get(r).attempts == 0 for r in deferred)  # type: ignore[union-attr]
+        wait_for(
+            lambda: sender.hanging == 2 and len(parked_on(client, host)) == 2,
+            10,
+            what="2 hang, 2 parked",
+        )
+        waiting = parked_on(client, host)
+        assert scheduled == []
+        assert all(svc.store.get(r).attempts == 0 for r in waiting)  # type: ignore[union-attr]
         assert svc.deliver(bob).outcome is AttemptOutcome.DELIVERED  # not behind alice's
         sender.release.set()
         done = [f.result(10) for f in futures]
     assert sorted(d.attempt is not None for d in done) == [False, False, True, True]
-    for run_id in deferred:
+    assert sorted(scheduled) == sorted((r, 0.0) for r in waiting)
+    assert parked_on(client, host) == []
+    for run_id in waiting:
         assert svc.deliver(run_id).outcome is AttemptOutcome.DELIVERED
+    assert client.zcard(host) == 0
+
+
+def test_a_freed_slot_goes_to_the_delivery_parked_longest_not_a_newcomer(
+    store: RunStore, pool: ConnectionPool, client: redis.Redis, settings: Settings
+) -> None:
+    """With one slot per host: A in flight, B parked, then C parked behind B. A's end hands
+    the slot to B; C, sent again before B arrives, stays parked; B's end hands it to C."""
+    sender = HangingSender()
+    svc, scheduled = service(store, pool, client, settings, sender)
+    svc._gate._per_host = 1  # type: ignore[union-attr]
+    owner = f"dave-{uuid.uuid4().hex[:6]}"
+    a, b, c = (ended_run(store, owner, "https://slow-one.example/in") for _ in range(3))
+    host = LimitKeys(settings.redis_prefix).webhook_host("slow-one.example")
+    with ThreadPoolExecutor(1) as pool_:
+        fa = pool_.submit(svc.deliver, a)
+        wait_for(lambda: sender.hanging == 1, 10, what="A in flight")
+        assert svc.deliver(b).attempt is None
+        assert svc.deliver(c).attempt is None
+        assert parked_on(client, host) == [b, c]
+        sender.release.set()
+        assert fa.result(10).outcome is AttemptOutcome.DELIVERED
+    assert scheduled == [(b, 0.0)]
+    assert svc.deliver(c).attempt is None  # the slot is B's
+    assert svc.deliver(b).outcome is AttemptOutcome.DELIVERED
+    assert scheduled == [(b, 0.0), (c, 0.0)]
+    assert svc.deliver(c).outcome is AttemptOutcome.DELIVERED
+    assert client.zcard(host) == 0 and parked_on(client, host) == []
 
 
 def test_one_owner_holds_at_most_its_share_across_hosts(
     store: RunStore, pool: ConnectionPool, client: redis.Redis, settings: Settings
 ) -> None:
     """An owner's deliveries to 4 different hanging hosts: 3 in flight (its share), the
-    fourth deferred; the slots are freed when the attempts end."""
+    fourth parked on the owner's share and handed a slot when one ends; the slots are free
+    once every attempt ended."""
     sender = HangingSender()
     svc, scheduled = service(store, pool, client, settings, sender)
     owner = f"carol-{uuid.uuid4().hex[:6]}"
     runs = [ended_run(store, owner, f"https://slow{i}.example/in") for i in range(4)]
+    key = LimitKeys(settings.redis_prefix).webhooks(owner)
     with ThreadPoolExecutor(4) as pool_:
         futures = [pool_.submit(svc.deliver, run_id) for run_id in runs]
-        wait_for(lambda: sender.hanging == 3 and len(scheduled) == 1, 10, what="3 hang, 1 waits")
+        wait_for(
+            lambda: sender.hanging == 3 and len(parked_on(client, key)) == 1,
+            10,
+            what="3 hang, 1 parked",
+        )
         sender.release.set()
         for f in futures:
             f.result(10)
-    key = LimitKeys(settings.redis_prefix).webhooks(owner)
-    assert client.zcard(key) == 0
+    assert len(scheduled) == 1
     assert svc.deliver(scheduled[0][0]).outcome is AttemptOutcome.DELIVERED
+    assert client.zcard(key) == 0
