@@ -24,6 +24,7 @@ larger number, and a busy machine shows as a larger raw baseline.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from bench.chaos import bench_cluster, log, table
 from bench.internals import _raise_interrupt, signals_ignored
 from bench.scale import sandboxed, tree_cpu_s
 from shared.settings import Settings
+from shared.tools.testing import Cluster
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 WEBS = 2
@@ -318,18 +320,26 @@ def on_cluster(name: str, measure: Callable[[list[str], dict[str, list[int]], Se
     with sandboxed(base) as (sandbox, settings):
         log(f"{name}: database {sandbox.db_name}, prefix {sandbox.prefix}, logs {workdir}")
         cluster = bench_cluster(settings, workdir)
-        try:
+        with logged_and_stopped(cluster):
             urls = [cluster.start_web() for _ in range(WEBS)]
             webs = [p.popen.pid for p in cluster.procs if p.alive()]
             worker = cluster.start_worker(name, base.worker_concurrency, timeout=90)
             return measure(urls, {"web": webs, "worker": [worker.popen.pid]}, settings)
-        except BENCH_ERRORS:
-            for p in cluster.procs:
-                log(f"--- {p.name} ---\n{p.tail()}")
-            raise
-        finally:
-            with signals_ignored():
-                cluster.stop()
+
+
+@contextlib.contextmanager
+def logged_and_stopped(cluster: Cluster) -> Iterator[Cluster]:
+    """The body on `cluster`: the processes' logs are printed if it fails with a bench
+    error; the cluster is stopped either way (signals held off while it stops)."""
+    try:
+        yield cluster
+    except BENCH_ERRORS:
+        for p in cluster.procs:
+            log(f"--- {p.name} ---\n{p.tail()}")
+        raise
+    finally:
+        with signals_ignored():
+            cluster.stop()
 
 
 def run_bench(name: str, body: Callable[[], None]) -> int:
