@@ -374,8 +374,7 @@ class StreamSubscriber:
                         yield [ending]
                         return
                     # Not started yet: wait for the stream to appear.
-                    if not self.wait_for_entries(key):
-                        yield [Heartbeat()]
+                    yield from self._until_created(key, is_terminal)
                     continue
                 if snap.kind is ReadKind.BEYOND:
                     raise StreamCursorInvalid(
@@ -419,24 +418,29 @@ class StreamSubscriber:
                 return
             cursor = state.cursor  # detached (a slow reader): catch up from where it is
 
-    def wait_for_entries(self, key: str, after: str = "0-0") -> bool:
-        """Wait up to one heartbeat interval for `key` to get entries after `after`; True if
-        it did (or may have: a detached hub subscriber answers True, the caller re-reads).
+    def _until_created(
+        self, key: str, is_terminal: Callable[[], bool]
+    ) -> Generator[list[StreamItem], None, None]:
+        """Heartbeats while `key` has no entry and the run has not ended (one wait, attached
+        across the heartbeats); the caller reads again after."""
+        with self.entry_wait(key) as waiting:
+            while not waiting.wait():
+                yield [Heartbeat()]
+                if is_terminal():
+                    return
+
+    def entry_wait(self, key: str, after: str = "0-0") -> EntryWait:
+        """A wait, one heartbeat interval at a time, for `key` to get entries after `after`
+        (close it, or use it as a context manager).
 
         Through the hub when there is one, so a client waiting for a queued run holds no
         Redis connection of its own (a blocked XREAD each would cap a gevent web process
-        at the Redis connection count, not at its sockets).
+        at the Redis connection count, not at its sockets). It stays attached across the
+        heartbeats: attaching and detaching each one woke the hub twice per idle client
+        and heartbeat, each wake a new XREAD over every followed stream, so 5,000 idle
+        thread streams cost the web 74 % of a core (`python -m bench.growth --part rss`).
         """
-        if self._hub is None:
-            return bool(self._client.xread({key: after}, count=1, block=self._heartbeat_ms))
-        sub = self._hub.attach(key, after)
-        try:
-            sub.take(self._heartbeat_s)  # entries, or None when detached: either way, re-read
-            return True
-        except queue.Empty:
-            return False
-        finally:
-            self._hub.detach(sub)
+        return EntryWait(self, key, after)
 
     def _follow(
         self,
@@ -567,3 +571,43 @@ class StreamSubscriber:
         except UndecodableEntry:
             return None  # its dictionary expired with it a moment ago
         return Event(eid, name, data)
+
+
+class EntryWait:
+    """`StreamSubscriber.entry_wait`: waits for a stream's entries after a cursor."""
+
+    def __init__(self, subscriber: StreamSubscriber, key: str, after: str) -> None:
+        self._subscriber = subscriber
+        self._key = key
+        self._after = after
+        self._hub = subscriber._hub
+        self._sub = self._hub.attach(key, after) if self._hub is not None else None
+
+    def wait(self) -> bool:
+        """Wait up to one heartbeat interval; True if entries came (or may have: after a
+        detach, the caller re-reads; the next wait attaches again)."""
+        s = self._subscriber
+        if self._hub is None:
+            return bool(s._client.xread({self._key: self._after}, count=1, block=s._heartbeat_ms))
+        if self._sub is None:
+            self._sub = self._hub.attach(self._key, self._after)
+        try:
+            got = self._sub.take(s._heartbeat_s)
+        except queue.Empty:
+            return False
+        if got is None:  # detached: attach again next time
+            self._hub.detach(self._sub)
+            self._sub = None
+        return True
+
+    def close(self) -> None:
+        """Stop waiting (idempotent)."""
+        if self._sub is not None and self._hub is not None:
+            self._hub.detach(self._sub)
+        self._sub = None
+
+    def __enter__(self) -> EntryWait:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -32,6 +32,7 @@ the run in progress when it joined without a cursor).
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 import uuid
 from collections.abc import Collection, Generator
@@ -268,11 +269,12 @@ class ThreadFollower:
     def _await_admission(self, key: str, mark: str) -> Generator[list[StreamItem], None, None]:
         """Heartbeats until a run is admitted after `mark`, or `poll_s` passed."""
         waited = 0.0
-        while not self._subscriber.wait_for_entries(key, mark):
-            yield [Heartbeat()]
-            waited += self._heartbeat_s
-            if waited >= self._poll_s:
-                return
+        with self._subscriber.entry_wait(key, mark) as waiting:
+            while not waiting.wait():
+                yield [Heartbeat()]
+                waited += self._heartbeat_s
+                if waited >= self._poll_s:
+                    return
 
     # --- one run ------------------------------------------------------------------------------
     def _relay(
@@ -322,20 +324,22 @@ class ThreadFollower:
         """Wait for the run's stream to exist; True when the run ended without one (its
         `run_done`, and a gap before it if it had events the client needed, were sent)."""
         key = self._keys.stream(ref.run_id)
-        while not self._client.exists(key):
-            # Followers waiting for one pending run share the answer for a heartbeat.
-            if self._subscriber.liveness.ask("terminal", key, lambda: self._terminal(ref.run_id)):
-                now = self._runs.run_ref(thread_id, ref.run_id)
-                if self._client.exists(key):
-                    return False  # published its last events meanwhile
-                out: list[StreamItem] = []
-                if strict and (now is None or now.started):
-                    out.append(Gap(ref.run_id, None, None, None))  # its events are gone
-                out.append(_run_done(ref.run_id, now.status if now else None))
-                yield out
-                return True
-            if not self._subscriber.wait_for_entries(key):
-                yield [Heartbeat()]
+        with self._subscriber.entry_wait(key) as waiting:
+            while not self._client.exists(key):
+                # Followers waiting for one pending run share the answer for a heartbeat.
+                ended = functools.partial(self._terminal, ref.run_id)
+                if self._subscriber.liveness.ask("terminal", key, ended):
+                    now = self._runs.run_ref(thread_id, ref.run_id)
+                    if self._client.exists(key):
+                        return False  # published its last events meanwhile
+                    out: list[StreamItem] = []
+                    if strict and (now is None or now.started):
+                        out.append(Gap(ref.run_id, None, None, None))  # its events are gone
+                    out.append(_run_done(ref.run_id, now.status if now else None))
+                    yield out
+                    return True
+                if not waiting.wait():
+                    yield [Heartbeat()]
         return False
 
     def _terminal(self, run_id: str) -> bool:

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import redis
@@ -622,3 +623,34 @@ def test_b4_b5_a_position_is_a_cursor_exactly(
         assert cursor is not None, n
         first = next(iter(sub.subscribe(run, cursor, is_terminal=lambda: False)))
         assert isinstance(first, Event) and (first.id, first.n) == (ids[n - 1], n)
+
+
+def test_b4_a_wait_for_a_stream_stays_attached_across_heartbeats(
+    settings: Settings, rclient: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B4: a client waiting for a run that has not started (or a thread with no run) waits
+    one heartbeat at a time on ONE hub subscription: before, each heartbeat attached and
+    detached again, two hub wakes and a new XREAD over every followed stream per idle
+    client, and 5,000 idle thread streams took 74 % of a web process's core. The first
+    entry still ends the wait; closing it leaves the hub following nothing."""
+    hub = SubscriptionHub(rclient, block_ms=200)
+    b = make_bridge(settings, rclient, hub)
+    attaches = 0
+    attach = hub.attach
+
+    def counted(key: str, cursor: str) -> Any:
+        nonlocal attaches
+        attaches += 1
+        return attach(key, cursor)
+
+    monkeypatch.setattr(hub, "attach", counted)
+    run = str(uuid.uuid4())
+    try:
+        with b.subscriber().entry_wait(b.keys.stream(run)) as waiting:
+            assert [waiting.wait() for _ in range(3)] == [False, False, False]
+            assert attaches == 1 and hub.followed == 1
+            b.publish(run, b.lease(run, 1), [ev(0)])
+            assert waiting.wait()
+        assert attaches == 1 and hub.followed == 0
+    finally:
+        hub.close()
