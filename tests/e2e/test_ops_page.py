@@ -26,7 +26,7 @@ import redis
 from shared.db import make_pool
 from shared.redis_keys import Keys
 from shared.runs.store import RunStore
-from shared.tools.testing import Cluster, wait_for
+from shared.tools.testing import Cluster
 from tests.e2e.conftest import ALICE, API_KEYS, FAST_LEASES, ClusterFactory
 from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, OUTPUT
 from tests.e2e.test_ops import OPS, client, new_run, wait_status
@@ -336,18 +336,18 @@ def test_cli_accepts_a_unique_run_id_prefix_and_refuses_an_ambiguous_one(
     assert main(["runs", "requeue", rid[:8], *base]) == 1  # resolved, then refused: it ended
     assert f"requeue {rid}: not_inflight" in capsys.readouterr().out
 
-    # Runs until two ids share their first hex digit (at most 17: pigeonhole).
+    # Runs until two of them share their first hex digit (at most 17: pigeonhole).
+    firsts: dict[str, list[str]] = {rid[0]: [rid]}
+    while all(len(v) < 2 for v in firsts.values()):
+        made = str(new_run(cluster, tokens=1)["run_id"])
+        wait_status(store, made)
+        firsts.setdefault(made[0], []).append(made)
+    digit = next(d for d, v in firsts.items() if len(v) >= 2)
     with client(cluster) as ops:
-
-        def shared_digit() -> tuple[str, list[str]] | None:
-            for digit in "0123456789abcdef":
-                found = ops.get("/ops/api/runs", params={"prefix": digit}).json()["runs"]
-                if len(found) >= 2:
-                    return digit, [r["run_id"] for r in found]
-            new_run(cluster, tokens=1)
-            return None
-
-        digit, ids = wait_for(shared_digit, 60, what="two run ids with one first digit")
+        ids = [
+            r["run_id"] for r in ops.get("/ops/api/runs", params={"prefix": digit}).json()["runs"]
+        ]
+        assert set(firsts[digit]) <= set(ids)
         assert ops.get("/ops/api/runs", params={"prefix": "xyz"}).json()["field"] == "prefix"
         assert (
             ops.get("/ops/api/runs", params={"prefix": rid.upper()}).json()["runs"][0]["run_id"]
