@@ -22,7 +22,7 @@ behind no fresh foreground run. A run still queued keeps its place and its class
 is dispatched again (the reaper re-sends a pending run every `dispatch_stale_s`).
 
 A worker keeps slots for the foreground: background runs hold at most
-`worker_background_share` of its slots (workers/fairness.py `BackgroundShare`), so a burst
+`worker_background_share` of its slots (workers/background_share.py), so a burst
 of firings never fills a worker that a caller's run then waits for. Cron firings yield to
 callers' runs; they are not starved by each other, and get every slot the foreground
 leaves, up to that share.

@@ -3,7 +3,7 @@
 A dispatch puts the run id in one Redis sorted set, scored by its priority
 (shared/runs/priority.py) and then the time it was queued, and sends a Celery message that
 names no run (`NEXT`). A worker slot that starts such a message takes the best waiting
-run at that moment (ZPOPMIN). The messages are interchangeable, so neither the queue's
+run at that moment (run_queue_pop.lua). The messages are interchangeable, so neither the queue's
 FIFO nor the messages a worker has prefetched decide which run goes first.
 
 Why not Celery's own priorities: kombu's Redis transport keeps a list per priority, but a

@@ -155,8 +155,8 @@ class Dispatcher:
         self._send(RUN_TASK, NEXT, RUNS_QUEUE)
 
     def send_next(self) -> None:
-        """Send one more message that names no run (a worker's owed one, workers/fairness.py
-        `BackgroundShare`); a failed send is left to the reaper (R4)."""
+        """Send one more message that names no run (a worker's owed one,
+        workers/background_share.py); a failed send is left to the reaper (R4)."""
         try:
             self._send(RUN_TASK, NEXT, RUNS_QUEUE)
         except Exception:  # noqa: BLE001 - any broker failure: the reaper re-dispatches
