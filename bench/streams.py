@@ -22,7 +22,7 @@ id has 1 ms resolution, so every figure carries up to 1 ms of truncation).
    the same size to one XREAD reader.
 3. Connections: 100 streaming WebSocket clients (each `run.join`s one of 5 long runs), then
    `--idle` idle connections, half WebSocket (handshake only) and half SSE (joined to a run
-   that waits 60 s per token, so it only gets heartbeats), opened 100 at a time from one
+   at the model's slowest pace, a token every 2 s, and heartbeats), opened 100 at a time from one
    asyncio loop with a 3 s handshake timeout. Reports how many connected and the errors,
    the streaming clients' token latency before, while and after the idle ones open (the
    first SETTLE_S after, while the opening burst's backlog drains, then a window), the web
@@ -58,6 +58,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from bench.chaos import bench_cluster, log, run_body, table
 from bench.internals import _raise_interrupt, percentile, signals_ignored
+from shared.agent.model import MAX_TOKEN_DELAY_MS
 from shared.settings import Settings
 from shared.tools.testing import Cluster, Proc, Sandbox, iter_sse, open_stream
 
@@ -66,7 +67,10 @@ BLOCKER_TOKENS = 100  # x 10 ms: the measured run waits ~1 s behind it
 TPUT_TOKENS = 20000
 STREAMING_SOCKETS, STREAMING_RUNS = 100, 5
 OPEN_CONCURRENCY, OPEN_TIMEOUT_S, OPEN_DEADLINE_S = 100, 3.0, 45.0
-IDLE_RUN_TOKENS, IDLE_RUN_DELAY_MS = 10, 60_000.0  # the idle SSE clients' run: one token a minute
+# The idle SSE clients' run: the model's slowest pace (one token every 2 s; a minute, as
+# before, is over its limit and failed the run at once), for longer than the bench lasts.
+IDLE_RUN_DELAY_MS = MAX_TOKEN_DELAY_MS
+IDLE_RUN_TOKENS = 900  # 30 min; cancelled at the end
 MODELS = ("gevent", "gthread")
 WINDOW_S = 4.0  # latency window before / while the idle sockets are open
 SETTLE_S = 4.0  # after the idle ones opened: the backlog of the opening burst drains first
