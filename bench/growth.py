@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -60,8 +60,8 @@ import psycopg
 import redis
 
 from bench.chaos import INSERT_THREADS_SQL, bench_cluster, log, table
-from bench.internals import percentile, signals_ignored
-from bench.scale import tree_cpu_s
+from bench.internals import percentile
+from bench.scale import sandboxed, tree_cpu_s
 from bench.system_cpu import (
     CLK_TCK,
     BackendCpu,
@@ -71,7 +71,7 @@ from bench.system_cpu import (
     run_bench,
 )
 from shared.settings import Settings
-from shared.tools.testing import Cluster, Sandbox
+from shared.tools.testing import Cluster
 
 T = TypeVar("T")
 POINTS = (1, 10, 50, 100, 250, 500)
@@ -345,17 +345,6 @@ def memory_table(items: Sequence[Memory]) -> str:
 
 
 # --- the cluster ---------------------------------------------------------------------------------
-@contextlib.contextmanager
-def sandboxed(base: Settings) -> Iterator[tuple[Sandbox, Settings]]:
-    sandbox = Sandbox(base, "growth")
-    try:
-        yield sandbox, sandbox.create()
-    finally:
-        with signals_ignored():
-            deleted = sandbox.destroy()
-            log(f"growth: dropped {sandbox.db_name}, deleted {deleted} keys under {sandbox.prefix}")
-
-
 @dataclass
 class Procs:
     """The running cluster: its web URL and the pids of the web and worker trees."""
@@ -378,7 +367,7 @@ def on_cluster(
     printed if it fails; the cluster is stopped and the sandbox dropped either way."""
     base = Settings()
     workdir = Path(tempfile.mkdtemp(prefix=f"threadrun-growth-{name}-"))
-    with sandboxed(base) as (sandbox, settings):
+    with sandboxed(base, "growth") as (sandbox, settings):
         log(f"growth {name}: database {sandbox.db_name}, prefix {sandbox.prefix}, logs {workdir}")
         cluster = bench_cluster(settings, workdir)
         cluster.env.update(env or {})

@@ -329,14 +329,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 @contextlib.contextmanager
-def sandboxed(base: Settings) -> Iterator[tuple[Sandbox, Settings]]:
-    sandbox = Sandbox(base, "scale")
+def sandboxed(base: Settings, kind: str = "scale") -> Iterator[tuple[Sandbox, Settings]]:
+    """A private sandbox named by `kind` (`threadrun_<kind>_<hex>`), dropped at the end."""
+    sandbox = Sandbox(base, kind)
     try:
         yield sandbox, sandbox.create()
     finally:
         with signals_ignored():
             deleted = sandbox.destroy()
-            log(f"scale: dropped {sandbox.db_name}, deleted {deleted} keys under {sandbox.prefix}")
+            log(f"{kind}: dropped {sandbox.db_name}, deleted {deleted} keys under {sandbox.prefix}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

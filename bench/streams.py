@@ -58,6 +58,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from bench.chaos import bench_cluster, log, run_body, table
 from bench.internals import _raise_interrupt, percentile, signals_ignored
+from bench.system_cpu import logged_and_stopped
 from shared.agent.model import MAX_TOKEN_DELAY_MS
 from shared.settings import Settings
 from shared.tools.testing import Cluster, Proc, Sandbox, iter_sse, open_stream
@@ -667,7 +668,7 @@ def measure_model(
 ) -> ModelResult:
     """Start a cluster with this server model, measure, stop it."""
     cluster = bench_cluster(settings, workdir)
-    try:
+    with logged_and_stopped(cluster, (BaseException,)):
         log(f"streams: {model}: starting web and worker (logs {workdir})")
         web = start_model(cluster, model, args.threads)
         cluster.start_worker("worker1")
@@ -676,13 +677,6 @@ def measure_model(
         tput = measure_throughput(cluster, args.tokens, lat["sse"].sample_bytes or 300)
         conns = measure_connections(cluster, args.idle, web_pid, args.conn_delay_ms)
         return ModelResult(model, args.threads, lat, tput, conns)
-    except BaseException:
-        for p in cluster.procs:
-            log(f"--- {p.name} ---\n{p.tail()}")
-        raise
-    finally:
-        with signals_ignored():
-            cluster.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -328,12 +328,14 @@ def on_cluster(name: str, measure: Callable[[list[str], dict[str, list[int]], Se
 
 
 @contextlib.contextmanager
-def logged_and_stopped(cluster: Cluster) -> Iterator[Cluster]:
-    """The body on `cluster`: the processes' logs are printed if it fails with a bench
-    error; the cluster is stopped either way (signals held off while it stops)."""
+def logged_and_stopped(
+    cluster: Cluster, errors: tuple[type[BaseException], ...] = BENCH_ERRORS
+) -> Iterator[Cluster]:
+    """The body on `cluster`: the processes' logs are printed if it fails with one of
+    `errors`; the cluster is stopped either way (signals held off while it stops)."""
     try:
         yield cluster
-    except BENCH_ERRORS:
+    except errors:
         for p in cluster.procs:
             log(f"--- {p.name} ---\n{p.tail()}")
         raise
