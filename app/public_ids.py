@@ -8,7 +8,8 @@ user wrote (`shared.runs.thread_ids.PublicIds`). Threads, runs and crons are sha
 their public id by their views; what carries storage ids from below is translated here by
 its shape: the state and history answers (checkpoint configs), journal pages, memory
 facts, the SSE streams event by event (only the events that hold an id, and only when a
-storage id occurs in them: the others are relayed byte for byte), error messages and
+storage id occurs in them: the others, and those the worker wrote with the public id
+already, `PublicIds.at_source`, are relayed byte for byte), error messages and
 Location headers; WebSocket frames through the session's `aliases` (`ws_frame`). A thread
 the server named has one id for both, so its requests add no translation.
 

@@ -7,8 +7,11 @@ both: nothing to rewrite) and on one whose id the client chose (its storage id r
 the client's id in the answer). Then the stream relay on its own (no IO): one Redis read's
 SSE chunk of a client-chosen thread (token `messages` events, each naming the thread in its
 metadata, a `values` and a `checkpoints` event) through the translation the web applies
-(`SseTranslator`: only the events that hold an id are parsed), and a chunk with no storage
-id in it (passed through). Prints p50 / p95 in milliseconds.
+(`SseTranslator`: only the events that hold an id are parsed), as an older worker wrote it
+(the storage id in every event's metadata) and as the worker writes it now (the public id
+written at the source, `PublicIds.at_source`: passed through), and a chunk with no storage
+id in it (a server-made thread: passed through). Also the worker's cost of writing the
+public id into one token event. Prints p50 / p95 in milliseconds.
 
     python -m bench.thread_ids [--runs 20] [--repeat 200] [--tokens 20]
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import uuid
+from typing import Any
 
 from pydantic import SecretStr
 
@@ -89,35 +93,72 @@ def main(argv: list[str] | None = None) -> None:
 HEAD = ["operation", "p50 ms", "p95 ms"]
 
 
-def sse_chunk(storage: str, tokens: int) -> bytes:
-    """One Redis read's SSE chunk of a run on the thread stored under `storage`."""
-    meta = {"thread_id": storage, "run_id": str(uuid.uuid4()), "langgraph_node": "agent"}
-    events: list[tuple[str, object]] = [
-        ("messages", [{"type": "AIMessageChunk", "content": f"tok{n} ", "id": "m1"}, meta])
+def events(storage: str, tokens: int) -> list[tuple[str, Any]]:
+    """One Redis read's events of a run on the thread stored under `storage`, as the graph
+    streams them (the token chunks share one metadata dict, as LangGraph's do)."""
+    meta = {
+        "thread_id": storage,
+        "run_id": str(uuid.uuid4()),
+        "graph_id": "lead_agent",
+        "assistant_id": str(uuid.uuid4()),
+        "langgraph_step": 1,
+        "langgraph_node": "agent",
+        "langgraph_triggers": ["branch:to:agent"],
+        "langgraph_checkpoint_ns": f"agent:{uuid.uuid4()}",
+        "ls_provider": "openai",
+        "ls_model_name": "bench",
+    }
+    out: list[tuple[str, Any]] = [
+        ("messages", ({"type": "AIMessageChunk", "content": f"tok{n} ", "id": "m1"}, meta))
         for n in range(tokens)
     ]
-    events.append(("values", {"messages": [{"type": "human", "content": "hi " * 50}]}))
+    out.append(("values", {"messages": [{"type": "human", "content": "hi " * 50}]}))
     config = {"configurable": {"thread_id": storage, "checkpoint_id": str(uuid.uuid4())}}
-    events.append(("checkpoints", {"config": config, "values": {}, "metadata": meta}))
+    out.append(("checkpoints", {"config": config, "values": {}, "metadata": meta}))
+    return out
+
+
+def sse_chunk(pairs: list[tuple[str, Any]]) -> bytes:
+    """The SSE chunk the web writes for one read of these events."""
     return b"".join(
         f"id: 1-{n}\nevent: {name}\ndata: {serde.dumps_str(data)}\n\n".encode()
-        for n, (name, data) in enumerate(events)
+        for n, (name, data) in enumerate(pairs)
     )
 
 
 def relay_rows(tokens: int, repeat: int) -> list[list[str]]:
-    """The relay's cost per chunk: with a storage id in it, and without."""
+    """The relay's cost per chunk: as an older worker wrote it (storage ids), as the worker
+    writes it now (public ids at the source), and a server-made thread's; then what writing
+    the public id costs the worker per token event."""
     public = str(uuid.uuid4())
     storage = storage_id("bench", public)
     ids = PublicIds({storage: public})
+    source = PublicIds.at_source(storage, public)
+    assert source is not None
+    pairs = events(storage, tokens)
+    old = sse_chunk(pairs)
+    new = sse_chunk([(name, source.event_data(name, data)) for name, data in pairs])
+    assert sse_chunk(pairs) == old  # the graph's objects are not changed
+    assert SseTranslator(ids, run_event_data).feed(old) == new  # the same answer either way
     rows = []
     for what, chunk in (
-        (f"client-chosen id ({tokens} tokens)", sse_chunk(storage, tokens)),
-        (f"no storage id ({tokens} tokens)", sse_chunk(str(uuid.uuid4()), tokens)),
+        (f"client-chosen id, older worker ({tokens} tokens)", old),
+        (f"client-chosen id, written at the source ({tokens} tokens)", new),
+        (f"no storage id ({tokens} tokens)", sse_chunk(events(str(uuid.uuid4()), tokens))),
     ):
         sse = SseTranslator(ids, run_event_data)
         p50, p95 = _timed(lambda c=chunk, t=sse: t.feed(c), repeat)
         rows.append([f"SSE chunk relay, {what}", f"{p50:.4f}", f"{p95:.4f}"])
+    token = events(storage, 1)[0]
+    for what, write in (
+        ("worker: serialize a token event", lambda: serde.dumps(token[1])),
+        (
+            "worker: public id + serialize a token event",
+            lambda: serde.dumps(source.event_data(*token)),
+        ),
+    ):
+        p50, p95 = _timed(write, repeat)
+        rows.append([what, f"{p50:.4f}", f"{p95:.4f}"])
     return rows
 
 

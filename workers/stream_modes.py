@@ -11,21 +11,32 @@ through unchanged. Which LangGraph mode feeds each requested one is the table of
 The `events` mode is LangChain's `astream_events` (v2): the run is driven through it, every
 callback event is sent as an `events` event, and the graph's own stream (the root run's
 `on_chain_stream` events) still feeds the other modes, so one execution serves them all.
+
+Thread ids (A4): with `ids` set (workers/public_ids.py, a client-chosen thread) every
+event is written with the thread's public id at the positions that hold a thread id (the
+metadata of each token chunk above all), so the web relays it without parsing it; until it
+is set, or for a thread it is never set for, the events name the storage id and the web
+translates them as it always did (shared/runs/thread_ids.py, `PublicIds.at_source`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import BaseMessage, BaseMessageChunk, message_chunk_to_message
 
+from shared.runs.thread_ids import PublicIds
 from shared.vocab import graph_modes
 
 __all__ = ["EVENTS_MODE", "HIDDEN_TAG", "StreamTranslator", "graph_modes"]
 
 EVENTS_MODE = "events"
+THREAD_MODES = frozenset({"messages", "messages-tuple", "checkpoints", "debug", EVENTS_MODE})
+"""The stream modes whose events hold the thread id (shared/runs/thread_ids.py `ID_EVENTS`;
+the `metadata` event is the worker's own and names no thread)."""
 HIDDEN_TAG = "langsmith:hidden"
 """Callback events of runs tagged so are internal (LangChain's convention): never sent."""
 
@@ -39,6 +50,15 @@ class StreamTranslator:
         self._tuples = "messages-tuple" in requested
         self._messages = "messages" in requested
         self._seen: dict[str, BaseMessage] = {}
+        self.ids: PublicIds | None = None
+        """The thread's public id to write at the id positions (None: leave the storage id)."""
+        self.lookup: asyncio.Future[None] | None = None  # the lookup that sets `ids`, if any
+
+    @property
+    def names_threads(self) -> bool:
+        """Whether events of the requested modes name the run's thread (token chunks'
+        metadata, checkpoint configs, callback events): worth writing its public id into."""
+        return not self._requested.isdisjoint(THREAD_MODES)
 
     @property
     def wants_events(self) -> bool:
@@ -51,10 +71,21 @@ class StreamTranslator:
             return self.events(event["data"]["chunk"])  # the graph's own stream item
         if HIDDEN_TAG in (event.get("tags") or ()):
             return []
-        return [(EVENTS_MODE, event)]
+        return self._written([(EVENTS_MODE, event)])
 
     def events(self, item: Any) -> list[tuple[str, Any]]:
         """The events for one item of `graph.astream(..., stream_mode=[...])`."""
+        return self._written(self._events(item))
+
+    def _written(self, out: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """The events with the public id at their id positions (copies: the graph's
+        objects are never changed), when there is one to write."""
+        ids = self.ids
+        if ids is None or not out:
+            return out
+        return [(name, ids.event_data(name, data)) for name, data in out]
+
+    def _events(self, item: Any) -> list[tuple[str, Any]]:
         if self._subgraphs:
             ns, mode, chunk = item
             suffix = "|" + "|".join(ns) if ns else ""

@@ -17,6 +17,10 @@ checkpoint's or a stream chunk's metadata. Nothing else is looked at: what a use
 (metadata, values, input, messages, a run's config apart from its thread id) comes back
 as it went in, whatever ids it holds, and every id is looked up once, so one thread's
 public id equal to another's storage id is never translated twice.
+
+The worker writes the public id at the same positions of the stream events it publishes
+(`PublicIds.at_source`, workers/public_ids.py), so the web relays them as they are; what it
+did not write (an older worker's events) still holds the storage id and is translated here.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ _UUID_TEXT = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 )
 
-Shape = Callable[["PublicIds", Any], None]
+Shape = Callable[["PublicIds", Any], object]
 """Writes public ids at one JSON shape's id positions, in place."""
 
 
@@ -62,16 +66,39 @@ class PublicIds:
     """One caller's storage id -> public id map, written at thread-id positions only.
 
     `aliases` is read live (a WebSocket session's map grows as its frames name threads).
-    Each method takes freshly decoded JSON and changes it in place; values of any other
-    type or shape are left alone, so a malformed body is relayed as it came.
+    Each method takes freshly decoded JSON and changes it in place (and returns it); values
+    of any other type or shape are left alone, so a malformed body is relayed as it came.
+    `copy=True` (the worker's, `at_source`): nothing is changed in place, every object on
+    the way to a translated position is copied and the copy returned (the graph's own
+    objects, a config LangGraph still writes checkpoints with, stay as they are).
     """
 
-    __slots__ = ("_known", "_storage", "aliases")
+    __slots__ = ("_copy", "_known", "_storage", "aliases")
 
-    def __init__(self, aliases: Mapping[str, str]) -> None:
+    def __init__(self, aliases: Mapping[str, str], *, copy: bool = False) -> None:
         self.aliases = aliases
+        self._copy = copy
         self._known = -1
         self._storage: list[tuple[str, bytes]] = []
+
+    @classmethod
+    def at_source(cls, storage: str, public: str | None) -> PublicIds | None:
+        """The worker's writer of one thread's public id into the events it publishes, or
+        None when it must leave them to the web.
+
+        Why it is safe: every storage id a web reader translates is a client-chosen
+        thread's (`storage_id`: a version 5 UUID), and every reader of this thread's
+        stream has resolved it (its map holds `storage` -> `public`). An event written with
+        `public` therefore holds no storage id at its id positions, goes out as it is
+        (`occurs_in`: no parse), and if a storage id occurs elsewhere in it the web's
+        translation gives it back unchanged, as `public` is nobody's storage id, unless it
+        is a version 5 UUID itself (then it may be another thread's storage id: X2 = X1's
+        storage id, tests/unit/test_public_ids_typed.py), which stays the web's to
+        translate. An event the worker did not write (an older worker's, a shape this
+        misses) still holds `storage`, and is translated as before."""
+        if not public or public == storage or storage_shaped(public):
+            return None
+        return cls({storage: public}, copy=True)
 
     def __bool__(self) -> bool:
         return bool(self._storages())
@@ -99,61 +126,95 @@ class PublicIds:
             return value
         return _UUID_TEXT.sub(lambda m: self.aliases.get(m[0], m[0]), value)
 
+    def _put(self, obj: dict[str, Any], key: Any, value: Any) -> dict[str, Any]:
+        """`obj` with `key` set to `value`: in place, or a copy (`copy=True`)."""
+        if self._copy:
+            return {**obj, key: value}
+        obj[key] = value
+        return obj
+
+    def _at(self, obj: dict[str, Any], key: str, shape: Callable[[Any], Any]) -> dict[str, Any]:
+        """`obj` with `shape` applied to its `key` (if it has one)."""
+        if key not in obj:
+            return obj
+        value = obj[key]
+        new = shape(value)
+        return obj if new is value else self._put(obj, key, new)
+
     # -- the typed shapes ----------------------------------------------------------------------
-    def owned(self, obj: Any, key: str = "thread_id") -> None:
+    def owned(self, obj: Any, key: str = "thread_id") -> Any:
         """A record that names its thread (thread, run, cron, journal event, checkpoint)."""
         if isinstance(obj, dict) and key in obj:
-            obj[key] = self.public(obj[key])
+            value = self.public(obj[key])
+            if value is not obj[key]:
+                return self._put(obj, key, value)
+        return obj
 
-    def config(self, obj: Any) -> None:
+    def config(self, obj: Any) -> Any:
         """A RunnableConfig: its `configurable.thread_id`."""
-        if isinstance(obj, dict):
-            self.owned(obj.get("configurable"))
+        return self._at(obj, "configurable", self.owned) if isinstance(obj, dict) else obj
 
-    def run(self, obj: Any) -> None:
+    def run(self, obj: Any) -> Any:
         """A run: its thread and the thread id of its config."""
-        self.owned(obj)
+        obj = self.owned(obj)
         kwargs = obj.get("kwargs") if isinstance(obj, dict) else None
         if isinstance(kwargs, dict):
-            self.config(kwargs.get("config"))
+            obj = self._at(obj, "kwargs", lambda kw: self._at(kw, "config", self.config))
+        return obj
 
-    def snapshot(self, obj: Any) -> None:
+    def snapshot(self, obj: Any) -> Any:
         """A state snapshot (state, history, a `checkpoints` event): its configs, its
         checkpoints, the thread id LangGraph puts in its metadata, its tasks' subgraph states."""
         if not isinstance(obj, dict):
-            return
-        self.config(obj.get("config"))
-        self.config(obj.get("parent_config"))
-        self.owned(obj.get("checkpoint"))
-        self.owned(obj.get("parent_checkpoint"))
-        self.owned(obj.get("metadata"))
+            return obj
+        obj = self._at(obj, "config", self.config)
+        obj = self._at(obj, "parent_config", self.config)
+        obj = self._at(obj, "checkpoint", self.owned)
+        obj = self._at(obj, "parent_checkpoint", self.owned)
+        obj = self._at(obj, "metadata", self.owned)
         tasks = obj.get("tasks")
-        for task in tasks if isinstance(tasks, list) else ():
-            state = task.get("state") if isinstance(task, dict) else None
-            if isinstance(state, dict) and "configurable" in state:
-                self.config(state)
-            else:
-                self.snapshot(state)
+        if isinstance(tasks, list):
+            new = [self._task(task) for task in tasks]
+            if any(a is not b for a, b in zip(new, tasks, strict=True)):
+                obj = self._put(obj, "tasks", new)
+        return obj
 
-    def event_data(self, name: str, data: Any) -> None:
+    def _task(self, task: Any) -> Any:
+        if not isinstance(task, dict) or "state" not in task:
+            return task
+        state = task["state"]
+        if isinstance(state, dict) and "configurable" in state:
+            return self._at(task, "state", self.config)
+        return self._at(task, "state", self.snapshot)
+
+    def event_data(self, name: str, data: Any) -> Any:
         """A stream event's data, by the event's name (`|namespace` suffix allowed)."""
         mode = name.split("|", 1)[0]
         if mode == "metadata":
-            self.owned(data)
-        elif mode == "checkpoints":
-            self.snapshot(data)
-        elif mode == "debug":
+            return self.owned(data)
+        if mode == "checkpoints":
+            return self.snapshot(data)
+        if mode == "debug":
             if isinstance(data, dict) and data.get("type") == "checkpoint":
-                self.snapshot(data.get("payload"))
+                return self._at(data, "payload", self.snapshot)
         elif mode == "messages":  # [chunk, metadata]: LangGraph's metadata of the chunk
-            if isinstance(data, list) and len(data) == 2:
-                self.owned(data[1])
+            # (the worker's is the tuple LangGraph streams; JSON has only lists)
+            if isinstance(data, list | tuple) and len(data) == 2:
+                meta = self.owned(data[1])
+                if meta is not data[1]:
+                    if self._copy or isinstance(data, tuple):
+                        return [data[0], meta]
+                    data[1] = meta
         elif mode == "messages/metadata":  # {message id: {"metadata": ...}}
-            for entry in data.values() if isinstance(data, dict) else ():
-                if isinstance(entry, dict):
-                    self.owned(entry.get("metadata"))
+            if isinstance(data, dict):
+                for key, entry in list(data.items()):
+                    if isinstance(entry, dict):
+                        new = self._at(entry, "metadata", self.owned)
+                        if new is not entry:
+                            data = self._put(data, key, new)
         elif mode == "events" and isinstance(data, dict):  # astream_events' metadata
-            self.owned(data.get("metadata"))
+            return self._at(data, "metadata", self.owned)
+        return data
 
     def event_text(self, name: str, data: str) -> str:
         """An event's encoded data with its ids translated; the same string when the
@@ -170,8 +231,7 @@ class PublicIds:
             obj = serde.loads(data)
         except ValueError:
             return data
-        self.event_data(name, obj)
-        return serde.dumps(obj)
+        return serde.dumps(self.event_data(name, obj))
 
     def protocol(self, message: Any) -> None:
         """A thread streaming protocol message (event, error, command answer)."""
@@ -214,6 +274,15 @@ class PublicIds:
         else:
             self.owned(frame)
         return serde.dumps_str(frame)
+
+
+def storage_shaped(value: str) -> bool:
+    """Whether `value` could be a client-chosen thread's storage id: a version 5 UUID
+    (`storage_id`), in any spelling; server-made ids are version 4."""
+    try:
+        return uuid.UUID(value).version == 5
+    except ValueError:
+        return False
 
 
 def each(shape: Shape) -> Shape:
