@@ -93,6 +93,7 @@ class Services:
             registry.reader("threads.read"),  # a factory sees the access context of a read
             mode=settings.checkpoint_mode,
             values_max_bytes=settings.thread_values_max_bytes,
+            snapshot_every=settings.checkpoint_snapshot_every,
         )
         manager = RunManager(
             store,

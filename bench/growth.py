@@ -14,9 +14,15 @@ keys at the end, also on a failure or Ctrl-C.
    (bench.system_cpu's counters, sampled at the turn's end), so each turn has its latency
    (request to the stream's end) and its CPU ms. Printed at turns 1, 10, 50, 100, 250, 500
    (those within `--turns`), each the mean of a `--window`-turn window around it, with the
-   ratio last/first. `--no-summary` turns the summary middleware off (C1: the history then
+   ratio last/first; and the rows PostgreSQL read per turn from each checkpoint table and
+   `runs` (pg_stat_user_tables `seq_tup_read + idx_tup_fetch`) over two `--rows-window`-turn
+   windows, turns 11-30 and the last ones (read `STATS_FLUSH_S` after the window's edges, so
+   the backends have flushed their counters; that wait is not in any turn's figures).
+   `--no-summary` turns the summary middleware off (C1: the history then
    grows without bound); `--analyze-every N` runs ANALYZE every N turns, as autovacuum
-   would (a server without it plans on the statistics of empty tables).
+   would (a server without it plans on the statistics of empty tables); `--analyze-interval S`
+   sets the runs worker's own statistics upkeep (`THREADRUN_ANALYZE_INTERVAL_S`, 0: off;
+   shared/db/statistics.py).
 2. runs: a fixed batch (`--batch` runs at C=`--concurrency`, one thread each) measured
    `--passes` times with 0, then 50,000, then 200,000 finished runs in the database
    (`--sizes`), seeded with INSERT ... SELECT generate_series (10 runs per thread, the
@@ -86,6 +92,11 @@ OPEN_CONCURRENCY = 200
 HEAD_TIMEOUT_S = 30.0
 SETTLE_S = 5.0
 WORKER_START_S = 180.0
+STATS_FLUSH_S = 11.0
+"""A backend flushes its table counters at most every 10 s while idle (PostgreSQL 15+)."""
+ROWS_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "runs")
+ROWS_FIRST = 11
+"""The first rows window starts here (the first turns warm the plans and caches)."""
 
 
 # --- pure helpers (tests/unit/test_bench_growth.py) ----------------------------------------------
@@ -116,6 +127,25 @@ def window_mean(values: Sequence[float], point: int, width: int) -> float:
 def deltas(cumulative: Sequence[float]) -> list[float]:
     """Per-step increments of a cumulative counter (n+1 readings -> n steps)."""
     return [b - a for a, b in zip(cumulative, cumulative[1:], strict=False)]
+
+
+def rows_windows(turns: int, width: int, first: int = ROWS_FIRST) -> list[range]:
+    """The 1-based turns whose table reads are counted: `width` turns from `first`, and the
+    last `width` turns when they do not overlap it (a short run: one window, or none)."""
+    if width < 1 or turns < first + width - 1:
+        return []
+    out = [range(first, first + width)]
+    last = range(turns - width + 1, turns + 1)
+    if last.start > out[0].stop - 1:
+        out.append(last)
+    return out
+
+
+def rows_per_turn(
+    before: Mapping[str, int], after: Mapping[str, int], turns: int
+) -> dict[str, float]:
+    """Rows read per turn of each table between two readings of its counter."""
+    return {t: (after.get(t, 0) - before.get(t, 0)) / turns for t in after}
 
 
 def ratio(value: float | None, base: float | None) -> float | None:
@@ -180,6 +210,8 @@ class TurnCurve:
     checkpoints: int | None = None
     checkpoint_bytes: int | None = None
     """The thread's checkpoint rows and their bytes (checkpoints + checkpoint_blobs)."""
+    rows: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Rows read per turn, by window ("11-30") then table (`ROWS_TABLES`)."""
 
     @property
     def failed(self) -> int:
@@ -227,6 +259,16 @@ def curve_rows(curve: TurnCurve, width: int) -> list[list[str]]:
         ]
     )
     return rows
+
+
+def rows_table(curves: Sequence[TurnCurve]) -> str:
+    """Rows read per turn: one row per table, one column per (mode, window)."""
+    cols = [(c.mode, w) for c in curves for w in c.rows]
+    if not cols:
+        return ""
+    by_mode = {c.mode: c for c in curves}
+    rows = [[t, *(f"{by_mode[m].rows[w].get(t, 0.0):,.0f}" for m, w in cols)] for t in ROWS_TABLES]
+    return table(("rows per turn", *(f"{m}, turns {w}" for m, w in cols)), rows)
 
 
 def turns_table(curves: Sequence[TurnCurve], width: int) -> str:
@@ -419,19 +461,30 @@ def measure_turns(p: Procs, mode: str, args: argparse.Namespace) -> TurnCurve:
                 pg._sample()  # at the turn's end, not only on the 0.2 s timer
                 return tree_cpu_s([p.web]), tree_cpu_s([p.worker]), pg.seconds({})
 
+            windows = rows_windows(args.turns, args.rows_window)
+            counted: dict[str, dict[str, float]] = {}
+            opened: dict[str, int] = {}
             before = reading()
             for i in range(args.turns):
                 if args.analyze_every and i and i % args.analyze_every == 0:
                     analyze(p.settings.dsn)
                     before = reading()  # the ANALYZE's backend CPU is not the turn's
+                if any(w.start == i + 1 for w in windows):
+                    opened = table_reads(p.settings.dsn)
+                    before = reading()  # the wait is not the turn's
                 ms, ok = stream_one(client, tid, turn_body(f"turn {i + 1}", args.tokens, modes))
                 after = reading()
                 web, wk, pgs = (1000 * (b - a) for a, b in zip(before, after, strict=True))
                 turns.append(Turn(ms, web, wk, pgs, ok))
                 before = after
+                for w in windows:
+                    if w.stop - 1 == i + 1:
+                        label = f"{w.start}-{w.stop - 1}"
+                        counted[label] = rows_per_turn(opened, table_reads(p.settings.dsn), len(w))
+                        before = reading()
                 if (i + 1) % 50 == 0:
                     log(f"growth turns {mode}: {i + 1}/{args.turns}, last {ms:.0f} ms")
-        curve = TurnCurve(mode, turns)
+        curve = TurnCurve(mode, turns, rows=counted)
         with contextlib.suppress(httpx.HTTPError, psycopg.Error, KeyError, TypeError):
             values = client.get(f"/threads/{tid}/state").raise_for_status().json()["values"]
             curve.messages = len(values.get("messages") or [])
@@ -446,6 +499,22 @@ def analyze(dsn: str) -> None:
     """ANALYZE the sandbox database (what autovacuum does on a server that runs it)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("ANALYZE")
+
+
+TABLE_READS_SQL = """
+SELECT relname, seq_tup_read + coalesce(idx_tup_fetch, 0) AS n FROM pg_stat_user_tables
+WHERE relname = ANY(%(tables)s)
+"""
+
+
+def table_reads(dsn: str) -> dict[str, int]:
+    """Rows read so far from each of `ROWS_TABLES`, once the backends flushed their counters
+    (`STATS_FLUSH_S` from now)."""
+    time.sleep(STATS_FLUSH_S)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        rows = conn.execute(TABLE_READS_SQL, {"tables": list(ROWS_TABLES)}).fetchall()
+    return {str(name): int(n) for name, n in rows}
 
 
 THREAD_CHECKPOINTS_SQL = """
@@ -827,6 +896,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="ANALYZE the database every this many turns (what autovacuum would do; 0: never, "
         "the tables keep the statistics of empty ones)",
     )
+    p.add_argument(
+        "--analyze-interval",
+        type=float,
+        default=None,
+        help="THREADRUN_ANALYZE_INTERVAL_S of the processes (the reaper's statistics upkeep; "
+        "0: off; default: the setting's default)",
+    )
+    p.add_argument(
+        "--rows-window",
+        type=int,
+        default=20,
+        help="turns of each window whose table reads are counted (turns 11-30 and the last; "
+        "0: none)",
+    )
     p.add_argument("--tokens", type=int, default=5, help="built-in model tokens per reply")
     p.add_argument("--stream-mode", default="messages-tuple", help="stream modes, comma-separated")
     p.add_argument("--sizes", default="0,50000,200000", help="finished runs in the database")
@@ -866,15 +949,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 env = {"THREADRUN_CHECKPOINT_MODE": mode}
                 if args.no_summary:
                     env["THREADRUN_SUMMARY_ENABLED"] = "false"
+                if args.analyze_interval is not None:
+                    env["THREADRUN_ANALYZE_INTERVAL_S"] = str(args.analyze_interval)
                 res.curves.append(
                     on_cluster(f"turns-{mode}", functools.partial(turn_curve, mode=mode), env)
                 )
             print(f"1. per-turn cost, one thread, {args.turns} turns x {args.tokens} tokens "
                   f"({args.stream_mode}), means of {args.window}-turn windows; summary "
                   f"{'off' if args.no_summary else 'on'}; ANALYZE "
-                  f"{f'every {args.analyze_every} turns' if args.analyze_every else 'never'}")  # fmt: skip
+                  f"{f'every {args.analyze_every} turns' if args.analyze_every else 'never'} "
+                  f"by the bench; statistics upkeep every "
+                  f"{args.analyze_interval if args.analyze_interval is not None else Settings().analyze_interval_s:g} s")  # fmt: skip
             print()
             print(turns_table(res.curves, args.window))
+            if any(c.rows for c in res.curves):
+                print()
+                print(rows_table(res.curves))
             for c in res.curves:
                 print(
                     f"{c.mode}: {c.failed} failed turns; after the last turn the thread holds "

@@ -7,6 +7,10 @@ TTL when the leader dies, so there is no single point whose death stops recovery
 A run whose lease expired ends with the cause its last attempt recorded, at once when that
 cause is one no retry gets past (the graph is not served or cannot be loaded), and its
 owner's loss is kept for the ops view (shared/ops/worker_history.py), once per worker.
+
+The leader also keeps the tables' planner statistics where autovacuum did not
+(`StatisticsUpkeep`, shared/db/statistics.py): once per `analyze_interval_s`, in a task of
+its own, so a long ANALYZE never delays recovery.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import psycopg
 from shared import lua, metrics, serde
 from shared.bridge.base import END_EVENT
 from shared.bridge.publisher import PublishCall
+from shared.db.statistics import AnalyzeOutcome, TableStatistics, stale_tables
 from shared.ops.worker_history import LEASES_EXPIRED
 from shared.redis_keys import REAPER_LEAD_TTL_INTERVALS
 from shared.runs.leases import lease_value
@@ -153,13 +158,67 @@ async def fail_run(
     return True
 
 
+async def analyze_stale(rt: WorkerRuntime, stats: TableStatistics) -> dict[str, int]:
+    """One statistics pass: ANALYZE each table that lacks planner statistics (never
+    analyzed, or changed by more than `analyze_threshold` since); counts by outcome."""
+    s = rt.settings
+    tables = stale_tables(await asyncio.to_thread(stats.read), s.analyze_threshold)
+    counts = {outcome.value: 0 for outcome in AnalyzeOutcome}
+    for table in tables:
+        outcome = await asyncio.to_thread(
+            functools.partial(stats.analyze, table, lock_timeout_s=s.reaper_lock_timeout_s)
+        )
+        counts[outcome.value] += 1
+    if tables:
+        log.info("reaper: planner statistics of %s: %s", ", ".join(tables), counts)
+    return counts
+
+
+def upkeep_due(now: float, next_at: float, interval: float, running: bool) -> bool:
+    """Whether a statistics pass starts now: enabled, none running, its time come."""
+    return interval > 0 and not running and now >= next_at
+
+
+class StatisticsUpkeep:
+    """Starts `analyze_stale` on the leader at most once per `analyze_interval_s`, as a task
+    of its own (an ANALYZE of a large table takes seconds; the recovery pass must not wait).
+
+    The leader lock makes the leader the one process of the deployment that does it; after
+    a handover the new leader checks at once, and finds nothing to do when its predecessor
+    just did it (an analyzed table no longer `needs_analyze`)."""
+
+    def __init__(self, rt: WorkerRuntime) -> None:
+        self.rt = rt
+        self.interval = rt.settings.analyze_interval_s
+        self.stats = TableStatistics(rt.store.pool)
+        self.next_at = 0.0
+        self.task: asyncio.Task[None] | None = None
+
+    def poke(self) -> None:
+        """Start a pass if one is due (called by the leader on every reaper pass)."""
+        now = asyncio.get_running_loop().time()
+        running = self.task is not None and not self.task.done()
+        if not upkeep_due(now, self.next_at, self.interval, running):
+            return
+        self.next_at = now + self.interval
+        self.task = asyncio.create_task(self._pass(), name="threadrun-statistics")
+
+    async def _pass(self) -> None:
+        try:
+            await analyze_stale(self.rt, self.stats)
+        except Exception:  # retried next interval; recovery does not depend on it
+            log.exception("reaper: the planner statistics pass failed")
+
+
 async def reaper_loop(rt: WorkerRuntime) -> None:
-    """Forever: if leader, reap; sleep one interval."""
+    """Forever: if leader, reap (and keep the planner statistics); sleep one interval."""
     interval = rt.settings.reaper_interval_s
     ttl_ms = int(interval * REAPER_LEAD_TTL_INTERVALS * 1000)
+    upkeep = StatisticsUpkeep(rt)
     while True:
         try:
             if await _lead(rt, ttl_ms):
+                upkeep.poke()
                 counts = await reap_once(rt)
                 if any(counts.values()):
                     log.info("reaper: %s", counts)

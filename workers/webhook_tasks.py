@@ -54,7 +54,10 @@ def build_service(settings: Settings) -> WebhookService:
     runs = RunStore(pool)
     store = WebhookStore(pool)
     state = CheckpointStateAccessor.for_pool(
-        pool, GraphRegistry.from_config(settings.config), mode=settings.checkpoint_mode
+        pool,
+        GraphRegistry.from_config(settings.config),
+        mode=settings.checkpoint_mode,
+        snapshot_every=settings.checkpoint_snapshot_every,
     )
     configured = settings.webhook_secret
     if configured is not None and configured.get_secret_value():

@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 
 from shared import serde
 from shared.db import DictPool
+from shared.db.statistics import TableStatistics, TableStats
 
 RUNS_BY_STATUS_SQL = "SELECT status, count(*) AS n FROM runs GROUP BY status"
 FENCED_STATUS_SQL = """
@@ -144,6 +145,10 @@ class OpsStore:
 
     def __init__(self, pool: DictPool) -> None:
         self._pool = pool
+
+    def table_stats(self) -> list[TableStats]:
+        """Each table's statistics state (the health strip's `statistics` tile)."""
+        return TableStatistics(self._pool).read()
 
     def runs_by_status(self) -> dict[str, int]:
         """How many runs have each status."""

@@ -50,7 +50,7 @@ from shared import serde
 from shared.db import DictPool
 from shared.errors import CheckpointNotFound, Conflict, NotFound, ValidationFailed
 from shared.state.modes import CheckpointMode
-from shared.state.savers import HeadsSaver, StatePostgresSaver
+from shared.state.savers import DEFAULT_SNAPSHOT_EVERY, HeadsSaver, StatePostgresSaver
 from shared.state.upstream import delta_snapshot
 
 DEFAULT_VALUES_MAX_BYTES = 256 * 1024
@@ -247,9 +247,11 @@ class CheckpointStateAccessor:
         *,
         mode: CheckpointMode,
         values_max_bytes: int = DEFAULT_VALUES_MAX_BYTES,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
     ) -> CheckpointStateAccessor:
         """The web's accessor: sync, over a connection pool."""
-        return cls(StatePostgresSaver(pool, mode=mode), registry, values_max_bytes=values_max_bytes)
+        saver = StatePostgresSaver(pool, mode=mode, snapshot_every=snapshot_every)
+        return cls(saver, registry, values_max_bytes=values_max_bytes)
 
     @property
     def mode(self) -> CheckpointMode:

@@ -65,6 +65,10 @@ from psycopg_pool import ConnectionPool
 from shared.db import apipelined_transaction
 from shared.errors import LeaseLost
 from shared.state import head_copies
+from shared.state.delta_history import (
+    AsyncBoundedDeltaHistory,
+    BoundedDeltaHistory,
+)
 from shared.state.held_writes import HeldWrite, HeldWrites
 from shared.state.modes import METADATA_KEY, CheckpointMode, check_readable
 from shared.state.upstream import saver_connection
@@ -84,6 +88,10 @@ StreamGate = Callable[[], Awaitable[None]]
 HELD_WRITES_KEY = "__threadrun_held_writes"
 """configurable key of the attempt's `HeldWrites`: its pending writes go in the transaction of
 the checkpoint that follows them (shared/state/held_writes.py)."""
+
+DEFAULT_SNAPSHOT_EVERY = 10
+"""`checkpoint_snapshot_every`'s default: the history page size of a saver built without it
+(only the page size depends on it, never what is read)."""
 
 HEAD_KEY = "__threadrun_head"
 """configurable key of a `ReadHead`: the head checkpoint the attempt already read."""
@@ -212,14 +220,21 @@ def _checked(tup: CheckpointTuple | None, mode: CheckpointMode) -> CheckpointTup
     return tup
 
 
-class StatePostgresSaver(PostgresSaver):
-    """The web's sync saver: stamps and checks the checkpoint mode (S4)."""
+class StatePostgresSaver(BoundedDeltaHistory, PostgresSaver):
+    """The web's sync saver: stamps and checks the checkpoint mode (S4); reads a delta
+    channel's history in pages sized by `snapshot_every` (shared/state/delta_history.py)."""
 
     def __init__(
-        self, conn: Any, *, mode: CheckpointMode, serde: SerializerProtocol | None = None
+        self,
+        conn: Any,
+        *,
+        mode: CheckpointMode,
+        serde: SerializerProtocol | None = None,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
     ) -> None:
         super().__init__(conn, serde=serde)
         self.mode = mode
+        self.snapshot_every = snapshot_every
 
     def put(
         self,
@@ -305,7 +320,9 @@ class HeadsSaver(StatePostgresSaver):
     database as usual."""
 
     def __init__(self, base: StatePostgresSaver, heads: Mapping[str, CheckpointTuple]) -> None:
-        super().__init__(base.conn, mode=base.mode, serde=base.serde)
+        super().__init__(
+            base.conn, mode=base.mode, serde=base.serde, snapshot_every=base.snapshot_every
+        )
         self._heads = dict(heads)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -318,12 +335,21 @@ class HeadsSaver(StatePostgresSaver):
         return super().get_tuple(config)
 
 
-class FencedPostgresSaver(AsyncPostgresSaver):
-    """The workers' async saver: mode stamp and check, and writes fenced by the run epoch."""
+class FencedPostgresSaver(AsyncBoundedDeltaHistory, AsyncPostgresSaver):
+    """The workers' async saver: mode stamp and check, writes fenced by the run epoch, and a
+    delta channel's history read in pages sized by `snapshot_every`."""
 
-    def __init__(self, conn: Any, *, mode: CheckpointMode, idle_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        conn: Any,
+        *,
+        mode: CheckpointMode,
+        idle_timeout_s: float = 5.0,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+    ) -> None:
         super().__init__(conn)
         self.mode = mode
+        self.snapshot_every = snapshot_every
         self._idle_timeout = f"{int(idle_timeout_s * 1000)}ms"
 
     @asynccontextmanager

@@ -5,6 +5,11 @@ our fenced saver must do exactly what LangGraph itself does with them. Each is u
 through a function here, and `tests/unit/test_upstream_pins.py` pins the upstream
 behaviour we rely on, so an upgrade that changes it fails one named test instead of
 corrupting a thread's state.
+
+One more family lives beside its single user: the delta-history helpers of LangGraph's
+Postgres saver (`_build_delta_stage1_sql`, `_build_delta_stage2_sql` and three
+`BasePostgresSaver` methods), which shared/state/delta_history.py drives with its own page
+size; tests/integration/test_s4_delta_history.py pins its results to LangGraph's own read.
 """
 
 from __future__ import annotations
