@@ -1,10 +1,11 @@
 """Noisy neighbours: does one user's chat stay fast while 20 others fire crons at slow webhooks?
 
 Run with `.venv/bin/python -m bench.cron_load [--users 20] [--crons 50] [--runs 60]
-[--concurrency 10] [--slow-s 15] [--every-s 10]`. It starts real processes (a web process,
-a runs worker, a webhooks worker and the cron scheduler) on a private database and Redis
-prefix (Sandbox), and a local receiver on 127.0.0.1 (THREADRUN_WEBHOOK_ALLOW), all removed
-at the end.
+[--concurrency 10] [--slow-s 15] [--every-s 10] [--together]`. It starts real processes (a
+web process; a runs worker and a background worker at a lower OS priority, as `make run`
+does, or with `--together` one worker for both queues; a webhooks worker; the cron
+scheduler) on a private database and Redis prefix (Sandbox), and a local receiver on
+127.0.0.1 (THREADRUN_WEBHOOK_ALLOW), all removed at the end.
 
 1. Quiet: user `chat` streams `--runs` runs of the built-in model (`messages-tuple`, 20
    tokens) from `--concurrency` client threads, each with a webhook to the receiver's fast
@@ -13,21 +14,28 @@ at the end.
 2. Loaded: `--users` other users make `--crons` crons each, firing every `--every-s`
    seconds (a six-field schedule; THREADRUN_CRON_MIN_INTERVAL_S is lowered to it), each run
    with a webhook to a path that hangs `--slow-s` before answering. Once the first firings
-   are in, the same chat batch again.
+   are in and `--settle-s` more have passed (two periods: every cron fired, the slow
+   receiver holds deliveries), the same chat batch again, with more runs until it has
+   lasted `--settle-s` too (every cron fires at the same second of its period: a batch
+   shorter than a period may miss the burst).
 
 The table gives p50/p90 of both phases and the loaded/quiet ratio of the p50s (and how
 long the chat's runs waited for a worker slot, `started_at - created_at`); the
 per-user run limits (THREADRUN_MAX_ACTIVE_RUNS_PER_USER) and the webhook fairness gate
 (shared/webhooks/fairness.py) are what should hold the ratio down. Below it, the firings by
-outcome (`fired`, `limited`, ...) and the slow deliveries seen, so the load is on record.
+outcome (`fired`, `limited`, ...), the slow deliveries seen, and the load during the
+loaded batch itself (firings recorded, cron runs started and slow deliveries per second), so
+the load is on record.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import statistics
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -40,6 +48,7 @@ from bench.chaos import table
 from bench.first_token import stream_timed
 from bench.webhooks import Receiver
 from bench.webhooks import q as percentile
+from shared.runs.taskqueue import BACKGROUND_QUEUE, RUNS_QUEUE
 from shared.settings import Settings
 from shared.tools.testing import Cluster, Sandbox, cluster_env, wait_for
 
@@ -47,9 +56,17 @@ CHAT_TOKENS = 20
 
 
 def chat_batch(
-    base: str, key: str, rec: Receiver, phase: str, runs: int, concurrency: int
+    base: str,
+    key: str,
+    rec: Receiver,
+    phase: str,
+    runs: int,
+    concurrency: int,
+    min_s: float = 0.0,
 ) -> tuple[list[float], list[float]]:
-    """TTFTs (ms) and webhook latencies (ms) of `runs` streamed runs at `concurrency`."""
+    """TTFTs (ms) and webhook latencies (ms) of `runs` streamed runs at `concurrency`, and
+    more until `min_s` seconds have passed (the loaded batch spans whole cron periods:
+    every cron fires at the same second of its period)."""
     client = httpx.Client(base_url=base, headers={"x-api-key": key}, timeout=120)
 
     def one(i: int) -> tuple[float, str]:
@@ -63,9 +80,19 @@ def chat_batch(
         }
         return stream_timed(client, body, f"chat run {i}").ttft_ms, path
 
+    deadline = time.monotonic() + min_s
+    counter = itertools.count()
+
+    def client_thread() -> list[tuple[float, str]]:
+        done = []
+        while (i := next(counter)) < runs or time.monotonic() < deadline:
+            done.append(one(i))
+        return done
+
     try:
         with ThreadPoolExecutor(concurrency) as pool:
-            results = list(pool.map(one, range(runs)))
+            threads = [pool.submit(client_thread) for _ in range(concurrency)]
+            results = [r for t in threads for r in t.result()]
     finally:
         client.close()
     hooks: list[float] = []
@@ -132,6 +159,18 @@ def queue_waits(dsn: str, since: dt.datetime) -> list[float]:
     return [float(w) for (w,) in rows]
 
 
+def background_firings(dsn: str, since: dt.datetime, until: dt.datetime) -> int:
+    """The firings recorded in [since, until) (each admitted one is a run: the limits keep
+    at most `max_active_runs` of a user's waiting or running)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM cron_firings WHERE fired_at >= %s AND fired_at < %s",
+            (since, until),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--users", type=int, default=20, help="users that fire crons")
@@ -140,6 +179,19 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=10, help="chat client threads")
     parser.add_argument("--slow-s", type=float, default=15.0, help="the slow receiver's hang")
     parser.add_argument("--every-s", type=int, default=10, help="cron period, seconds")
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="one runs worker for both queues (THREADRUN_BACKGROUND_WORKERS=0) instead of a"
+        " background worker of its own at THREADRUN_BACKGROUND_NICE",
+    )
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=None,
+        help="how long the crons fire before the loaded batch, and the least the loaded batch"
+        " lasts (default: two periods: every cron fired, the slow receiver holds deliveries)",
+    )
     args = parser.parse_args()
     users = [f"u{i:02d}" for i in range(args.users)]
     api_keys = ",".join([f"key-{u}:{u}" for u in users] + ["key-chat:chat"])
@@ -170,9 +222,22 @@ def main() -> None:
             )
             with Cluster(settings, env, Path(tmp)) as c:
                 c.start_web()
-                c.start_worker("runs")
+                if args.together:
+                    c.start_worker("runs")
+                else:  # as `make run` starts them (shared/tools/supervisor.py)
+                    c.start_worker("runs", queues=RUNS_QUEUE)
+                    c.start_worker(
+                        "background",
+                        queues=BACKGROUND_QUEUE,
+                        env={
+                            "THREADRUN_PROCESS_NICE": str(settings.background_nice),
+                            "THREADRUN_WORKER_BACKGROUND_SHARE": "1",
+                        },
+                    )
                 c.start_webhooks_worker()
-                c.start_scheduler()
+                # At the background priority unless --together (as `make run` starts it).
+                nice = "0" if args.together else str(settings.background_nice)
+                c.start_scheduler(env={"THREADRUN_PROCESS_NICE": nice})
                 print("bench.cron_load: quiet phase", file=sys.stderr, flush=True)
                 chat_batch(c.url, "key-chat", rec, "warm", 10, 5)
                 since = db_now(settings.dsn)
@@ -185,10 +250,19 @@ def main() -> None:
                     timeout=args.every_s * 3 + 30,
                     what="the first cron firings",
                 )
+                settle = args.every_s * 2 if args.settle_s is None else args.settle_s
+                time.sleep(settle)
                 print("bench.cron_load: loaded phase", file=sys.stderr, flush=True)
                 since = db_now(settings.dsn)
-                loaded = chat_batch(c.url, "key-chat", rec, "loaded", args.runs, args.concurrency)
+                slow_before = slow.slow_seen
+                loaded = chat_batch(
+                    c.url, "key-chat", rec, "loaded", args.runs, args.concurrency, settle
+                )
                 loaded_waits = queue_waits(settings.dsn, since)
+                until = db_now(settings.dsn)
+                window = (until - since).total_seconds()
+                fired_in = background_firings(settings.dsn, since, until)
+                slow_in = slow.slow_seen - slow_before
                 fired = firings(settings.dsn)
         rows = []
         for name, q, ld in (
@@ -205,12 +279,15 @@ def main() -> None:
                 ]
             )
         print(
-            f"cron_load: {args.users} users x {args.crons} crons every {args.every_s} s "
+            f"cron_load: {args.users} users x {args.crons} crons every {args.every_s} s, "
+            f"{'one worker for both queues' if args.together else 'a background worker'} "
             f"(webhooks hang {args.slow_s:g} s), chat {args.runs} runs at C={args.concurrency}\n"
             + table(["ms", "quiet p50 / p90", "loaded p50 / p90", "loaded/quiet p50"], rows)
             + "\nfirings by outcome: "
             + ", ".join(f"{k} {v}" for k, v in sorted(fired.items()))
             + f"; slow webhook deliveries received: {slow.slow_seen}"
+            + f"\nduring the loaded batch ({window:.1f} s, after {settle:g} s of firing):"
+            f" {fired_in / window:.0f} firings/s, {slow_in / window:.1f} slow deliveries/s"
         )
     finally:
         rec.close()

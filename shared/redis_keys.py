@@ -44,6 +44,11 @@ class Keys:
         wakes thread followers (GET /threads/{id}/stream) when a run starts; never events."""
         return f"{self.prefix}thread:{{{thread_id}}}:runs"
 
+    def callers_busy(self) -> str:
+        """Set (with a short TTL) while runs a caller asked for are running anywhere: the
+        background runs yield (workers/background_share.py)."""
+        return f"{self.prefix}callers-busy"
+
     def run_queue(self) -> str:
         """Sorted set of the runs waiting for a worker slot, by priority then age
         (shared/runs/run_queue.py)."""

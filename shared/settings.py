@@ -181,6 +181,13 @@ class Settings(BaseSettings):
         description="Share of a worker's slots background runs (cron firings) may hold; the"
         " rest are kept for runs a caller asked for (shared/runs/priority.py).",
     )
+    background_yield_slots: int = Field(
+        default=2,
+        ge=0,
+        description="While runs a caller asked for are running anywhere, a worker starts"
+        " background runs (cron firings) only while fewer than this many of them run on it"
+        " (workers/background_share.py); 0: they never yield.",
+    )
     dispatch_position_step: int = Field(
         default=4,
         ge=1,
@@ -287,6 +294,27 @@ class Settings(BaseSettings):
     runs_workers: int = Field(
         default=1, ge=1, description="`make run`: how many `runs` worker processes to start."
     )
+    background_workers: int = Field(
+        default=1,
+        ge=0,
+        description="`make run`: worker processes of their own for background runs (cron"
+        " firings, the `runs.background` queue) at `background_nice`; 0: the runs"
+        " workers serve them.",
+    )
+    background_nice: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="`make run`: the OS priority (nice) of its background workers and its"
+        " cron scheduler, so cron firings take only the CPU callers' runs leave.",
+    )
+    process_nice: int = Field(
+        default=0,
+        ge=0,
+        le=19,
+        description="A worker or scheduler process raises its nice value to this at start"
+        " (0: as started).",
+    )
     memory_workers: int = Field(
         default=1, ge=1, description="`make run`: how many `memory` worker processes to start."
     )
@@ -357,6 +385,18 @@ class Settings(BaseSettings):
         ge=0,
         description="A temporary thread (on_completion=delete) whose runs all ended this "
         "long ago and still exists is deleted by the recovery pass.",
+    )
+    analyze_interval_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="How often the reaper's leader checks the tables' planner statistics and "
+        "ANALYZEs those autovacuum left without (shared/db/statistics.py); 0: never.",
+    )
+    analyze_threshold: float = Field(
+        default=0.2,
+        gt=0,
+        description="A table changed by more than this fraction of its rows since its last "
+        "analyze is analyzed (autovacuum's default is 0.1: this only catches what it missed).",
     )
 
     # --- crons: the scheduler process (workers/cron_beat.py) ------------------------

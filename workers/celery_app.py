@@ -10,8 +10,14 @@ from celery import signals
 from shared import gc_tuning, logs, metrics, redis_clients
 from shared.agent.providers import preflight
 from shared.errors import ConfigError
+from shared.process_nice import lower_priority
 from shared.project import activate
-from shared.runs.taskqueue import drop_stale_bindings, make_celery
+from shared.runs.taskqueue import (
+    BACKGROUND_QUEUE,
+    RUNS_QUEUE,
+    drop_stale_bindings,
+    make_celery,
+)
 from shared.settings import Settings
 
 celery = make_celery(Settings())
@@ -38,6 +44,7 @@ def _on_init(**_: object) -> None:
             log.critical("cannot start: %s", problem)
         raise SystemExit(f"threadrun worker: {'; '.join(problems)}")
     metrics.configure_worker(settings)
+    lower_priority(settings.process_nice)  # before the pool and the loop start their threads
     client = redis_clients.sync_client(settings)
     try:
         if removed := drop_stale_bindings(client, settings):
@@ -50,15 +57,18 @@ def _on_init(**_: object) -> None:
 
 @signals.worker_ready.connect
 def _on_ready(sender: object = None, **_: object) -> None:
-    """Build the runtime eagerly on the runs queue and start the reaper there."""
+    """Build the runtime eagerly on the runs queues and start the reaper on `runs`."""
+    from workers.runtime import get_runtime
     from workers.tasks import start_runs_services
 
     # worker_ready's sender is the worker's Consumer (it has the task consumer itself).
     consumer = sender if hasattr(sender, "task_consumer") else getattr(sender, "consumer", None)
     task_consumer = getattr(consumer, "task_consumer", None)
     queues = {q.name for q in task_consumer.queues} if task_consumer else set()
-    if not queues or "runs" in queues:
+    if not queues or RUNS_QUEUE in queues:
         start_runs_services()
+    elif BACKGROUND_QUEUE in queues:  # a background worker: its runtime, not the reaper
+        get_runtime().background.callers_here = False
     # Start-up is done (the runs runtime and its graphs are built): freeze that heap and
     # collect young objects less often (shared/gc_tuning.py).
     gc_tuning.settle(Settings().gc_threshold0)

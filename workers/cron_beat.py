@@ -48,6 +48,7 @@ from shared.auth.keys import ApiKeyStore, CachedKeyResolver, OwnerCredentials, n
 from shared.crons.manager import CronManager
 from shared.crons.store import CronStore
 from shared.db import make_pool
+from shared.process_nice import lower_priority
 from shared.project import activate
 from shared.redis_keys import Keys
 from shared.retention import policy as retention_policy
@@ -130,6 +131,7 @@ class CronScheduler(Scheduler):  # type: ignore[misc]  # celery ships no annotat
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._settings = Settings()
+        lower_priority(self._settings.process_nice)  # `make run` lowers it (its firings)
         self._crons: CronManager | None = None  # built at the first tick (beat may build
         self._next_at = 0.0  # schedulers lazily, for introspection only)
         self._sweeper: ThreadSweeper | None = None

@@ -73,6 +73,7 @@ from workers.finalize_steps import (
     settle_journal,
 )
 from workers.protocol_events import PROTOCOL_TRANSFORMERS, ProtocolTranslator
+from workers.public_ids import write_public_ids
 from workers.runtime import WorkerRuntime
 from workers.stopped import MODEL_NODE, PartialReplies
 from workers.stream_modes import StreamTranslator
@@ -81,13 +82,14 @@ log = logging.getLogger(__name__)
 
 
 async def execute_run(
-    rt: WorkerRuntime, run_id: str, claimed: Claim | None = None
+    rt: WorkerRuntime, run_id: str, claimed: Claim | None = None, priority: int | None = None
 ) -> AttemptResult:
     """One attempt of the run, phase by phase: claim (unless `claimed` is the claim already
     made, `claim_at_once`) -> prepare -> execute -> finalize; returns what happened (for
-    the task's log line). A lost lease or stream skips finalize; a shutdown or a service
-    failure hands the run back instead."""
-    if claimed is None and await over_fair_share(rt, run_id):
+    the task's log line). `priority` is the one the run was taken from the run queue at
+    (None for a message naming the run). A lost lease or stream skips finalize; a shutdown
+    or a service failure hands the run back instead."""
+    if claimed is None and await over_fair_share(rt, run_id, priority):
         return AttemptResult(AttemptOutcome.PUT_BACK)
     attempt = await claim(rt, run_id, claimed)
     if attempt is None:
@@ -274,6 +276,7 @@ async def prepare(rt: WorkerRuntime, attempt: RunAttempt) -> Prepared:
     requested = kwargs.get("stream_mode") or list(DEFAULT_STREAM_MODES)
     subgraphs = bool(kwargs.get("stream_subgraphs"))
     translator = StreamTranslator(requested, subgraphs=subgraphs)
+    write_public_ids(rt, run, translator)  # A4: the events name the thread's public id
     options: dict[str, Any] = {
         "stream_mode": graph_modes(requested),
         "subgraphs": subgraphs,

@@ -17,14 +17,20 @@ from workers.runtime import WorkerRuntime
 log = logging.getLogger(__name__)
 
 
-async def over_fair_share(rt: WorkerRuntime, run_id: str) -> bool:
+async def over_fair_share(rt: WorkerRuntime, run_id: str, priority: int | None = None) -> bool:
     """Whether to put the run back unclaimed: its user's runs hold `worker_user_share` of
-    this worker's slots while another user, below that share here, has a run waiting. It
-    is offered again after `fair_share_retry_s` (a countdown, so the freed slot goes to
-    the waiting user's run first). Cheap when the worker is not that full: no query.
+    this worker's slots while another user, below that share here, has a run waiting. Cheap
+    when the worker is not that full: no query.
 
     Only users below the share count as waiting: two users at their share each leave the
     other slots to either of them rather than putting each other back for ever.
+
+    A run taken from the run queue at `priority` yields only to users with a run queued at
+    that priority or better (shared/runs/priority.py): a chat run is not put back for cron
+    firings, which wait behind it by design. It goes back into the queue behind the runs
+    of its priority. A run whose message named it (no `priority`) yields to any user with
+    a claimable run, and is offered again after `fair_share_retry_s` (a countdown, so the
+    freed slot goes to the waiting user's run first).
     """
     s = rt.settings
     cap = fair_share_cap(rt)
@@ -38,12 +44,23 @@ async def over_fair_share(rt: WorkerRuntime, run_id: str) -> bool:
         held[other.run.user_id] = held.get(other.run.user_id, 0) + 1
     if held.get(owner, 0) < cap:
         return False
-    waiting = await asyncio.to_thread(rt.store.waiting_owners, owner)
+    if priority is None:
+        waiting = await asyncio.to_thread(rt.store.waiting_owners, owner)
+    else:
+        waiting = await asyncio.to_thread(_queued_owners, rt, priority, owner)
     if not any(held.get(user, 0) < cap for user in waiting):
         return False
     log.info("run put back: its user holds their share", extra={"run_id": run_id})
-    await asyncio.to_thread(rt.dispatcher.dispatch_later, run_id, s.fair_share_retry_s)
+    if priority is None:
+        await asyncio.to_thread(rt.dispatcher.dispatch_later, run_id, s.fair_share_retry_s)
+    else:
+        await asyncio.to_thread(rt.dispatcher.dispatch_quietly, run_id, priority)
     return True
+
+
+def _queued_owners(rt: WorkerRuntime, priority: int, owner: str) -> set[str]:
+    """The users other than `owner` with a run queued at `priority` or better."""
+    return rt.store.owners_of_pending(rt.dispatcher.queue.waiting(priority), owner)
 
 
 def fair_share_cap(rt: WorkerRuntime) -> int:

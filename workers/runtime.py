@@ -50,7 +50,7 @@ from shared.state.savers import FencedPostgresSaver
 from shared.store import WorkerStore
 from shared.webhooks.store import WebhookStore
 from workers.attempts import RunAttempt
-from workers.background_share import BackgroundShare
+from workers.background_share import BackgroundShare, CallerActivity
 from workers.lease_keeper import LeaseKeeper
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,11 @@ class WorkerRuntime:
             fence_idle_timeout_s=settings.fence_idle_timeout_s,
         )
         self.dispatcher = Dispatcher.of(settings, self._sync_redis)
+        self.callers = CallerActivity(self._sync_redis, self.keys.callers_busy())
         self.background = BackgroundShare(
-            int(settings.worker_background_share * settings.worker_concurrency)
+            int(settings.worker_background_share * settings.worker_concurrency),
+            settings.background_yield_slots,
+            self.callers.busy,
         )
         self._graphs: dict[tuple[str, int], Pregel[Any, Any, Any, Any]] = {}
         self.graph_errors: dict[str, str] = {}  # graph id -> why it cannot be loaded
@@ -140,7 +143,10 @@ class WorkerRuntime:
         self.leases = LeaseManager(self.redis, self.keys, ttl_s=s.lease_ttl_s)
         self.savers = [
             FencedPostgresSaver(
-                self.apool, mode=s.checkpoint_mode, idle_timeout_s=s.fence_idle_timeout_s
+                self.apool,
+                mode=s.checkpoint_mode,
+                idle_timeout_s=s.fence_idle_timeout_s,
+                snapshot_every=s.checkpoint_snapshot_every,
             )
             for _ in range(s.checkpoint_savers)
         ]

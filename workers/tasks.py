@@ -7,7 +7,8 @@ import concurrent.futures
 import logging
 import uuid
 
-from shared.runs.run_queue import NEXT
+from shared.runs.priority import BACKGROUND
+from shared.runs.run_queue import NEXT, NEXT_BACKGROUND
 from shared.runs.taskqueue import RUN_TASK
 from workers.attempts import StopReason
 from workers.celery_app import celery
@@ -22,27 +23,34 @@ _reaper: concurrent.futures.Future[None] | None = None
 @celery.task(name=RUN_TASK, ignore_result=True)
 def execute(run_id: str) -> str:
     """Execute one run (the whole attempt happens on the runtime's loop): the best waiting
-    one of the run queue when the message names none (shared/runs/run_queue.py)."""
+    one of the run queue when the message names none, the best background one for a
+    background queue's message (shared/runs/run_queue.py)."""
     rt = get_runtime()
-    if run_id != NEXT:  # a message naming its run: a delay's, a put-back's, an older release's
+    if run_id not in (NEXT, NEXT_BACKGROUND):  # naming its run: a delay's, a put-back's
         return _execute(rt, run_id)
-    taken = rt.background.take(rt.dispatcher.queue)
+    taken = rt.background.take(rt.dispatcher.queue, background=run_id == NEXT_BACKGROUND)
     if taken is None:
         return "nothing to take"  # taken by another message (a re-dispatch's), or owed
+    caller = taken.priority < BACKGROUND[0]
+    if caller:  # background runs yield while it runs (workers/background_share.py)
+        rt.callers.begin()
     try:
-        return _execute(rt, taken.run_id)
+        return _execute(rt, taken.run_id, taken.priority)
     finally:
-        if rt.background.done(taken):
+        if caller:
+            rt.callers.end()
+        for _ in range(rt.background.done(taken)):
             rt.dispatcher.send_next()
 
 
-def _execute(rt: WorkerRuntime, run_id: str) -> str:
+def _execute(rt: WorkerRuntime, run_id: str, priority: int | None = None) -> str:
     try:
         uuid.UUID(run_id)
     except (ValueError, TypeError):
         log.error("ignoring run task with a malformed id: %r", run_id)
         return "malformed"
-    result = rt.submit(execute_run(rt, run_id, claim_at_once(rt, run_id))).result()
+    claimed = claim_at_once(rt, run_id)
+    result = rt.submit(execute_run(rt, run_id, claimed, priority)).result()
     log.info("run %s: %s", run_id, result)
     return str(result)
 

@@ -35,13 +35,14 @@ import redis
 from celery import Celery
 
 from shared import metrics
+from shared.db.statistics import statistics_verdict
 from shared.ops.actions import REQUEUE_WHY, requeue_verdict
 from shared.ops.connections import read_connections
 from shared.ops.store import OpsStore
 from shared.ops.supervision import read_supervisors, supervision_tile
 from shared.ops.worker_history import NOT_ANSWERING, WorkerHistory, process_of
 from shared.redis_keys import Keys, MemoryKeys
-from shared.runs.taskqueue import MEMORY_QUEUE, RUNS_QUEUE, WEBHOOKS_QUEUE
+from shared.runs.taskqueue import BACKGROUND_QUEUE, MEMORY_QUEUE, RUNS_QUEUE, WEBHOOKS_QUEUE
 from shared.settings import Settings
 from shared.vocab import RunStatus
 
@@ -456,9 +457,10 @@ class OpsCollector:
         return out
 
     def workers_online(self, workers: list[dict[str, Any]] | None = None) -> dict[str, int]:
-        """How many answering workers consume each queue."""
+        """How many answering workers consume each queue (and the background runs' queue,
+        whose runs wait in the run queue with the others)."""
         workers = workers if workers is not None else self.inspector.workers()
-        return {q: sum(1 for w in workers if q in w["queues"]) for q in QUEUES}
+        return {q: sum(1 for w in workers if q in w["queues"]) for q in (*QUEUES, BACKGROUND_QUEUE)}
 
     def graphs(self) -> list[dict[str, Any]]:
         """Each graph's load state as the last runs worker to start found it: graph_id,
@@ -570,6 +572,7 @@ class OpsCollector:
         graphs = graphs if graphs is not None else self.graphs()
         tiles = [
             self._workers_tile(RUNS_QUEUE, online, q, "new runs stay pending"),
+            self._workers_tile(BACKGROUND_QUEUE, online, q, "cron firings stay pending"),
             self._workers_tile(MEMORY_QUEUE, online, q, "memory updates are not extracted"),
             self._webhooks_tile(online, q),
             self._stuck_tile(),
@@ -578,6 +581,7 @@ class OpsCollector:
             self._queue_age_tile(q),
             self._crons_tile(),
             self._graphs_tile(graphs),
+            self._statistics_tile(),
             *self._supervision_tile(supervisors),
         ]
         bad = [t["reason"] for t in tiles if t["state"] == "bad"]
@@ -599,6 +603,13 @@ class OpsCollector:
         state, reason = verdict
         n = sum(1 for r in records for c in r["children"] if c["state"] == "running")
         return [self._tile("supervised", "supervised processes", n, state, reason)]
+
+    def _statistics_tile(self) -> dict[str, Any]:
+        """A warning while a table with rows has no planner statistics (shared/db/statistics.py)."""
+        stats = self.store.table_stats()
+        state, reason = statistics_verdict(stats, self.settings.analyze_interval_s)
+        missing = sum(1 for t in stats if not t.analyzed and (t.live > 0 or t.changed > 0))
+        return self._tile("statistics", "planner statistics", missing, state, reason)
 
     @staticmethod
     def _tile(key: str, label: str, value: Any, state: str, reason: str) -> dict[str, Any]:

@@ -238,6 +238,12 @@ WHERE r.status = 'pending' AND t.owner <> %(owner)s
         AND (o.status = 'running' OR (o.status = 'pending' AND o.seq < r.seq)))
 LIMIT %(limit)s
 
+-- name: owners_of_pending
+-- Who waits among these queued runs (workers/fairness.py): the users other than
+-- %(owner)s with one of them still pending.
+SELECT DISTINCT t.owner FROM runs r JOIN threads t USING (thread_id)
+WHERE r.run_id = ANY(%(run_ids)s::uuid[]) AND r.status = 'pending' AND t.owner <> %(owner)s
+
 -- name: inflight_among
 SELECT run_id::text FROM runs
 WHERE run_id = ANY(%(run_ids)s::uuid[]) AND status IN ('pending', 'running')
@@ -327,7 +333,9 @@ WHERE r.run_id = %(run_id)s AND r.status = 'pending'
       SELECT 1 FROM runs o
       WHERE o.thread_id = r.thread_id AND o.run_id <> r.run_id
         AND (o.status = 'running' OR (o.status = 'pending' AND o.seq < r.seq)))
-RETURNING r.*, (SELECT t.owner FROM threads t WHERE t.thread_id = r.thread_id) AS user_id
+RETURNING r.*, (SELECT t.owner FROM threads t WHERE t.thread_id = r.thread_id) AS user_id,
+    -- the worker writes it into the run's events (workers/public_ids.py)
+    (SELECT t.public_id FROM threads t WHERE t.thread_id = r.thread_id) AS thread_public_id
 
 -- name: set_pre_run_checkpoint
 UPDATE runs SET pre_run_checkpoint_id = %(checkpoint_id)s, pre_run_writes = %(writes)s

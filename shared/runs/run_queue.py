@@ -33,7 +33,10 @@ from shared.redis_keys import Keys
 from shared.runs.priority import PRIORITY_STEPS
 
 NEXT = ""
-"""The run task's argument that means "the best waiting run" (anything else is a run id)."""
+"""The run task's argument that means "the best waiting run" (a run id names one)."""
+NEXT_BACKGROUND = "background"
+"""The argument that means "the best waiting background run" (the background queue's
+messages: a background worker never takes a caller's run)."""
 
 PRIORITY_SCALE = 10**13
 """A queued run's score: priority * PRIORITY_SCALE + the ms it was queued (run_queue_push.lua)."""
@@ -46,6 +49,14 @@ class Taken(NamedTuple):
     priority: int
 
 
+class Queued(NamedTuple):
+    """What a push did: whether the run was queued now, and the priority it waits at (its
+    first one when it was queued already)."""
+
+    added: bool
+    priority: int
+
+
 class RunQueue:
     """The waiting runs of one deployment, in Redis (a sorted set under the prefix)."""
 
@@ -55,20 +66,33 @@ class RunQueue:
         self._push = lua.register(client, "run_queue_push")
         self._pop = lua.register(client, "run_queue_pop")
 
-    def push(self, run_id: str, priority: int) -> bool:
-        """Queue `run_id` at `priority`; False when it was queued already (it keeps its
-        place and its priority)."""
-        return bool(self._push(keys=[self.key], args=[priority, run_id]))
+    def enqueue(self, run_id: str, priority: int) -> Queued:
+        """Queue `run_id` at `priority`; a run queued already keeps its place and its
+        priority (which class of message it needs, shared/runs/taskqueue.py)."""
+        added, at = self._push(keys=[self.key], args=[priority, run_id])
+        return Queued(bool(added), int(at))
 
-    def pop(self, below: int = len(PRIORITY_STEPS)) -> Taken | None:
-        """Take the best waiting run with a priority below `below`: the lowest priority
-        number, the oldest among equals."""
-        got = self._pop(keys=[self.key], args=[below])
+    def push(self, run_id: str, priority: int) -> bool:
+        """Queue `run_id` at `priority`; False when it was queued already."""
+        return self.enqueue(run_id, priority).added
+
+    def pop(self, below: int = len(PRIORITY_STEPS), at_least: int = 0) -> Taken | None:
+        """Take the best waiting run with a priority below `below` and at least `at_least`:
+        the lowest priority number, the oldest among equals."""
+        got = self._pop(keys=[self.key], args=[below, at_least])
         if not got:
             return None
         member, score = got
         run_id = member.decode() if isinstance(member, bytes) else str(member)
         return Taken(run_id, int(float(score) // PRIORITY_SCALE))
+
+    def waiting(self, through: int, limit: int = 50) -> list[str]:
+        """Up to `limit` waiting runs at priority `through` or better, best first (who a
+        slot's run yields to, workers/fairness.py)."""
+        got = self.redis.zrangebyscore(
+            self.key, "-inf", f"({(through + 1) * PRIORITY_SCALE}", start=0, num=limit
+        )
+        return [m.decode() if isinstance(m, bytes) else str(m) for m in got]
 
     def depth(self) -> int:
         """How many runs wait."""

@@ -27,6 +27,7 @@ RUN_STATUS_SQL = query("run_status")
 UNSTARTED_END_SQL = query("unstarted_end")
 RUN_OWNER_SQL = query("run_owner")
 WAITING_OWNERS_SQL = query("waiting_owners")
+OWNERS_OF_PENDING_SQL = query("owners_of_pending")
 INFLIGHT_AMONG_SQL = query("inflight_among")
 LIST_RUNS_SQL = query("list_runs")
 DELETE_RUN_SQL = query("delete_run")
@@ -78,6 +79,18 @@ class RunReads(StoreBase):
         with self._pool.connection() as conn:
             rows = conn.execute(
                 WAITING_OWNERS_SQL, {"owner": other_than, "limit": limit}
+            ).fetchall()
+        return {str(r["owner"]) for r in rows}
+
+    def owners_of_pending(self, run_ids: Collection[str], other_than: str) -> set[str]:
+        """The users other than `other_than` whose runs among `run_ids` are still pending
+        (who waits among runs the run queue holds; ids that are not UUIDs are skipped)."""
+        valid = [r for r in run_ids if is_uuid(r)]
+        if not valid:
+            return set()
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                OWNERS_OF_PENDING_SQL, {"run_ids": valid, "owner": other_than}
             ).fetchall()
         return {str(r["owner"]) for r in rows}
 

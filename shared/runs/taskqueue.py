@@ -15,14 +15,19 @@ from kombu.transport import redis as kombu_redis
 
 from shared import redis_clients
 from shared.redis_keys import Keys
-from shared.runs.priority import REDISPATCH
-from shared.runs.run_queue import NEXT, RunQueue
+from shared.runs.priority import BACKGROUND, REDISPATCH
+from shared.runs.run_queue import NEXT, NEXT_BACKGROUND, RunQueue
 from shared.settings import Settings
 
 RUN_TASK = "threadrun.runs.execute"
 MEMORY_TASK = "threadrun.memory.extract"
 WEBHOOK_TASK = "threadrun.webhooks.deliver"
 RUNS_QUEUE = "runs"
+BACKGROUND_QUEUE = "runs.background"
+"""The messages of background runs (cron firings): a runs worker consumes it with `runs`
+by default; a deployment may give it workers of its own at a lower OS priority
+(`process_nice`, `make run`'s `background_workers`), so firings never take CPU from a
+caller's run."""
 MEMORY_QUEUE = "memory"
 WEBHOOKS_QUEUE = "webhooks"
 
@@ -69,6 +74,7 @@ def make_celery(settings: Settings) -> Celery:
         # so every run task was copied onto the memory queue and vice versa.
         task_queues=[
             Queue(RUNS_QUEUE, Exchange(RUNS_QUEUE), routing_key=RUNS_QUEUE),
+            Queue(BACKGROUND_QUEUE, Exchange(BACKGROUND_QUEUE), routing_key=BACKGROUND_QUEUE),
             Queue(MEMORY_QUEUE, Exchange(MEMORY_QUEUE), routing_key=MEMORY_QUEUE),
             Queue(WEBHOOKS_QUEUE, Exchange(WEBHOOKS_QUEUE), routing_key=WEBHOOKS_QUEUE),
         ],
@@ -149,16 +155,20 @@ class Dispatcher:
 
     def dispatch_run(self, run_id: str, priority: int = REDISPATCH) -> None:
         """Queue one run at `priority` (shared/runs/priority.py) and send the message a
-        free slot starts it with (shared/runs/run_queue.py); a run whose message is lost
-        is re-dispatched by the reaper."""
-        self.queue.push(run_id, priority)
-        self._send(RUN_TASK, NEXT, RUNS_QUEUE)
+        free slot starts it with (shared/runs/run_queue.py): on the background queue when
+        the run waits as a background run (a cron firing, also when re-dispatched while
+        it waits), else on the runs queue. A run whose message is lost is re-dispatched by
+        the reaper."""
+        if self.queue.enqueue(run_id, priority).priority >= BACKGROUND[0]:
+            self._send(RUN_TASK, NEXT_BACKGROUND, BACKGROUND_QUEUE)
+        else:
+            self._send(RUN_TASK, NEXT, RUNS_QUEUE)
 
     def send_next(self) -> None:
-        """Send one more message that names no run (a worker's owed one,
-        workers/background_share.py); a failed send is left to the reaper (R4)."""
+        """Send one more message for the best waiting background run (a worker's owed
+        one, workers/background_share.py); a failed send is left to the reaper (R4)."""
         try:
-            self._send(RUN_TASK, NEXT, RUNS_QUEUE)
+            self._send(RUN_TASK, NEXT_BACKGROUND, BACKGROUND_QUEUE)
         except Exception:  # noqa: BLE001 - any broker failure: the reaper re-dispatches
             log.warning("sending an owed run message failed; the reaper will retry")
 
@@ -208,7 +218,7 @@ def drop_stale_bindings(client: redis.Redis, settings: Settings) -> int:
     """
     keys = Keys(settings.redis_prefix)
     removed = 0
-    for exchange in (RUNS_QUEUE, MEMORY_QUEUE, WEBHOOKS_QUEUE):
+    for exchange in (RUNS_QUEUE, BACKGROUND_QUEUE, MEMORY_QUEUE, WEBHOOKS_QUEUE):
         for kind in ("binding", "binding_permanent"):
             key = keys.kombu_bindings(kind, exchange)
             for member in client.smembers(key):

@@ -37,7 +37,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from shared.errors import ConfigError
@@ -51,6 +51,7 @@ from shared.ops.supervision import (
 from shared.project import activate
 from shared.redis_clients import sync_client
 from shared.redis_keys import Keys
+from shared.runs.taskqueue import BACKGROUND_QUEUE, RUNS_QUEUE
 from shared.settings import Settings
 from shared.tools.devservices import DevServicesError, parent_death_signal, redact, resolve_services
 from shared.tools.project_deps import ensure as ensure_dependencies
@@ -62,10 +63,12 @@ DEFAULT_GRACE_S = 10.0
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """One supervised process: a short name (the output prefix) and its argv."""
+    """One supervised process: a short name (the output prefix), its argv, and what its
+    environment has on top of the supervisor's."""
 
     name: str
     argv: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -116,7 +119,8 @@ def local_url(host: str, port: int) -> str:
 
 
 def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> list[ChildSpec]:
-    """The web server, the Celery workers (runs; memory and webhooks) and the cron scheduler."""
+    """The web server, the Celery workers (runs; memory; background runs; webhooks) and the
+    cron scheduler."""
     env = os.environ if env is None else env
     py = sys.executable
     memory_c = _int_env(env, "THREADRUN_MEMORY_CONCURRENCY", 4)
@@ -139,7 +143,12 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
         ]
 
     def node(
-        kind: str, node_name: str, queues: str, concurrency: int, count: int
+        kind: str,
+        node_name: str,
+        queues: str,
+        concurrency: int,
+        count: int,
+        child_env: Mapping[str, str] | None = None,
     ) -> list[ChildSpec]:
         """``count`` Celery workers of one kind, each with its own node name."""
         return [
@@ -155,11 +164,29 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
                     f"{_numbered(node_name, i)}@%h",
                     *tail,
                 ],
+                dict(child_env or {}),
             )
             for i in range(count)
         ]
 
-    runs = node("worker", "runs", "runs", settings.worker_concurrency, settings.runs_workers)
+    # Background runs (cron firings) on workers of their own at a lower OS priority: a
+    # burst of firings then takes only the CPU callers' runs leave (shared/runs/priority.py).
+    # Those workers give every slot to background runs; the runs workers keep `runs`.
+    runs_q, background = f"{RUNS_QUEUE},{BACKGROUND_QUEUE}", []
+    if settings.background_workers:
+        runs_q = RUNS_QUEUE
+        background = node(
+            "background",
+            "background",
+            BACKGROUND_QUEUE,
+            settings.worker_concurrency,
+            settings.background_workers,
+            {
+                "THREADRUN_PROCESS_NICE": str(settings.background_nice),
+                "THREADRUN_WORKER_BACKGROUND_SHARE": "1",
+            },
+        )
+    runs = node("worker", "runs", runs_q, settings.worker_concurrency, settings.runs_workers)
     memory = node("memory", "memory", memory_q, memory_c, settings.memory_workers)
     return [
         ChildSpec(
@@ -177,7 +204,8 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
         ),  # fmt: skip
         *runs,
         *memory,
-        scheduler_spec(),
+        *background,
+        scheduler_spec(settings),
         *webhooks,
     ]
 
@@ -206,10 +234,12 @@ def policy_factory(settings: Settings) -> Callable[[], RestartPolicy]:
     )
 
 
-def scheduler_spec() -> ChildSpec:
+def scheduler_spec(settings: Settings) -> ChildSpec:
     """The cron scheduler: Celery beat with our scheduler, which fires due crons
-    (workers/cron_beat.py says why this shape)."""
-    return ChildSpec("scheduler", [sys.executable, "-m", "celery", *SCHEDULER_ARGS])
+    (workers/cron_beat.py says why this shape), at `background_nice`: its work is the
+    firings'."""
+    argv = [sys.executable, "-m", "celery", *SCHEDULER_ARGS]
+    return ChildSpec("scheduler", argv, {"THREADRUN_PROCESS_NICE": str(settings.background_nice)})
 
 
 SCHEDULER_ARGS = [
@@ -360,7 +390,7 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=self.env,
+            env={**self.env, **spec.env},
             start_new_session=True,
             preexec_fn=parent_death_signal(signal.SIGTERM),
         )

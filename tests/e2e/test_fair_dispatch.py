@@ -17,12 +17,12 @@ import httpx
 import psycopg
 import pytest
 
-from shared.tools.testing import wait_for
+from shared.tools.testing import Cluster, wait_for
 from tests.e2e.conftest import ClusterFactory, human
 
 pytestmark = pytest.mark.e2e
 
-USERS = ("hog", "chat", "sched")
+USERS = ("hog", "chat", "sched", "cron1", "cron2", "cron3", "cron4")
 KEYS = {u: f"key-{u}" for u in USERS}
 ENV = {
     "THREADRUN_API_KEYS": ",".join(f"{k}:{u}" for u, k in KEYS.items()),
@@ -31,6 +31,7 @@ ENV = {
     "THREADRUN_DISPATCH_POSITION_STEP": "4",
 }
 SHORT = {"configurable": {"tokens": 1, "token_delay_ms": 0}}
+CRON_USERS = ("cron1", "cron2", "cron3", "cron4")
 SCHED_RUNS = "SELECT count(*) FROM runs r JOIN threads t USING (thread_id) WHERE t.owner = 'sched'"
 
 
@@ -57,6 +58,28 @@ def count(dsn: str, sql: str) -> int:
     return int(row[0]) if row else 0
 
 
+def fire_then_delete(c: Cluster, n: int) -> int:
+    """A cron of `sched` on every second, deleted once it fired `n` times (no worker runs
+    them yet); how many firings it left pending."""
+    cron = post(
+        c.url,
+        "sched",
+        "/runs/crons",
+        {
+            "assistant_id": "lead_agent",
+            "schedule": "* * * * * *",
+            "input": human("tick"),
+            "config": SHORT,
+            "on_run_completed": "keep",  # its runs stay to be counted
+        },
+    )
+    wait_for(lambda: count(c.settings.dsn, SCHED_RUNS) >= n, timeout=30, what=f"{n} firings")
+    r = httpx.delete(f"{c.url}/runs/crons/{cron['cron_id']}", headers={"x-api-key": KEYS["sched"]})
+    assert r.status_code in (200, 204), r.text
+    time.sleep(0.5)  # a firing in flight when the cron was deleted commits first
+    return count(c.settings.dsn, SCHED_RUNS)
+
+
 def test_r4_p7_slots_go_to_callers_before_crons_and_to_a_users_first_runs_first(
     private_cluster: ClusterFactory,
 ) -> None:
@@ -66,29 +89,7 @@ def test_r4_p7_slots_go_to_callers_before_crons_and_to_a_users_first_runs_first(
     last, though they were queued first."""
     with private_cluster("fair-dispatch", ENV) as c:
         c.side_by_side(c.start_web, c.start_scheduler)
-        cron = post(
-            c.url,
-            "sched",
-            "/runs/crons",
-            {
-                "assistant_id": "lead_agent",
-                "schedule": "* * * * * *",
-                "input": human("tick"),
-                "config": SHORT,
-                "on_run_completed": "keep",  # its runs stay to be counted
-            },
-        )
-        wait_for(
-            lambda: count(c.settings.dsn, SCHED_RUNS) >= 3,
-            timeout=30,
-            what="three firings",
-        )
-        r = httpx.delete(
-            f"{c.url}/runs/crons/{cron['cron_id']}", headers={"x-api-key": KEYS["sched"]}
-        )
-        assert r.status_code in (200, 204), r.text
-        time.sleep(0.5)  # a firing in flight when the cron was deleted commits first
-        fired = count(c.settings.dsn, SCHED_RUNS)
+        fired = fire_then_delete(c, 3)
         asked: dict[str, list[str]] = {"hog": [], "chat": []}
         for user, n in (("hog", 8), ("chat", 2)):
             for i in range(n):
@@ -122,3 +123,62 @@ def test_r4_p7_slots_go_to_callers_before_crons_and_to_a_users_first_runs_first(
         # within each priority.
         assert ids[:6] == asked["hog"][:4] + asked["chat"], users
         assert ids[6:10] == asked["hog"][4:], users
+
+
+def run_of(c: Cluster, user: str, config: dict[str, Any]) -> tuple[str, str]:
+    """(thread id, run id) of a new run of `user` on a new thread."""
+    tid = str(post(c.url, user, "/threads", {})["thread_id"])
+    body = {"assistant_id": "lead_agent", "input": human(user), "config": config}
+    return tid, str(post(c.url, user, f"/threads/{tid}/runs", body)["run_id"])
+
+
+def status_of(c: Cluster, user: str, ids: tuple[str, str]) -> str:
+    r = httpx.get(f"{c.url}/threads/{ids[0]}/runs/{ids[1]}", headers={"x-api-key": KEYS[user]})
+    assert r.status_code == 200, r.text
+    return str(r.json()["status"])
+
+
+def test_r4_p7_a_callers_run_over_the_worker_share_does_not_yield_to_cron_firings(
+    private_cluster: ClusterFactory,
+) -> None:
+    """A 4-slot worker whose per-user share is 1 slot. `chat` runs a 12 s run; crons of
+    four other users then fill the 3 background slots with 6 s firings and queue more.
+    chat's second run takes the first slot that frees, while its first still runs: it is
+    not put back for the firings, which wait behind callers' runs by design. Before, the
+    share check counted a cron user with no slot as waiting and put chat's run back until
+    its first ended."""
+    # The firings do not yield (`background_yield_slots` 0): they fill their share.
+    env = {**ENV, "THREADRUN_WORKER_USER_SHARE": "0.25", "THREADRUN_BACKGROUND_YIELD_SLOTS": "0"}
+    with private_cluster("fair-share-classes", env) as c:
+        c.side_by_side(c.start_web, c.start_scheduler, lambda: c.start_worker("fair", 4))
+        first = run_of(c, "chat", {"configurable": {"tokens": 24, "token_delay_ms": 500}})
+        wait_for(lambda: status_of(c, "chat", first) == "running", timeout=30, what="chat's run")
+        for user in CRON_USERS:
+            post(
+                c.url,
+                user,
+                "/runs/crons",
+                {
+                    "assistant_id": "lead_agent",
+                    "schedule": "* * * * * *",
+                    "input": human("tick"),
+                    "config": {"configurable": {"tokens": 12, "token_delay_ms": 500}},
+                },
+            )
+        firings = (
+            "SELECT count(*) FROM runs r JOIN threads t USING (thread_id)"
+            " WHERE t.owner LIKE 'cron%' AND r.status = '{}'"
+        )
+        wait_for(
+            lambda: (
+                count(c.settings.dsn, firings.format("running")) >= 3
+                and count(c.settings.dsn, firings.format("pending")) >= 4
+            ),
+            timeout=30,
+            what="three firings running and more waiting",
+        )
+        second = run_of(c, "chat", SHORT)
+        wait_for(
+            lambda: status_of(c, "chat", second) == "success", timeout=60, what="chat's 2nd run"
+        )
+        assert status_of(c, "chat", first) == "running"

@@ -68,7 +68,9 @@ def ops_cluster(
     }
     with private_cluster("ops", env) as c:
         c.env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # its own THREADRUN_METRICS_DIR instead
-        c.side_by_side(c.start_web, lambda: c.start_worker("ops", queues="runs,memory"))
+        c.side_by_side(
+            c.start_web, lambda: c.start_worker("ops", queues="runs,runs.background,memory")
+        )
         yield c
 
 
@@ -161,8 +163,8 @@ def test_overview_shows_runs_queues_workers_tokens_and_memory(
     names = [w["name"] for w in o["workers"]]
     assert any(n.startswith("ops-") for n in names), names
     worker = next(w for w in o["workers"] if w["name"].startswith("ops-"))
-    assert worker["queues"] == ["memory", "runs"]
-    assert o["workers_online"] == {"runs": 1, "memory": 1, "webhooks": 0}
+    assert worker["queues"] == ["memory", "runs", "runs.background"]
+    assert o["workers_online"] == {"runs": 1, "memory": 1, "webhooks": 0, "runs.background": 1}
     assert o["memory"]["available"] is True and "backlog" in o["memory"]
     assert len(o["tokens_per_hour"]) == ops_cluster.settings.ops_token_hours
     assert sum(h["output"] for h in o["tokens_per_hour"]) >= 5
@@ -215,7 +217,12 @@ def test_inflight_run_lease_stream_and_sse_subscriber(
                 20,
                 what="the worker in /ops/api/workers",
             )
-            assert workers["online"] == {"runs": 1, "memory": 1, "webhooks": 0}
+            assert workers["online"] == {
+                "runs": 1,
+                "memory": 1,
+                "webhooks": 0,
+                "runs.background": 1,
+            }
             assert rid in workers["workers"][0]["active_runs"]
             assert set(ops.get("/ops/api/queues").json()) == {"runs", "memory", "webhooks"}
     with client(ops_cluster) as ops:
@@ -425,7 +432,11 @@ def test_flower_sees_our_workers_with_auth(ops_cluster: Cluster) -> None:
                     return sorted(q["name"] for q in info["active_queues"])
             return None
 
-        assert wait_for(queues, 10, what="flower to list the worker") == ["memory", "runs"]
+        assert wait_for(queues, 10, what="flower to list the worker") == [
+            "memory",
+            "runs",
+            "runs.background",
+        ]
 
         def run_task_seen() -> bool:
             new_run(ops_cluster, tokens=1)  # the events of an earlier one may be on their way

@@ -61,7 +61,7 @@ def store(cluster: Cluster) -> Iterator[RunStore]:
 def runs_worker(c: Cluster) -> None:
     """Start the runs worker once (the first test starts it on purpose, later ones need it)."""
     if not any(p.name == "opsruns" for p in c.procs):
-        c.start_worker("opsruns", queues="runs")
+        c.start_worker("opsruns")
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from shared.runs.priority import BACKGROUND, FOREGROUND, REDISPATCH
 from shared.runs.run_queue import NEXT, RunQueue
 from shared.runs.taskqueue import RUNS_QUEUE, Dispatcher
 from shared.settings import Settings
-from workers.background_share import BackgroundShare
+from workers.background_share import CALLERS_TTL_S, BackgroundShare, CallerActivity
 
 
 def drain(q: RunQueue) -> list[str]:
@@ -125,3 +125,87 @@ def test_r4_a_dispatch_queues_the_run_and_sends_a_message_naming_none(
     assert body[0] == [NEXT]
     assert d.queue.pop() == (run, FOREGROUND[1])
     rclient.delete(keys.celery_queue(RUNS_QUEUE), keys.run_queue())
+
+
+def test_r4_p7_waiting_lists_the_runs_at_a_priority_or_better_best_first(
+    settings: Settings, rclient: redis.Redis
+) -> None:
+    """R4, P7: who a slot's run yields to (workers/fairness.py): the runs queued at its
+    priority or better, best first, none of the worse ones, and nothing is taken."""
+    q = queue(settings, rclient)
+    q.push("bg", BACKGROUND[0])
+    q.push("fg1", FOREGROUND[1])
+    q.push("re", REDISPATCH)
+    q.push("fg0", FOREGROUND[0])
+    try:
+        assert q.waiting(FOREGROUND[0]) == ["fg0"]
+        assert q.waiting(FOREGROUND[1]) == ["fg0", "fg1"]
+        assert q.waiting(REDISPATCH) == ["fg0", "fg1", "re"]
+        assert q.waiting(BACKGROUND[-1], limit=2) == ["fg0", "fg1"]
+        assert q.depth() == 4
+    finally:
+        rclient.delete(q.key)
+
+
+def test_p7_background_runs_yield_while_callers_runs_run_and_catch_up_after(
+    settings: Settings, rclient: redis.Redis
+) -> None:
+    """P7: while a caller's run runs somewhere (the signal a runs worker keeps set), a
+    background worker starts firings on at most its yield slots and owes the rest of their
+    messages; when the signal is gone, the next firing that ends sends every owed message
+    the cap has room for, not one."""
+    q = queue(settings, rclient)
+    busy = [True]
+    share = BackgroundShare(8, yield_slots=2, callers_busy=lambda: busy[0])
+    share.callers_here = False  # a background worker
+    for i in range(6):
+        q.push(f"firing{i}", BACKGROUND[0])
+    started = [share.take(q, background=True) for _ in range(6)]
+    running = [t for t in started if t is not None]
+    assert [t.run_id for t in running] == ["firing0", "firing1"] and share.owed == 4
+    busy[0] = False
+    assert share.done(running[0]) == 4  # room for all four now
+    assert share.owed == 0
+    again = [share.take(q, background=True) for _ in range(4)]
+    assert all(t is not None for t in again) and share.running == 5 and q.depth() == 0
+
+
+def test_p7_the_callers_signal_is_set_while_a_callers_run_runs_and_expires_after(
+    settings: Settings, rclient: redis.Redis
+) -> None:
+    """P7: a worker running a caller's run keeps the signal set (from a thread of its own,
+    not on the run's path); once its runs end the key expires within its TTL."""
+    key = f"{settings.redis_prefix}callers-busy-{uuid.uuid4().hex[:8]}"
+    sig, reader = CallerActivity(rclient, key), CallerActivity(rclient, key)
+    try:
+        assert not reader.busy()
+        sig.begin()
+        deadline = time.monotonic() + 5
+        while not rclient.exists(key) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # past the reader's cache of its first look
+        assert reader.busy()
+        sig.end()
+        ttl = rclient.ttl(key)
+        assert 0 < ttl <= CALLERS_TTL_S
+    finally:
+        rclient.delete(key)
+
+
+def test_p7_a_background_message_takes_a_callers_run_first_only_where_callers_are_served(
+    settings: Settings, rclient: redis.Redis
+) -> None:
+    """P7: on a worker of both queues the broker hands out their messages in turn, so a
+    background message takes the best waiting run (the caller's); a background worker,
+    which never sees the runs queue, takes only the firing."""
+    q = queue(settings, rclient)
+    q.push("firing", BACKGROUND[0])
+    q.push("chat", FOREGROUND[0])
+    both = BackgroundShare(4)
+    assert both.take(q, background=True) == ("chat", FOREGROUND[0])
+    q.push("chat", FOREGROUND[0])
+    background_only = BackgroundShare(4)
+    background_only.callers_here = False
+    assert background_only.take(q, background=True) == ("firing", BACKGROUND[0])
+    assert q.waiting(BACKGROUND[-1]) == ["chat"]
+    rclient.delete(q.key)

@@ -185,7 +185,9 @@ def test_compose_roles_health_checks_and_dependencies() -> None:
     assert "/ok" in " ".join(services["web"]["healthcheck"]["test"])
 
     worker = argv(services["worker"]["command"])
-    assert option(worker, "-Q") == "runs" and "-E" not in worker  # THREADRUN_TASK_EVENTS
+    assert (
+        option(worker, "-Q") == "runs,runs.background" and "-E" not in worker
+    )  # THREADRUN_TASK_EVENTS
     assert option(worker, "-c") == str(DEFAULTS.worker_concurrency)
     assert int(services["worker"]["deploy"]["replicas"]) >= 2
     assert "container_name" not in services["worker"]  # replicas need generated names

@@ -552,9 +552,11 @@ def test_not_ready_in_time_is_a_failure() -> None:
 def test_default_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings(host="0.0.0.0", port=8123, worker_concurrency=7)
     specs = {s.name: list(s.argv) for s in sv.default_specs(settings, env={})}
-    assert list(specs) == ["web", "worker", "memory", "scheduler", "webhooks"]
+    assert list(specs) == ["web", "worker", "memory", "background", "scheduler", "webhooks"]
     # make run starts the cron scheduler (Celery beat with our scheduler)
     assert "beat -S workers.cron_beat:CronScheduler" in " ".join(specs["scheduler"])
+    scheduler = next(s for s in sv.default_specs(settings, env={}) if s.name == "scheduler")
+    assert scheduler.env == {"THREADRUN_PROCESS_NICE": "10"}  # its work is the firings
     web = specs["web"]
     # every other gunicorn setting lives in app/gunicorn_conf.py (tests/unit/test_gunicorn_conf.py)
     assert web[1:] == [
@@ -568,7 +570,20 @@ def test_default_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     worker = " ".join(specs["worker"])
     assert "-A workers.celery_app:celery worker" in worker
-    assert "-Q runs" in worker and "-P threads" in worker and "-c 7" in worker
+    assert "-Q runs " in worker and "-P threads" in worker and "-c 7" in worker
+    # Cron firings on a worker of their own at a lower OS priority, every slot theirs.
+    background = next(s for s in sv.default_specs(settings, env={}) if s.name == "background")
+    assert " ".join(background.argv).count("-Q runs.background ") == 1
+    assert background.env == {
+        "THREADRUN_PROCESS_NICE": "10",
+        "THREADRUN_WORKER_BACKGROUND_SHARE": "1",
+    }
+    together = {
+        s.name: s
+        for s in sv.default_specs(settings.model_copy(update={"background_workers": 0}), env={})
+    }
+    assert "background" not in together
+    assert "-Q runs,runs.background " in " ".join(together["worker"].argv)
     assert worker.endswith("-n runs@%h --without-gossip --without-mingle")
     assert "-E" not in specs["worker"]  # the task_events setting decides (make_celery)
     memory = " ".join(specs["memory"])

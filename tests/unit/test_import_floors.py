@@ -38,6 +38,7 @@ SHARED_FLOORS: dict[str, int] = {
     "logs": 0,
     "metrics": 0,
     "gc_tuning": 0,
+    "process_nice": 0,
     "redis_clients": 0,
     "redis_keys": 0,
     "lua": 0,

@@ -82,7 +82,12 @@ def test_task_events_follow_the_setting() -> None:
     assert on.conf.worker_send_task_events and on.conf.task_send_sent_event
     off = make_celery(Settings(redis_prefix="t:"))
     assert not off.conf.worker_send_task_events and not off.conf.task_send_sent_event
-    assert {q.name for q in on.conf.task_queues} == {"runs", "memory", "webhooks"}
+    assert {q.name for q in on.conf.task_queues} == {
+        "runs",
+        "runs.background",
+        "memory",
+        "webhooks",
+    }
     # What a worker decides, as Celery's WorkController does (`either`, the command line's
     # `-E` first): our workers pass no `-E`, so the setting decides for them too.
     for app, want in ((on, True), (off, False)):

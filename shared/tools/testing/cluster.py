@@ -60,7 +60,11 @@ def cluster_env(
     return {**env, **UNLIMITED_USERS, **settings_env(settings), **(extra or {})}
 
 
-def worker_argv(name: str, concurrency: int, queues: str = "runs") -> list[str]:
+RUNS_QUEUES = "runs,runs.background"
+"""A runs worker's queues: callers' runs and the background runs (shared/runs/taskqueue.py)."""
+
+
+def worker_argv(name: str, concurrency: int, queues: str = RUNS_QUEUES) -> list[str]:
     """A Celery worker of the project on `queues` with `concurrency` threads."""
     return [
         sys.executable, "-m", "celery", "-A", "workers.celery_app:celery", "worker",
@@ -186,16 +190,17 @@ class Cluster:
         name: str = "runs",
         concurrency: int = 8,
         *,
-        queues: str = "runs",
+        queues: str = RUNS_QUEUES,
         ready: str = "ready.",
         timeout: float = START_TIMEOUT_S,
+        env: Mapping[str, str] | None = None,
     ) -> Proc:
         """A Celery worker; returns once its log says `ready`.
 
         It is told its real concurrency (THREADRUN_WORKER_CONCURRENCY): its pools are sized
         from it, so a small test worker stays small in PostgreSQL.
         """
-        env = {"THREADRUN_WORKER_CONCURRENCY": str(concurrency)}
+        env = {"THREADRUN_WORKER_CONCURRENCY": str(concurrency), **(env or {})}
         proc = self.spawn(name, worker_argv(name, concurrency, queues), env, role="worker")
         self.wait_log(proc, ready, timeout)
         return proc
