@@ -182,3 +182,43 @@ def test_r4_p7_a_callers_run_over_the_worker_share_does_not_yield_to_cron_firing
             lambda: status_of(c, "chat", second) == "success", timeout=60, what="chat's 2nd run"
         )
         assert status_of(c, "chat", first) == "running"
+
+
+def test_p7_firings_run_on_the_background_worker_and_callers_runs_on_the_runs_worker(
+    private_cluster: ClusterFactory,
+) -> None:
+    """`make run`'s topology: a runs worker on `runs` only, a background worker on
+    `runs.background` at nice 10 (shared/tools/supervisor.py). A cron's firings are taken
+    by the background worker, whose process runs at the lower priority; a caller's run by
+    the runs worker."""
+    with private_cluster("background-worker", ENV) as c:
+        _, runs, background, _ = c.side_by_side(
+            c.start_web,
+            lambda: c.start_worker("fg", 2, queues="runs"),
+            lambda: c.start_worker(
+                "bg",
+                2,
+                queues="runs.background",
+                env={"THREADRUN_PROCESS_NICE": "10", "THREADRUN_WORKER_BACKGROUND_SHARE": "1"},
+            ),
+            c.start_scheduler,
+        )
+        fire_then_delete(c, 3)
+        chat = run_of(c, "chat", SHORT)
+        wait_for(lambda: status_of(c, "chat", chat) == "success", timeout=60, what="chat's run")
+        wait_for(
+            lambda: count(c.settings.dsn, SCHED_RUNS + " AND r.status = 'success'") >= 3,
+            timeout=60,
+            what="the firings to run",
+        )
+        with psycopg.connect(c.settings.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT t.owner, r.owner FROM runs r JOIN threads t USING (thread_id)"
+                " WHERE r.status = 'success'"
+            ).fetchall()
+        pids: dict[str, set[int]] = {str(user): set() for user, _ in rows}
+        for user, worker in rows:
+            pids[str(user)].add(int(str(worker).split(":")[1]))  # worker id: host:pid:hex
+        assert pids["sched"] == {background.pid} and pids["chat"] == {runs.pid}
+        with open(f"/proc/{background.pid}/stat") as f:
+            assert int(f.read().rsplit(")", 1)[1].split()[16]) == 10  # its nice value
