@@ -8,9 +8,9 @@ scheduler) on a private database and Redis prefix (Sandbox), and a local receive
 127.0.0.1 (THREADRUN_WEBHOOK_ALLOW), all removed at the end.
 
 1. Quiet: user `chat` streams `--runs` runs of the built-in model (`messages-tuple`, 20
-   tokens) from `--concurrency` client threads, each with a webhook to the receiver's fast
-   path: TTFT (request to the first token event) and webhook latency (the run's `ended_at`,
-   PostgreSQL's clock, to the receipt) per run.
+   tokens) from `--concurrency` client threads, and more until `--settle-s` have passed,
+   each with a webhook to the receiver's fast path: TTFT (request to the first token event)
+   and webhook latency (the run's `ended_at`, PostgreSQL's clock, to the receipt) per run.
 2. Loaded: `--users` other users make `--crons` crons each, firing every `--every-s`
    seconds (a six-field schedule; THREADRUN_CRON_MIN_INTERVAL_S is lowered to it), each run
    with a webhook to a path that hangs `--slow-s` before answering. Once the first firings
@@ -21,11 +21,11 @@ scheduler) on a private database and Redis prefix (Sandbox), and a local receive
 
 The table gives p50/p90 of both phases and the loaded/quiet ratio of the p50s (and how
 long the chat's runs waited for a worker slot, `started_at - created_at`); the
-per-user run limits (THREADRUN_MAX_ACTIVE_RUNS_PER_USER) and the webhook fairness gate
+per-user run limits (THREADRUN_MAX_ACTIVE_RUNS), fair dispatch and the background queue
+(shared/runs/priority.py, workers/background_share.py) and the webhook fairness gate
 (shared/webhooks/fairness.py) are what should hold the ratio down. Below it, the firings by
-outcome (`fired`, `limited`, ...), the slow deliveries seen, and the load during the
-loaded batch itself (firings recorded, cron runs started and slow deliveries per second), so
-the load is on record.
+outcome (`admitted`, `limited`, ...), the slow deliveries seen, and the load during the
+loaded batch itself (firings and slow deliveries per second), so the load is on record.
 """
 
 from __future__ import annotations
@@ -189,8 +189,8 @@ def main() -> None:
         "--settle-s",
         type=float,
         default=None,
-        help="how long the crons fire before the loaded batch, and the least the loaded batch"
-        " lasts (default: two periods: every cron fired, the slow receiver holds deliveries)",
+        help="how long the crons fire before the loaded batch, and the least each batch lasts"
+        " (default: two periods: every cron fired, the slow receiver holds deliveries)",
     )
     args = parser.parse_args()
     users = [f"u{i:02d}" for i in range(args.users)]
@@ -241,7 +241,11 @@ def main() -> None:
                 print("bench.cron_load: quiet phase", file=sys.stderr, flush=True)
                 chat_batch(c.url, "key-chat", rec, "warm", 10, 5)
                 since = db_now(settings.dsn)
-                quiet = chat_batch(c.url, "key-chat", rec, "quiet", args.runs, args.concurrency)
+                settle = args.every_s * 2 if args.settle_s is None else args.settle_s
+                # As long as the loaded batch: the two p50s then come from as many runs.
+                quiet = chat_batch(
+                    c.url, "key-chat", rec, "quiet", args.runs, args.concurrency, settle
+                )
                 quiet_waits = queue_waits(settings.dsn, since)
                 print("bench.cron_load: making crons", file=sys.stderr, flush=True)
                 make_crons(c.url, [f"key-{u}" for u in users], args.crons, args.every_s, slow)
@@ -250,7 +254,6 @@ def main() -> None:
                     timeout=args.every_s * 3 + 30,
                     what="the first cron firings",
                 )
-                settle = args.every_s * 2 if args.settle_s is None else args.settle_s
                 time.sleep(settle)
                 print("bench.cron_load: loaded phase", file=sys.stderr, flush=True)
                 since = db_now(settings.dsn)
