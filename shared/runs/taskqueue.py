@@ -28,6 +28,8 @@ BACKGROUND_QUEUE = "runs.background"
 by default; a deployment may give it workers of its own at a lower OS priority
 (`process_nice`, `make run`'s `background_workers`), so firings never take CPU from a
 caller's run."""
+RUNS_WORKER_QUEUES = f"{RUNS_QUEUE},{BACKGROUND_QUEUE}"
+"""A runs worker's queues unless background runs have workers of their own."""
 MEMORY_QUEUE = "memory"
 WEBHOOKS_QUEUE = "webhooks"
 

@@ -51,7 +51,7 @@ from shared.ops.supervision import (
 from shared.project import activate
 from shared.redis_clients import sync_client
 from shared.redis_keys import Keys
-from shared.runs.taskqueue import BACKGROUND_QUEUE, RUNS_QUEUE
+from shared.runs.taskqueue import BACKGROUND_QUEUE, RUNS_QUEUE, RUNS_WORKER_QUEUES
 from shared.settings import Settings
 from shared.tools.devservices import DevServicesError, parent_death_signal, redact, resolve_services
 from shared.tools.project_deps import ensure as ensure_dependencies
@@ -172,7 +172,7 @@ def default_specs(settings: Settings, env: Mapping[str, str] | None = None) -> l
     # Background runs (cron firings) on workers of their own at a lower OS priority: a
     # burst of firings then takes only the CPU callers' runs leave (shared/runs/priority.py).
     # Those workers give every slot to background runs; the runs workers keep `runs`.
-    runs_q, background = f"{RUNS_QUEUE},{BACKGROUND_QUEUE}", []
+    runs_q, background = RUNS_WORKER_QUEUES, []
     if settings.background_workers:
         runs_q = RUNS_QUEUE
         background = node(

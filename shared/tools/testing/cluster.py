@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from shared.runs.taskqueue import RUNS_WORKER_QUEUES
 from shared.settings import Settings
 from shared.tools.devservices import free_port
 from shared.tools.supervisor import SCHEDULER_ARGS
@@ -60,11 +61,7 @@ def cluster_env(
     return {**env, **UNLIMITED_USERS, **settings_env(settings), **(extra or {})}
 
 
-RUNS_QUEUES = "runs,runs.background"
-"""A runs worker's queues: callers' runs and the background runs (shared/runs/taskqueue.py)."""
-
-
-def worker_argv(name: str, concurrency: int, queues: str = RUNS_QUEUES) -> list[str]:
+def worker_argv(name: str, concurrency: int, queues: str = RUNS_WORKER_QUEUES) -> list[str]:
     """A Celery worker of the project on `queues` with `concurrency` threads."""
     return [
         sys.executable, "-m", "celery", "-A", "workers.celery_app:celery", "worker",
@@ -190,7 +187,7 @@ class Cluster:
         name: str = "runs",
         concurrency: int = 8,
         *,
-        queues: str = RUNS_QUEUES,
+        queues: str = RUNS_WORKER_QUEUES,
         ready: str = "ready.",
         timeout: float = START_TIMEOUT_S,
         env: Mapping[str, str] | None = None,
