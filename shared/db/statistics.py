@@ -3,10 +3,11 @@
 PostgreSQL plans on each table's statistics. A table that was never analyzed (a fresh
 database, one restored or bulk-loaded, a server whose autovacuum is off or behind) is
 planned as if it were nearly empty, and some of our statements then take the wrong index
-and read a thread's whole history each turn: LangGraph's `get_tuple` reads every pending
-write of the thread through `checkpoint_writes_thread_id_idx` instead of the primary key
-(bench.growth, 200 turns: 282 -> 2,662 `checkpoint_writes` rows a turn from turn 11-30 to
-181-200, 0 once analyzed). One ANALYZE fixes the plans.
+and read a thread's whole history each turn: our claim and settle statements walk every run
+of the thread through `runs_thread_seq` instead of the partial `runs_thread_inflight`
+(bench.growth, 200 turns: 63 -> 403 `runs` rows a turn from turn 11-30 to 181-200, 23 once
+analyzed; LangGraph's `get_tuple` did the same through the saver's `thread_id` index, which
+`shared.db.migrate` now drops). One ANALYZE fixes the plans.
 
 So the reaper's leader (workers/reaper.py), every `analyze_interval_s`, reads
 `pg_stat_user_tables` of its schema and ANALYZEs each table that (`needs_analyze`) was never

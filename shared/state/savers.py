@@ -133,6 +133,47 @@ FOR SHARE OF runs
 (SIGSTOP, a stalled VM) is disconnected by PostgreSQL after it, which frees the run row
 for the reaper instead of holding it until the writer thaws."""
 
+SELECT_SQL = """
+select
+    thread_id,
+    checkpoint,
+    checkpoint_ns,
+    checkpoint_id,
+    parent_checkpoint_id,
+    metadata,
+    (
+        select array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
+        from jsonb_each_text(checkpoint -> 'channel_versions') AS cv (channel, version)
+        cross join lateral (
+            select b.channel, b.type, b.blob from checkpoint_blobs b
+            where b.thread_id = checkpoints.thread_id
+                and b.checkpoint_ns = checkpoints.checkpoint_ns
+                and b.channel = cv.channel
+                and b.version = cv.version
+            limit 1
+        ) AS bl
+    ) as channel_values,
+    (
+        select
+        array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob,
+                        convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
+        from checkpoint_writes cw
+        where cw.thread_id = checkpoints.thread_id
+            and cw.checkpoint_ns = checkpoints.checkpoint_ns
+            and cw.checkpoint_id = checkpoints.checkpoint_id
+    ) as pending_writes
+from checkpoints """
+"""LangGraph's checkpoint read (`BasePostgresSaver.SELECT_SQL` of langgraph-checkpoint-postgres
+3.2.0: the same columns, rows and order of arguments) with one change: a checkpoint's blobs
+are fetched one primary-key probe per channel version (a `LATERAL` subquery with `LIMIT 1`,
+which the planner cannot flatten back into a join; the key is unique, so the limit drops
+nothing). LangGraph's join of `jsonb_each_text` to `checkpoint_blobs` is planned as a hash
+join over every blob of the thread, analyzed or not, so each read of an old thread's head
+fetched thousands of rows for the ten or so it uses (bench.growth, 500 turns: 2,946
+`checkpoint_blobs` rows a turn at turns 481-500). Every read through our savers (`get_tuple`,
+`list`, the heads of a page of threads) uses it; tests/integration/test_fenced_saver.py holds
+its answers equal to LangGraph's and its rows read to the channels of the checkpoint."""
+
 HEADS_SQL = """
 WHERE (thread_id, checkpoint_ns, checkpoint_id) IN (
     SELECT t.thread_id, '', h.checkpoint_id
@@ -223,6 +264,8 @@ def _checked(tup: CheckpointTuple | None, mode: CheckpointMode) -> CheckpointTup
 class StatePostgresSaver(BoundedDeltaHistory, PostgresSaver):
     """The web's sync saver: stamps and checks the checkpoint mode (S4); reads a delta
     channel's history in pages sized by `snapshot_every` (shared/state/delta_history.py)."""
+
+    SELECT_SQL = SELECT_SQL
 
     def __init__(
         self,
@@ -338,6 +381,8 @@ class HeadsSaver(StatePostgresSaver):
 class FencedPostgresSaver(AsyncBoundedDeltaHistory, AsyncPostgresSaver):
     """The workers' async saver: mode stamp and check, writes fenced by the run epoch, and a
     delta channel's history read in pages sized by `snapshot_every`."""
+
+    SELECT_SQL = SELECT_SQL
 
     def __init__(
         self,
