@@ -60,7 +60,7 @@ def _same(ours: Any, theirs: Any) -> None:
     assert ours.pending_writes == theirs.pending_writes
 
 
-def _rows_touched(
+def rows_touched(
     conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...], relation: str
 ) -> int:
     """Rows the plan of `sql` touched in `relation`: those it returned plus those its
@@ -83,7 +83,7 @@ def _rows_touched(
 
 def _blob_rows(conn: psycopg.Connection[Any], sql: str, thread_id: str) -> int:
     """`checkpoint_blobs` rows a head read of `thread_id` through `sql` touched."""
-    return _rows_touched(conn, sql + HEAD, (thread_id,), "checkpoint_blobs")
+    return rows_touched(conn, sql + HEAD, (thread_id,), "checkpoint_blobs")
 
 
 def test_s3_sync_checkpoint_reads_equal_langgraphs(settings: Settings) -> None:
@@ -198,7 +198,7 @@ def test_s3_a_checkpoint_read_fetches_only_its_own_pending_writes(settings: Sett
             for analyzed in (False, True):
                 if analyzed:
                     conn.execute("ANALYZE checkpoint_writes")
-                touched = _rows_touched(conn, SELECT_SQL + one[0], one[1], "checkpoint_writes")
+                touched = rows_touched(conn, SELECT_SQL + one[0], one[1], "checkpoint_writes")
                 assert touched <= len(middle.pending_writes), (analyzed, touched)
     finally:
         pool.close()

@@ -11,16 +11,20 @@ import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, TypedDict
 
+import psycopg
 import pytest
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.postgres.base import _build_delta_stage1_sql
 from langgraph.graph import START, StateGraph
+from psycopg.rows import dict_row
 
 from shared.db import make_async_pool, make_pool
 from shared.settings import Settings
 from shared.state import delta_history
 from shared.state.savers import FencedPostgresSaver, StatePostgresSaver
+from tests.integration.test_s3_checkpoint_reads import rows_touched
 
 
 def _concat(state: list[str], writes: Sequence[list[str]]) -> list[str]:
@@ -140,5 +144,36 @@ def test_s4_sync_delta_history_matches_langgraph(settings: Settings) -> None:
                 )
                 assert ours == theirs
             assert len(app.get_state(cfg).values["items"]) == 40
+    finally:
+        pool.close()
+
+
+def test_s4_delta_history_page_probes_blobs_by_primary_key(settings: Settings) -> None:
+    """S4: the history page's blob probe (`delta_history.stage1_sql`) returns LangGraph's rows
+    and touches at most one `checkpoint_blobs` row per checkpoint of the page, before and after
+    ANALYZE; LangGraph's `EXISTS`, once analyzed, scans the channel's blobs of every thread."""
+    pool = make_pool(settings, name="test-delta-history-probe", max_size=2)
+    try:
+        saver = StatePostgresSaver(pool, mode="delta", snapshot_every=10)
+        app = graph(10).compile(checkpointer=saver)
+        tid = str(uuid.uuid4())
+        cfg = {"configurable": {"thread_id": tid}}
+        for i in range(60):
+            app.invoke({"items": [f"input {i}"]}, cfg)
+        head = saver.get_tuple(cfg)
+        assert head is not None
+        size = delta_history.first_page(10)
+        params = ["items"] * 4 + [tid, "", head.config["configurable"]["checkpoint_id"], size]
+        ours = delta_history.stage1_sql(["items"], include_cursor=True)
+        theirs = _build_delta_stage1_sql(["items"], paged=True, include_cursor=True)
+        with psycopg.connect(settings.dsn, autocommit=True, row_factory=dict_row) as conn:
+            for analyzed in (False, True):
+                if analyzed:
+                    conn.execute("ANALYZE checkpoint_blobs")
+                rows = conn.execute(ours, params).fetchall()
+                assert rows == conn.execute(theirs, params).fetchall()
+                assert len(rows) == size and any(r["hb_0"] for r in rows)
+                touched = rows_touched(conn, ours, tuple(params), "checkpoint_blobs")
+                assert touched <= size, (analyzed, touched)
     finally:
         pool.close()
