@@ -135,18 +135,24 @@ def test_s3_async_checkpoint_reads_equal_langgraphs(settings: Settings) -> None:
     asyncio.run(scenario())
 
 
+def _old_thread(pool: Any, turns: int = 40) -> tuple[StatePostgresSaver, str, dict[str, Any]]:
+    """A `full` thread of `turns` invocations of `_graph()`: (its saver, its id, its config)."""
+    saver = StatePostgresSaver(pool, mode="full")
+    app = _graph().compile(checkpointer=saver)
+    tid = str(uuid.uuid4())
+    cfg = {"configurable": {"thread_id": tid}}
+    for i in range(turns):
+        app.invoke({"items": [f"input {i}"]}, cfg)
+    return saver, tid, cfg
+
+
 def test_s3_a_head_read_fetches_only_the_blobs_of_its_channels(settings: Settings) -> None:
     """S3: reading an old thread's head touches one `checkpoint_blobs` row per channel of the
     head (before statistics and after ANALYZE), where LangGraph's join touches every blob the
     thread ever wrote; both return the same head."""
     pool = make_pool(settings, name="test-checkpoint-blob-reads", max_size=2)
-    tid = str(uuid.uuid4())
     try:
-        saver = StatePostgresSaver(pool, mode="full")
-        app = _graph().compile(checkpointer=saver)
-        cfg = {"configurable": {"thread_id": tid}}
-        for i in range(40):
-            app.invoke({"items": [f"input {i}"]}, cfg)
+        saver, tid, cfg = _old_thread(pool)
         head = saver.get_tuple(cfg)
         assert head is not None
         channels = len(head.checkpoint["channel_versions"])
@@ -172,13 +178,8 @@ def test_s3_a_checkpoint_read_fetches_only_its_own_pending_writes(settings: Sett
     its own pending writes by primary key, with or without planner statistics, not every
     write of the thread."""
     pool = make_pool(settings, name="test-checkpoint-write-reads", max_size=2)
-    tid = str(uuid.uuid4())
     try:
-        saver = StatePostgresSaver(pool, mode="full")
-        app = _graph().compile(checkpointer=saver)
-        cfg = {"configurable": {"thread_id": tid}}
-        for i in range(40):
-            app.invoke({"items": [f"input {i}"]}, cfg)
+        saver, tid, cfg = _old_thread(pool)
         middle = list(saver.list(cfg))[30]
         assert middle.pending_writes
         one = (
