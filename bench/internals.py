@@ -92,6 +92,14 @@ TOKEN_EVENT = serde.dumps(
 """A typical `messages` token event (about 330 bytes of JSON)."""
 METADATA_EVENT = serde.dumps({"run_id": "6f1c2a4e-3b7d-4a55-9d7e-0c1f2e3d4b5a", "attempt": 1})
 
+QUOTA_USER_THREADS = 9_000
+"""The threads of the bench's user when its admissions are checked against the thread quota
+(below `max_threads_per_user`'s default, 10,000)."""
+SEED_THREADS_SQL = """
+INSERT INTO threads (thread_id, owner)
+SELECT gen_random_uuid(), %(owner)s
+FROM generate_series(1, %(want)s - (SELECT count(*) FROM threads WHERE owner = %(owner)s))
+"""
 RAW_INSERT_THREAD_SQL = """
 INSERT INTO threads (thread_id, owner, metadata) VALUES (%(thread_id)s, %(owner)s, %(metadata)s)
 RETURNING *
@@ -406,6 +414,26 @@ async def stage_admission(b: Bench) -> list[Row]:
     b.notes["admit_one_thread_p50_first_tenth_ms"] = percentile(ours_one[:tenth], 50)
     b.notes["admit_one_thread_p50_last_tenth_ms"] = percentile(ours_one[-tenth:], 50)
     b.notes["admit_one_thread_queued_runs_at_end"] = WARMUP + b.n
+
+    # The web checks every new thread against `max_threads_per_user`: the same admission for
+    # a user who already has QUOTA_USER_THREADS threads (the quota high enough to refuse none).
+    with b.pool.connection() as conn:
+        conn.execute(SEED_THREADS_SQL, {"owner": OWNER, "want": QUOTA_USER_THREADS})
+    quota_store = RunStore(b.pool, max_threads_per_user=QUOTA_USER_THREADS + 4 * (WARMUP + b.n))
+
+    async def near_quota(i: int) -> float:
+        request, run_id = _request(str(uuid.uuid4()), create_thread=True), str(uuid.uuid4())
+        t0 = time.perf_counter()
+        adm = quota_store.admit(
+            request, run_id=run_id, owner=OWNER, graph_id="bench",
+            strategy=MultitaskStrategy.ENQUEUE,
+        )  # fmt: skip
+        ms = _ms_since(t0)
+        assert adm.decision.outcome is AdmissionOutcome.DISPATCH
+        b.admitted.append(run_id)
+        return ms
+
+    ours_quota, base_quota = await interleave(b.n, [near_quota, raw])
     return [
         Row(
             "admit, fresh thread",
@@ -418,6 +446,12 @@ async def stage_admission(b: Bench) -> list[Row]:
             Stats.of(ours_one),
             "INSERT threads RETURNING (tx)",
             Stats.of(base_one),
+        ),
+        Row(
+            f"admit, fresh thread, quota, {QUOTA_USER_THREADS:,} threads",
+            Stats.of(ours_quota),
+            "INSERT threads RETURNING (tx)",
+            Stats.of(base_quota),
         ),
     ]
 
@@ -948,6 +982,8 @@ class CountingPublisher:
     def __init__(self, inner: StreamPublisher) -> None:
         self.inner = inner
         self.calls: list[tuple[int, float]] = []
+        self.coalesce_turns = inner.coalesce_turns
+        """The loop turns the batcher lets pass before it publishes (the real publisher's)."""
 
     async def publish_many(self, calls: list[PublishCall]) -> list[PublishResult | Exception]:
         """Publish through the real publisher, timing the round trip."""

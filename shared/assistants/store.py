@@ -53,13 +53,14 @@ WITH a AS (
 SELECT * FROM a
 """
 ASSISTANT_QUOTA_SQL = """
-SELECT (SELECT count(*) FROM (SELECT 1 FROM assistants WHERE owner = %(owner)s LIMIT %(max)s) q)
-           AS n,
+SELECT (SELECT coalesce(sum(n), 0) FROM owner_counts
+        WHERE kind = 'assistants' AND owner = %(owner)s) AS n,
        EXISTS (SELECT 1 FROM assistants WHERE owner = %(owner)s AND public_id = %(public_id)s)
            AS present
 """
-"""How many assistants the owner has, counted up to the quota, and whether the id exists
-already (then the create makes no new assistant: it answers it or 409)."""
+"""How many assistants the owner has (its `owner_counts` shard rows, kept by triggers: see
+migration 0017) and whether the id exists already (then the create makes no new assistant:
+it answers it or 409)."""
 GET_ASSISTANT_SQL = (
     f"SELECT a.* FROM assistants a WHERE a.public_id = %(assistant_id)s AND {VISIBLE}"
 )
@@ -186,7 +187,7 @@ class AssistantStore:
         if limit is None:
             return
         row = conn.execute(
-            ASSISTANT_QUOTA_SQL, {"owner": owner, "max": limit, "public_id": assistant_id}
+            ASSISTANT_QUOTA_SQL, {"owner": owner, "public_id": assistant_id}
         ).fetchone()
         if row is not None and int(row["n"]) >= limit and not row["present"]:
             raise LimitExceeded(

@@ -21,11 +21,11 @@ ON CONFLICT DO NOTHING
 RETURNING *
 
 -- name: thread_quota
--- How many threads the owner has, counted up to the quota (an index range of at most
--- `max` entries), and whether the one about to be created exists already (then creating
--- it is no new thread: `if_exists=do_nothing`, `if_not_exists=create`).
-SELECT (SELECT count(*) FROM (SELECT 1 FROM threads WHERE owner = %(owner)s LIMIT %(max)s) q)
-           AS n,
+-- How many threads the owner has (the sum of its shard rows in `owner_counts`, at most 16,
+-- kept by the triggers of migration 0017), and whether the one about to be created exists
+-- already (then creating it is no new thread: `if_exists=do_nothing`, `if_not_exists=create`).
+SELECT (SELECT coalesce(sum(n), 0) FROM owner_counts
+        WHERE kind = 'threads' AND owner = %(owner)s) AS n,
        EXISTS (SELECT 1 FROM threads WHERE thread_id = %(thread_id)s::uuid
                OR (owner = %(owner)s AND public_id = %(public_id)s::uuid)) AS present
 

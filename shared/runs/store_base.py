@@ -71,14 +71,15 @@ class StoreBase:
     ) -> None:
         """LimitExceeded (429 `max_threads_per_user`) when the owner has its quota of
         threads and the one to create (storage `thread_id`, or the owner's `public_id`) is
-        not one of them. Counted in the creating transaction
-        without a lock: concurrent creations of one owner may pass it by as many."""
+        not one of them. Counted in the creating transaction (the owner's `owner_counts`
+        rows, at most 16 whatever it has) without a lock: concurrent creations of one owner
+        may pass it by as many."""
         limit = self.max_threads_per_user
         if limit is None:
             return
         row = conn.execute(
             THREAD_QUOTA_SQL,
-            {"owner": owner, "max": limit, "thread_id": thread_id, "public_id": public_id},
+            {"owner": owner, "thread_id": thread_id, "public_id": public_id},
         ).fetchone()
         if row is not None and int(row["n"]) >= limit and not row["present"]:
             raise LimitExceeded(

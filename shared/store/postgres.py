@@ -18,7 +18,7 @@ from shared.db import AsyncDictPool, DictPool, make_async_pool
 from shared.project import load_project
 from shared.settings import Settings
 from shared.store.config import StoreConfig
-from shared.store.quota import ItemQuota
+from shared.store.quota import ItemQuota, install_counts
 from shared.store.scoped import UserScopedStore
 
 
@@ -48,6 +48,7 @@ def setup(conn: Connection[DictRow], config: StoreConfig) -> None:
     `conn` must be in autocommit: the store's migrations create indexes concurrently.
     """
     PostgresStore(conn, index=config.setup_index()).setup()
+    install_counts(conn)
 
 
 def web_stores(

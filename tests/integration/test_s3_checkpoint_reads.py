@@ -60,9 +60,7 @@ def _same(ours: Any, theirs: Any) -> None:
     assert ours.pending_writes == theirs.pending_writes
 
 
-def rows_touched(
-    conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...], relation: str
-) -> int:
+def rows_touched(conn: psycopg.Connection[Any], sql: str, params: Any, relation: str) -> int:
     """Rows the plan of `sql` touched in `relation`: those it returned plus those its
     filters discarded, over every loop."""
     plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()
