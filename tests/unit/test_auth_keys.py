@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -124,7 +125,8 @@ def client(app: Flask) -> FlaskClient:
 def test_a4_env_and_stored_keys_authenticate(client: FlaskClient, store: ApiKeyStore) -> None:
     """A4: env keys keep working; stored keys work until revoked (+ TTL); others get 401."""
     assert client.post("/threads/count", headers={"x-api-key": ENV_KEY}).status_code == 200
-    key, secret = store.create("dave")
+    # A user of its own: other tests of the session's database leave threads of theirs.
+    key, secret = store.create(f"dave-{uuid.uuid4().hex[:8]}")
     r = client.post("/threads", headers={"Authorization": f"Bearer {secret}"}, json={})
     assert r.status_code == 200
     assert client.post("/threads/count", headers={"x-api-key": secret}).get_json() == 1
