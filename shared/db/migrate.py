@@ -84,6 +84,43 @@ def drop_redundant_checkpoint_indexes(conn: psycopg.Connection[DictRow]) -> None
         conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
 
 
+CONCURRENT_INDEXES = {
+    "runs_ended": "ON runs (ended_at, status) WHERE ended_at IS NOT NULL",
+    "runs_failed_ended": "ON runs (ended_at) WHERE status IN ('error', 'timeout')",
+}
+"""Indexes built after the migrations, concurrently (a build inside a migration's transaction
+would block every write of the table until it ended: seconds on a large `runs`): name ->
+definition. The ops view's runs ended within its window and its failures (shared/ops/store.py
+`ENDED_SQL`, `FAILURES_SQL`) read a range of the window instead of every run (69 and 77 ms at
+200,000 runs)."""
+
+_INDEX_VALID_SQL = """
+SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace
+"""
+
+
+def create_concurrent_indexes(conn: psycopg.Connection[DictRow]) -> list[str]:
+    """Build the `CONCURRENT_INDEXES` that are missing (autocommit: concurrently, one by one);
+    one left invalid by a build that was interrupted is dropped and built again. Returns the
+    names built."""
+    built = []
+    for name, definition in CONCURRENT_INDEXES.items():
+        row = conn.execute(_INDEX_VALID_SQL, (name,)).fetchone()
+        if row is not None and row["indisvalid"]:
+            continue
+        index = sql.Identifier(name)
+        if row is not None:
+            conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(index))
+        log.info("building index %s concurrently", name)
+        conn.execute(
+            sql.SQL("CREATE INDEX CONCURRENTLY IF NOT EXISTS {} ").format(index)
+            + sql.SQL(definition)
+        )
+        built.append(name)
+    return built
+
+
 def applied_versions(conn: psycopg.Connection[DictRow]) -> set[int]:
     """Versions already applied."""
     rows = conn.execute("SELECT version FROM threadrun_schema_version").fetchall()
@@ -118,6 +155,7 @@ def migrate(settings: Settings) -> list[int]:
         try:
             PostgresSaver(conn).setup()
             drop_redundant_checkpoint_indexes(conn)
+            create_concurrent_indexes(conn)
             setup_store(conn, StoreConfig.from_file(settings.config))
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY + 1,))

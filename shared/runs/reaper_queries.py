@@ -28,6 +28,21 @@ RUNNING_RUNS_SQL = query("running_runs")
 FAIL_EXPIRED_SQL = query("fail_expired")
 REQUEUE_EXPIRED_SQL = query("requeue_expired")
 ATTEMPT_CAUSE_SQL = query("attempt_cause")
+COMPACT_RUN_COUNTS_SQL = """
+WITH gone AS (
+    DELETE FROM run_status_counts
+    WHERE (SELECT count(*) FROM run_status_counts) > %(rows)s
+    RETURNING status, n
+)
+INSERT INTO run_status_counts (status, n)
+SELECT status, sum(n) FROM gone GROUP BY status HAVING sum(n) <> 0
+"""
+"""Fold `run_status_counts`' deltas into one row per status once there are more than
+`rows` (migration 0018). Rows that transactions in flight insert meanwhile are not seen, so
+they stay, and every status's sum is the same before and after; two folds at once delete
+disjoint rows."""
+COMPACT_RUN_COUNTS_ROWS = 64
+"""A fold is due past this many delta rows (a few runs' worth; the reads stay a few rows)."""
 ATTEMPT_FAILED = "attempt_failed"
 """The lifecycle event of an attempt that failed without ending its run."""
 
@@ -57,6 +72,11 @@ class RunningRun:
 
 class ReaperQueries(StoreBase):
     """Lost dispatches and lapsed owners."""
+
+    def compact_run_counts(self, rows: int = COMPACT_RUN_COUNTS_ROWS) -> int:
+        """Fold the runs' status count deltas if more than `rows` (returns the rows written)."""
+        with self._pool.connection() as conn:
+            return conn.execute(COMPACT_RUN_COUNTS_SQL, {"rows": rows}).rowcount
 
     def stale_pending_heads(self, stale_s: float) -> list[str]:
         """Pending runs at the head of their thread whose dispatch looks lost (R4)."""
