@@ -198,6 +198,54 @@ def lost_owners(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
     return out
 
 
+TOKEN_HOURS_SLACK_S = 60.0
+"""Beyond `run_timeout_s`, how long after its end an hour may still get model calls recorded
+(a journal's last write after its run's time was up)."""
+
+
+class TokenHours:
+    """The token chart's hours that no longer change, kept between refreshes.
+
+    A model call is recorded with the time it ended, and its run's journal writes it at the
+    latest when the run ends, so an hour that ended `settle_s` ago (the longest a run may
+    last, and a margin) is complete. A refresh then reads the hours from the oldest one not
+    settled yet (the last one or two, once the chart is filled): the 24 hours of every model
+    call were read at every refresh (every 3 s while the page is open), a read that grew with
+    the load of the day."""
+
+    def __init__(self, settle_s: float) -> None:
+        self.settle_s = settle_s
+        self._settled: dict[int, tuple[int, int]] = {}
+
+    @staticmethod
+    def _starts(now: float, hours: int) -> list[int]:
+        last = int(now // 3600 * 3600)
+        return [last - h * 3600 for h in range(hours - 1, -1, -1)]
+
+    def since(self, now: float, hours: int) -> int:
+        """The start of the first hour of the chart to read (epoch seconds)."""
+        starts = self._starts(now, hours)
+        return next((h for h in starts if h not in self._settled), starts[-1])
+
+    def chart(
+        self, now: float, hours: int, read: dict[int, tuple[int, int]]
+    ) -> list[dict[str, Any]]:
+        """The chart's hours, oldest first, from what was kept and what was `read` (hour
+        start -> (input, output) tokens, from `since` on); keeps the hours that settled."""
+        starts = self._starts(now, hours)
+        out = []
+        for start in starts:
+            got = self._settled.get(start)
+            if got is None:
+                got = read.get(start, (0, 0))
+                if start + 3600 + self.settle_s <= now:
+                    self._settled[start] = got
+            out.append({"hour": start, "input": got[0], "output": got[1]})
+        for start in [h for h in self._settled if h < starts[0]]:
+            del self._settled[start]
+        return out
+
+
 class OpsCollector:
     """Every figure of the ops view; each method is one panel."""
 
@@ -222,6 +270,7 @@ class OpsCollector:
         # (owner, run) pairs this process already recorded: a page refresh every few
         # seconds re-sees the same orphans, and records them once.
         self._recorded: set[tuple[str, str]] = set()
+        self._token_hours = TokenHours(settings.run_timeout_s + TOKEN_HOURS_SLACK_S)
 
     # -- runs -------------------------------------------------------------------------------
     def runs_summary(self) -> dict[str, Any]:
@@ -527,22 +576,11 @@ class OpsCollector:
         return round(max(0.0, time.time() - float(first[0][1])), 3)
 
     def tokens_per_hour(self) -> list[dict[str, Any]]:
-        """Input/output tokens per hour of the last `ops_token_hours` hours (zeros filled)."""
-        hours = self.settings.ops_token_hours
-        rows = {r["hour"]: r for r in self.store.tokens_per_hour(hours)}
-        now_hour = int(time.time() // 3600 * 3600)
-        out = []
-        for h in range(hours - 1, -1, -1):
-            start = now_hour - h * 3600
-            row = next((v for k, v in rows.items() if int(k.timestamp()) == start), None)
-            out.append(
-                {
-                    "hour": start,
-                    "input": int(row["input_tokens"]) if row else 0,
-                    "output": int(row["output_tokens"]) if row else 0,
-                }
-            )
-        return out
+        """Input/output tokens per hour of the last `ops_token_hours` hours (zeros filled);
+        only the hours not settled yet are read (`TokenHours`)."""
+        now, hours = time.time(), self.settings.ops_token_hours
+        read = self.store.tokens_per_hour(self._token_hours.since(now, hours))
+        return self._token_hours.chart(now, hours, read)
 
     # -- health ---------------------------------------------------------------------------
     def health(

@@ -120,8 +120,7 @@ SELECT date_trunc('hour', created_at) AS hour,
        sum(coalesce((payload -> 'usage' ->> 'input_tokens')::bigint, 0)) AS input_tokens,
        sum(coalesce((payload -> 'usage' ->> 'output_tokens')::bigint, 0)) AS output_tokens
 FROM run_events
-WHERE category = 'model' AND type = 'model.end'
-  AND created_at >= date_trunc('hour', now()) - make_interval(hours => %(hours)s - 1)
+WHERE category = 'model' AND type = 'model.end' AND created_at >= to_timestamp(%(since)s)
 GROUP BY 1 ORDER BY 1
 """
 RUN_STATUSES_SQL = """
@@ -235,10 +234,15 @@ class OpsStore:
                 r["run_id"] for r in conn.execute(STUCK_CANDIDATES_SQL, {"min_age_s": min_age_s})
             ]
 
-    def tokens_per_hour(self, hours: int) -> list[dict[str, Any]]:
-        """Model tokens by hour (of the `model.end` event) for the last `hours` hours."""
+    def tokens_per_hour(self, since: int) -> dict[int, tuple[int, int]]:
+        """Model tokens (input, output) by hour (of the `model.end` event, its start in epoch
+        seconds) from the hour starting at `since` (epoch seconds) on."""
         with self._pool.connection() as conn:
-            return conn.execute(TOKENS_PER_HOUR_SQL, {"hours": hours}).fetchall()
+            rows = conn.execute(TOKENS_PER_HOUR_SQL, {"since": since}).fetchall()
+        return {
+            int(r["hour"].timestamp()): (int(r["input_tokens"]), int(r["output_tokens"]))
+            for r in rows
+        }
 
     def run_statuses(self, run_ids: list[str]) -> dict[str, dict[str, Any]]:
         """{run_id: {status, attempt, error}} of the runs that still exist."""
