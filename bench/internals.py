@@ -385,21 +385,26 @@ def _raw_insert_thread(pool: DictPool) -> None:
 async def stage_admission(b: Bench) -> list[Row]:
     """RunStore.admit on fresh threads and on one thread (enqueue) vs a raw INSERT … RETURNING."""
 
-    async def fresh(i: int) -> float:
-        request, run_id = _request(str(uuid.uuid4()), create_thread=True), str(uuid.uuid4())
-        t0 = time.perf_counter()
-        adm = _admit(b.store, request, run_id)
-        ms = _ms_since(t0)
-        assert adm.decision.outcome is AdmissionOutcome.DISPATCH
-        b.admitted.append(run_id)
-        return ms
+    def fresh_on(store: RunStore) -> Op:
+        """An admission on a new thread each time, through `store`."""
+
+        async def fresh(i: int) -> float:
+            request, run_id = _request(str(uuid.uuid4()), create_thread=True), str(uuid.uuid4())
+            t0 = time.perf_counter()
+            adm = _admit(store, request, run_id)
+            ms = _ms_since(t0)
+            assert adm.decision.outcome is AdmissionOutcome.DISPATCH
+            b.admitted.append(run_id)
+            return ms
+
+        return fresh
 
     async def raw(i: int) -> float:
         t0 = time.perf_counter()
         _raw_insert_thread(b.pool)
         return _ms_since(t0)
 
-    ours_fresh, base_fresh = await interleave(b.n, [fresh, raw])
+    ours_fresh, base_fresh = await interleave(b.n, [fresh_on(b.store), raw])
 
     thread_id = b.store.create_thread(None, OWNER, {}, "raise").thread_id
 
@@ -420,20 +425,7 @@ async def stage_admission(b: Bench) -> list[Row]:
     with b.pool.connection() as conn:
         conn.execute(SEED_THREADS_SQL, {"owner": OWNER, "want": QUOTA_USER_THREADS})
     quota_store = RunStore(b.pool, max_threads_per_user=QUOTA_USER_THREADS + 4 * (WARMUP + b.n))
-
-    async def near_quota(i: int) -> float:
-        request, run_id = _request(str(uuid.uuid4()), create_thread=True), str(uuid.uuid4())
-        t0 = time.perf_counter()
-        adm = quota_store.admit(
-            request, run_id=run_id, owner=OWNER, graph_id="bench",
-            strategy=MultitaskStrategy.ENQUEUE,
-        )  # fmt: skip
-        ms = _ms_since(t0)
-        assert adm.decision.outcome is AdmissionOutcome.DISPATCH
-        b.admitted.append(run_id)
-        return ms
-
-    ours_quota, base_quota = await interleave(b.n, [near_quota, raw])
+    ours_quota, base_quota = await interleave(b.n, [fresh_on(quota_store), raw])
     return [
         Row(
             "admit, fresh thread",
