@@ -30,12 +30,21 @@ bind = [
     if ":" in _settings.host
     else f"{_settings.host}:{_settings.port}"
 ]
-worker_class = _settings.web_worker_class
+# gevent: gunicorn's own, whose idle kept-alive connections are closed soon after a stop
+# begins instead of holding it for the whole grace (app/gevent_worker.py).
+worker_class = {"gevent": "app.gevent_worker.GeventWorker", "gthread": "gthread"}[
+    _settings.web_worker_class
+]
 workers = _settings.web_workers
 threads = _settings.web_threads  # gthread only
 worker_connections = _settings.web_worker_connections  # gevent only
 timeout = _settings.web_timeout_s
 graceful_timeout = _settings.web_graceful_timeout_s
+# gunicorn's default keep-alive (2 s) is shorter than the clients' pools keep an idle
+# connection (httpx: 5 s), so a client reused one as the server closed it: `Connection reset
+# by peer` on a request the server never read. Longer than the clients' expiry, it is they
+# who close.
+keepalive = _settings.web_keepalive_s
 # gunicorn >= 25 opens a control socket (`gunicornc`) at ~/.gunicorn/gunicorn.ctl by default:
 # one path for every instance of the user on the host, so one instance's socket answered for
 # another's. We use no runtime control (signals do it), so none is opened.
@@ -60,7 +69,7 @@ def _raise_nofile_limit(wanted: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
-if worker_class == "gevent":
+if _settings.web_worker_class == "gevent":
     _raise_nofile_limit(worker_connections + FD_HEADROOM)
 
 

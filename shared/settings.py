@@ -865,6 +865,15 @@ class Settings(BaseSettings):
     web_graceful_timeout_s: int = Field(
         default=5, ge=0, description="Open requests and streams get this long at shutdown."
     )
+    web_keepalive_s: int = Field(
+        default=75,
+        ge=0,
+        description="An idle keep-alive connection stays open this long (0 = one request "
+        "per connection). Longer than the clients' own idle expiry (httpx 5 s, undici 4 s, "
+        "aiohttp 15 s) and a load balancer's (60 s is common), so the client or the proxy "
+        "closes first: a server closing a connection the client is reusing resets its "
+        "request (gunicorn's own default, 2 s, did that to the SDK's).",
+    )
     web_redis_connections: int = Field(
         default=200, ge=2, description="Redis connections per web process (requests wait)."
     )

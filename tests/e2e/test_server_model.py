@@ -146,3 +146,38 @@ def test_b1_a2_one_stalled_reader_slows_neither_the_run_nor_another_client(
             assert len(ids) == len([f for f in frames if f["type"] == "event"])
     finally:
         stalled.close()
+
+
+GUNICORN_DEFAULT_KEEPALIVE_S = 2
+
+
+def get_ok(sock: socket.socket, host: str) -> bytes:
+    """One `GET /ok` on an open keep-alive connection: the whole response (Content-Length)."""
+    sock.sendall(f"GET /ok HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the kept-alive connection")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return head
+
+
+def test_an_idle_keep_alive_connection_is_kept_past_gunicorns_default(cluster: Cluster) -> None:
+    """A client pool's idle connection is still open when the client reuses it. gunicorn's
+    own default closed it after 2 s; httpx (the SDK's client) keeps one 5 s, so a request sent
+    as the server closed it was reset (`Connection reset by peer`). The server now keeps idle
+    connections THREADRUN_WEB_KEEPALIVE_S (75 s), longer than the clients do."""
+    host, port = cluster.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        assert get_ok(sock, host).startswith(b"HTTP/1.1 200")
+        time.sleep(GUNICORN_DEFAULT_KEEPALIVE_S + 1.5)
+        assert get_ok(sock, host).startswith(b"HTTP/1.1 200")

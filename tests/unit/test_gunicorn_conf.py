@@ -19,6 +19,7 @@ WEB_ENV = (
     "THREADRUN_WEB_WORKER_CONNECTIONS",
     "THREADRUN_WEB_TIMEOUT_S",
     "THREADRUN_WEB_GRACEFUL_TIMEOUT_S",
+    "THREADRUN_WEB_KEEPALIVE_S",
 )
 
 
@@ -36,10 +37,22 @@ def test_defaults_are_gevent(monkeypatch: pytest.MonkeyPatch) -> None:
     """The server model defaults to gevent with the Settings defaults."""
     conf = load(monkeypatch)
     assert conf.wsgi_app == "app:create_app()"
-    assert conf.worker_class == "gevent" and conf.workers == 2
+    assert conf.worker_class == "app.gevent_worker.GeventWorker" and conf.workers == 2
     assert conf.worker_connections == 10000 and conf.threads == 64
     assert conf.bind == ["127.0.0.1:8000"]
     assert conf.timeout == 0 and conf.graceful_timeout == 5
+    assert conf.keepalive == 75
+
+
+def test_keepalive_outlasts_the_clients_idle_expiry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server keeps an idle connection longer than httpx's pool does (the SDK's client):
+    the client, not the server, closes it, so a reused connection is never one the server is
+    closing. THREADRUN_WEB_KEEPALIVE_S sets it; 0 is one request per connection."""
+    import httpx
+
+    expiry = httpx.Limits().keepalive_expiry
+    assert expiry is not None and load(monkeypatch).keepalive > expiry
+    assert load(monkeypatch, THREADRUN_WEB_KEEPALIVE_S="0").keepalive == 0
 
 
 def test_gthread_stays_selectable(monkeypatch: pytest.MonkeyPatch) -> None:

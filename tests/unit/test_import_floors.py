@@ -79,6 +79,7 @@ APP_FLOORS: dict[str, int] = {
     "app.auth": 0,
     "app.services": 0,
     "app.access_log": 0,  # gunicorn's logger class: the master imports it, keep it light
+    "app.gevent_worker": 0,  # gunicorn's worker class: the master imports it too
     "app.authz": 1,  # the project's auth handlers, one call per action (shared/authz/)
     "app.cors": 1,
     "app.errors": 1,
