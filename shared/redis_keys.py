@@ -71,6 +71,11 @@ class Keys:
         id -> JSON: spec, state `ok`/`error`, error, worker, at), for the ops view."""
         return f"{self.prefix}ops:graphs"
 
+    def ops_workers(self) -> str:
+        """Hash of Celery workers' presence records (node name -> JSON), for the ops view
+        (shared/ops/presence.py)."""
+        return f"{self.prefix}ops:workers"
+
     def ops_supervisors(self) -> str:
         """Hash of `make run` supervisors' children (host -> JSON), for the ops view
         (shared/ops/supervision.py)."""

@@ -597,6 +597,13 @@ class Settings(BaseSettings):
     ops_report_s: float = Field(
         default=5.0, gt=0, description="Web processes report open connections this often."
     )
+    ops_presence_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="Each worker records itself in Redis this often; the ops view counts it "
+        "online for 3 periods after a write even when it is too busy to answer the broadcast "
+        "(shared/ops/presence.py).",
+    )
     ops_runs_limit: int = Field(default=200, ge=1, description="Runs listed by the ops view.")
     ops_token_hours: int = Field(default=24, ge=1, description="Hours of the token chart.")
     ops_refresh_s: float = Field(default=3.0, gt=0, description="Ops page refresh period.")

@@ -10,8 +10,10 @@ from celery import signals
 from shared import gc_tuning, logs, metrics, redis_clients
 from shared.agent.providers import preflight
 from shared.errors import ConfigError
+from shared.ops.presence import PresenceWriter, presence_record
 from shared.process_nice import lower_priority
 from shared.project import activate
+from shared.redis_keys import Keys
 from shared.runs.taskqueue import (
     BACKGROUND_QUEUE,
     RUNS_QUEUE,
@@ -65,6 +67,7 @@ def _on_ready(sender: object = None, **_: object) -> None:
     consumer = sender if hasattr(sender, "task_consumer") else getattr(sender, "consumer", None)
     task_consumer = getattr(consumer, "task_consumer", None)
     queues = {q.name for q in task_consumer.queues} if task_consumer else set()
+    _start_presence(consumer, queues)
     if not queues or RUNS_QUEUE in queues:
         start_runs_services()
     elif BACKGROUND_QUEUE in queues:  # a background worker: its runtime, not the reaper
@@ -80,3 +83,33 @@ def _on_shutting_down(**_: object) -> None:
     from workers.tasks import shutdown_runs
 
     shutdown_runs()
+
+
+_presence: list[PresenceWriter] = []
+"""This process's presence writer (shared/ops/presence.py), once the worker is ready."""
+
+
+def _start_presence(consumer: object, queues: set[str]) -> None:
+    """Record this worker in Redis every `ops_presence_s`, for the ops view."""
+    name = getattr(consumer, "hostname", None)
+    if not isinstance(name, str) or _presence:
+        return
+    settings = Settings()
+    pool = getattr(getattr(consumer, "controller", None), "concurrency", None)
+    writer = PresenceWriter(
+        redis_clients.sync_client(settings),
+        Keys(settings.redis_prefix),
+        presence_record(name, sorted(queues), pool if isinstance(pool, int) else None),
+        settings.ops_presence_s,
+    )
+    writer.start()
+    _presence.append(writer)
+
+
+@signals.worker_shutdown.connect
+def _on_shutdown(**_: object) -> None:
+    """The worker has stopped (its runs handed back): its presence record goes at once."""
+    while _presence:
+        writer = _presence.pop()
+        writer.stop()
+        writer.client.close()

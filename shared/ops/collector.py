@@ -6,7 +6,9 @@ Sources:
 - open connections and stream subscribers: the web processes' reports (connections.py);
 - workers online and their queues: a Celery `inspect` broadcast (`active_queues` and
   `stats`, answered within `ops_inspect_timeout_s`), cached `ops_inspect_cache_s` per
-  process; a worker's active runs are the running runs whose `owner` names its host:pid;
+  process, and the workers' own presence records in Redis for those too busy to answer in
+  time (shared/ops/presence.py); a worker's active runs are the running runs whose `owner`
+  names its host:pid;
 - worker losses (a worker gone from the broadcast while runs name it as their owner is
   recorded as one, once: shared/ops/worker_history.py) and each worker's finished-run
   counts: Redis, written by the web's ops view and by the workers;
@@ -38,6 +40,7 @@ from shared import metrics
 from shared.db.statistics import statistics_verdict
 from shared.ops.actions import REQUEUE_WHY, requeue_verdict
 from shared.ops.connections import read_connections
+from shared.ops.presence import read_presence
 from shared.ops.store import OpsStore
 from shared.ops.supervision import read_supervisors, supervision_tile
 from shared.ops.worker_history import NOT_ANSWERING, WorkerHistory, process_of
@@ -59,7 +62,7 @@ def _s(value: Any) -> str:
 
 
 def live_processes(workers: list[dict[str, Any]]) -> frozenset[tuple[str, str]]:
-    """(host, pid) of the workers that answered the broadcast."""
+    """(host, pid) of the workers online (answered the broadcast or recorded themselves)."""
     return frozenset((str(w["host"]), str(w["pid"])) for w in workers if w.get("pid") is not None)
 
 
@@ -86,10 +89,18 @@ def orphan_state(
 
 
 class WorkerInspector:
-    """Celery workers answering a broadcast, cached for a short while."""
+    """Celery workers answering a broadcast, and those whose presence record is fresh
+    (`presence`), cached for a short while. `answered` tells the two apart."""
 
-    def __init__(self, celery: Celery, timeout_s: float, cache_s: float) -> None:
+    def __init__(
+        self,
+        celery: Celery,
+        timeout_s: float,
+        cache_s: float,
+        presence: Callable[[], list[dict[str, Any]]] | None = None,
+    ) -> None:
         self._celery = celery
+        self._presence = presence
         self._timeout = timeout_s
         self._cache_s = cache_s
         self._lock = threading.Lock()
@@ -118,7 +129,7 @@ class WorkerInspector:
             self._pin.reset(token)
 
     def workers(self) -> list[dict[str, Any]]:
-        """[{name, host, pid, queues}] of the workers that answered."""
+        """[{name, host, pid, queues, concurrency, answered}] of the workers online."""
         held = self._pin.get()
         if held is None:
             return self._cached()
@@ -161,11 +172,28 @@ class WorkerInspector:
                     "pid": info.get("pid"),
                     "queues": sorted(q.get("name", "") for q in queues.get(name) or []),
                     "concurrency": (info.get("pool") or {}).get("max-concurrency"),
+                    "answered": True,
                 }
             )
+        answered = {w["name"] for w in out}
+        for record in self._present():
+            if record.get("name") in answered or record.get("pid") is None:
+                continue
+            self.names[(str(record["host"]), str(record["pid"]))] = str(record["name"])
+            out.append({**record, "answered": False})
+        out.sort(key=lambda w: str(w["name"]))
         while len(self.names) > NAMES_KEPT:
             self.names.pop(next(iter(self.names)))
         return out
+
+    def _present(self) -> list[dict[str, Any]]:
+        if self._presence is None:
+            return []
+        try:
+            return self._presence()
+        except redis.RedisError as exc:  # the broadcast's answers still count
+            log.warning("reading the workers' presence failed: %s", exc)
+            return []
 
 
 NAMES_KEPT = 1000
@@ -263,7 +291,10 @@ class OpsCollector:
         self.redis = client
         self.keys = Keys(settings.redis_prefix)
         self.inspector = WorkerInspector(
-            celery, settings.ops_inspect_timeout_s, settings.ops_inspect_cache_s
+            celery,
+            settings.ops_inspect_timeout_s,
+            settings.ops_inspect_cache_s,
+            presence=lambda: read_presence(client, self.keys, settings.ops_presence_s),
         )
         self._memory_stats = memory_stats if memory_stats is not None else _find_memory_stats()
         self.history = WorkerHistory(settings, client)
@@ -506,7 +537,7 @@ class OpsCollector:
         return out
 
     def workers_online(self, workers: list[dict[str, Any]] | None = None) -> dict[str, int]:
-        """How many answering workers consume each queue (and the background runs' queue,
+        """How many online workers consume each queue (and the background runs' queue,
         whose runs wait in the run queue with the others)."""
         workers = workers if workers is not None else self.inspector.workers()
         return {q: sum(1 for w in workers if q in w["queues"]) for q in (*QUEUES, BACKGROUND_QUEUE)}

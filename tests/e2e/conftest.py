@@ -24,8 +24,10 @@ FAST_LEASES = {
     "THREADRUN_CANCEL_POLL_S": "0.25",
     "THREADRUN_REAPER_INTERVAL_S": "0.5",
     "THREADRUN_DISPATCH_STALE_S": "1",
+    "THREADRUN_OPS_PRESENCE_S": "0.5",
 }
-"""Short leases and a fast reaper, for clusters whose tests kill or freeze owners."""
+"""Short leases and a fast reaper, for clusters whose tests kill or freeze owners (whose
+presence records go stale in 1.5 s, before their leases)."""
 ALICE, BOB = "key-alice", "key-bob"
 TEST_WEB = {
     "THREADRUN_WEB_THREADS": "32",
