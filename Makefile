@@ -24,6 +24,10 @@ LINT_PATHS := app workers shared tests bench clients deploy
 # server (`threadrun-server`, pyproject.toml) depends on it and is installed editable only.
 CLIENT := clients/python
 PYTEST_ARGS ?=
+# `make test` runs the suite in this many pytest-xdist workers (0: in one process). Most of a
+# test's time is waiting on the processes it starts, so two share two cores well; each
+# worker has its own database, Redis prefix and clusters (tests/conftest.py).
+TEST_JOBS ?= 2
 # The pinned versions of every dependency (`make lock` writes them): installs reproduce CI's.
 CONSTRAINTS := deploy/constraints.txt
 # Model provider extras of pyproject.toml to install too (comma-separated): EXTRAS=openai
@@ -104,7 +108,7 @@ define run_pytest
 endef
 
 test: install chromium ## the whole suite: tests/unit, tests/integration, tests/e2e, tests/chaos (the short chaos run needs root, else it skips)
-	$(call run_pytest,tests/unit tests/integration tests/e2e tests/chaos)
+	$(call run_pytest,-n $(TEST_JOBS) --dist loadgroup tests/unit tests/integration tests/e2e tests/chaos)
 
 test-unit: install ## tests/unit only
 	$(call run_pytest,tests/unit)

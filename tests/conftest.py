@@ -178,3 +178,16 @@ def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     for child in plan.get("Plans", []):
         nodes += plan_nodes(child)
     return nodes
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`: `-n TEST_JOBS --dist loadgroup`) each test file is one
+    group, run by one worker (its module fixtures, such as a private cluster, start once), and
+    tests/chaos is one group: its runs (network namespaces, a cluster under faults) go one
+    after the other."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        rel = item.path.relative_to(config.rootpath).as_posix()
+        group = "chaos" if rel.startswith("tests/chaos/") else rel
+        item.add_marker(pytest.mark.xdist_group(group))
