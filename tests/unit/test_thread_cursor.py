@@ -46,17 +46,21 @@ def test_a1_thread_start_cursors_walk_every_run(value: str) -> None:
     assert parse_thread_cursor(value) is StartAt.FIRST
 
 
+RUN = "0f1e2d3c-4b5a-4697-8877-665544332211"
+"""A fixed run id: parameter ids must be the same in every collection (pytest-xdist's
+workers each collect, and compare)."""
+
 BAD = [
     "1-1",  # a run stream id: which run?
     "nope",
-    f"{uuid.uuid4()}",
-    f"{uuid.uuid4()}:",
-    f"{uuid.uuid4()}:-1",
-    f"{uuid.uuid4()}:abc",
-    f"{uuid.uuid4()}:1-2-3",
-    f"{uuid.uuid4()}:DONE",
+    RUN,
+    f"{RUN}:",
+    f"{RUN}:-1",
+    f"{RUN}:abc",
+    f"{RUN}:1-2-3",
+    f"{RUN}:DONE",
     "not-a-uuid:1-1",
-    f"{uuid.uuid4()}:1-1:extra",
+    f"{RUN}:1-1:extra",
 ]
 
 
