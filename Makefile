@@ -24,10 +24,12 @@ LINT_PATHS := app workers shared tests bench clients deploy
 # server (`threadrun-server`, pyproject.toml) depends on it and is installed editable only.
 CLIENT := clients/python
 PYTEST_ARGS ?=
-# `make test` runs the suite in this many pytest-xdist workers (0: in one process). Most of a
-# test's time is waiting on the processes it starts, so two share two cores well; each
-# worker has its own database, Redis prefix and clusters (tests/conftest.py).
-TEST_JOBS ?= 2
+# `make test` runs the suite in this many pytest-xdist workers (0, the default: in one
+# process). Each worker has its own database, Redis prefix and clusters (tests/conftest.py),
+# so N workers need N times the PostgreSQL connections: TEST_JOBS=2 took the suite from 21 to
+# 13 minutes on 2 cores, and needs `max_connections` of 200 or more (at 100, the default,
+# two clusters at once were refused connections).
+TEST_JOBS ?= 0
 # The pinned versions of every dependency (`make lock` writes them): installs reproduce CI's.
 CONSTRAINTS := deploy/constraints.txt
 # Model provider extras of pyproject.toml to install too (comma-separated): EXTRAS=openai

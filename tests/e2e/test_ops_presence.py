@@ -84,10 +84,12 @@ def test_h2_a_worker_that_answers_too_late_is_online_by_its_record(deaf: Cluster
 
 
 def test_h2_a_worker_stopped_in_order_is_gone_at_once(deaf: Cluster) -> None:
-    """SIGTERM: the worker removes its record as it exits; the tile is red right away."""
-    worker = deaf.start_worker("p2")
+    """SIGTERM: the worker removes its record as it exits; the next look no longer counts it
+    (whatever else the cluster runs: this test does not rely on the one before)."""
     ops = httpx.Client(base_url=deaf.url, headers={"x-api-key": OPS}, timeout=30)
     with ops:
-        assert tile(ops, "workers.runs")["value"] == 1
+        before = tile(ops, "workers.runs")["value"]
+        worker = deaf.start_worker("p2")
+        assert tile(ops, "workers.runs")["value"] == before + 1
         deaf.stop([worker])
-        assert tile(ops, "workers.runs")["state"] == "bad"
+        assert tile(ops, "workers.runs")["value"] == before
