@@ -8,7 +8,7 @@ every `ops_presence_s` (2 s), one hash field per Celery node name (`Keys.ops_wor
 name, host, pid, queues, concurrency and the time of the write. The ops collector counts a
 worker online when it answered the broadcast or its record is at most STALE_PERIODS periods
 old; a worker killed or frozen drops out that long after its last write, one stopped in
-order at once (its record is removed).
+order at once (its record is removed). The hash is read as shared/ops/timed_records.py reads one.
 
 Why a hash of records written by a thread, and not Celery's own worker heartbeats: those
 are task events (`worker-heartbeat`), off unless Flower is watching (`task_events`), and
@@ -28,14 +28,10 @@ from typing import Any
 import redis
 
 from shared import serde
+from shared.ops.timed_records import read_fresh
 from shared.redis_keys import Keys
 
 log = logging.getLogger(__name__)
-
-STALE_PERIODS = 3
-"""A worker's record counts this many periods after its last write."""
-PRUNE_S = 3600.0
-"""A record older than this is removed by the reader (its worker is long gone)."""
 
 
 def presence_record(name: str, queues: Sequence[str], concurrency: int | None) -> dict[str, Any]:
@@ -96,20 +92,10 @@ class PresenceWriter:
 
 
 def read_presence(client: redis.Redis, keys: Keys, period_s: float) -> list[dict[str, Any]]:
-    """The records written within STALE_PERIODS periods, by name; records older than
-    PRUNE_S, or unreadable, are removed."""
-    key = keys.ops_workers()
-    now = time.time()
-    live: list[dict[str, Any]] = []
-    for name, raw in client.hgetall(key).items():
-        try:
-            record = serde.loads(raw)
-            at = float(record.pop("at"))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            client.hdel(key, name)
-            continue
-        if now - at > PRUNE_S:
-            client.hdel(key, name)
-        elif now - at <= period_s * STALE_PERIODS:
-            live.append(record)
-    return sorted(live, key=lambda r: str(r.get("name")))
+    """The records written within STALE_PERIODS periods, by name, without their write time;
+    records older than PRUNE_S, or unreadable, are removed."""
+    live = read_fresh(client, keys.ops_workers(), period_s)
+    return sorted(
+        ({k: v for k, v in r.items() if k != "at"} for r in live),
+        key=lambda r: str(r.get("name")),
+    )

@@ -7,7 +7,7 @@ the supervisor publishes its children's state to Redis every REPORT_PERIOD_S (an
 after a change), one hash field per supervisor host (`Keys.ops_supervisors`): each child's
 name, state, pid, restarts and last exit. The ops collector reads it; a supervisor that
 stopped reporting (stopped, or killed) drops out after STALE_PERIODS periods and its field
-is pruned.
+is pruned (shared/ops/timed_records.py).
 
 Child states: `running`; `restarting` (exited, waiting out its backoff: `restart_in_s`);
 `crash_loop` (given up on: too many exits in the window; it stays down until the
@@ -27,15 +27,12 @@ from typing import Any
 import redis
 
 from shared import serde
+from shared.ops.timed_records import read_fresh
 from shared.redis_keys import Keys
 
 log = logging.getLogger(__name__)
 
 REPORT_PERIOD_S = 2.0
-STALE_PERIODS = 3
-"""A supervisor's record counts this many report periods after its last write."""
-PRUNE_S = 3600.0
-"""A record older than this is removed by the reader (the supervisor is long gone)."""
 
 RUNNING, RESTARTING, CRASH_LOOP = "running", "restarting", "crash_loop"
 
@@ -100,20 +97,7 @@ def read_supervisors(
 ) -> list[dict[str, Any]]:
     """The live supervisors' records (newest write within STALE_PERIODS periods), by host;
     records older than PRUNE_S are removed."""
-    key = keys.ops_supervisors()
-    now = time.time()
-    live: list[dict[str, Any]] = []
-    for host, raw in client.hgetall(key).items():
-        try:
-            record = serde.loads(raw)
-            at = float(record["at"])
-        except (ValueError, KeyError, TypeError):
-            client.hdel(key, host)
-            continue
-        if now - at > PRUNE_S:
-            client.hdel(key, host)
-        elif now - at <= period_s * STALE_PERIODS:
-            live.append(record)
+    live = read_fresh(client, keys.ops_supervisors(), period_s)
     return sorted(live, key=lambda r: str(r["host"]))
 
 

@@ -17,13 +17,8 @@ import redis
 
 from shared import serde
 from shared.ops.collector import WorkerInspector, live_processes
-from shared.ops.presence import (
-    PRUNE_S,
-    STALE_PERIODS,
-    PresenceWriter,
-    presence_record,
-    read_presence,
-)
+from shared.ops.presence import PresenceWriter, presence_record, read_presence
+from shared.ops.timed_records import PRUNE_S, STALE_PERIODS
 from shared.redis_keys import Keys
 from shared.runs.taskqueue import make_celery
 from shared.settings import Settings

@@ -23,12 +23,12 @@ from shared import serde
 from shared.ops.supervision import (
     CRASH_LOOP,
     RUNNING,
-    STALE_PERIODS,
     ChildState,
     SupervisionReporter,
     read_supervisors,
     supervision_tile,
 )
+from shared.ops.timed_records import STALE_PERIODS
 from shared.redis_keys import Keys
 from shared.tools.restart_policy import RestartPolicy
 from shared.tools.supervisor import ChildSpec, Output, Supervisor
